@@ -1,0 +1,1 @@
+"""msmon bot: the service a team runs once for all its training jobs (see the bot issue)."""

@@ -1,0 +1,17 @@
+"""monitor_config: schema, loading (with !include) and errors that say what to fix."""
+
+from .errors import ConfigError, Issue
+from .loader import load_config
+from .model import ALL_METRICS, ActionConfig, AlertConfig, MonitorConfig, PhaseConfig, RulesConfig
+
+__all__ = [
+    "ALL_METRICS",
+    "ActionConfig",
+    "AlertConfig",
+    "ConfigError",
+    "Issue",
+    "MonitorConfig",
+    "PhaseConfig",
+    "RulesConfig",
+    "load_config",
+]

@@ -1,0 +1,112 @@
+"""Find the monitor_config section in a training YAML (or a standalone file) and build it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import ConfigError, Issue
+from .model import MonitorConfig
+from .validate import Context, build, fields_of
+from .yamlio import LineDict, load_yaml, location_of
+
+SECTION = "monitor_config"
+# Keys that only make sense inside monitor_config: at the top level of a training YAML they mean
+# an indentation slip, and their setting would silently do nothing.
+_MONITOR_ONLY = ("monitor_on", "step_interval", "log_interval", "per_device_metrics", "alert")
+
+
+def _find_nested(data: Any, path: str = "") -> list[tuple[str, Any]]:
+    found = []
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if k == SECTION and path:
+                found.append((sub, data))
+            found.extend(_find_nested(v, sub))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            found.extend(_find_nested(v, f"{path}[{i}]"))
+    return found
+
+
+def _locate(data: Any, source: str | None) -> Mapping[str, Any]:
+    """The monitor_config mapping inside a parsed file, or a ConfigError saying where it went."""
+    where = source or "the config"
+    if data is None:
+        raise ConfigError([Issue(SECTION, f"{where} is empty; expected a {SECTION} section")], source)
+    if not isinstance(data, Mapping):
+        raise ConfigError([Issue(SECTION, f"{where} must be a YAML mapping, got {type(data).__name__}")], source)
+    nested = _find_nested(data)
+    issues = [Issue(path, f"found here, but {SECTION} must be a top-level key (check its indentation); "
+                    "as it is, none of its settings would take effect", location_of(parent, SECTION))
+              for path, parent in nested]
+    if SECTION in data:
+        stray = [k for k in _MONITOR_ONLY if k in data]
+        issues += [Issue(k, f"is at the top level of the file; it belongs under {SECTION} "
+                         "(check its indentation)", location_of(data, k)) for k in stray]
+        if issues:
+            raise ConfigError(issues, source)
+        section = data[SECTION]
+        if section is None:
+            return LineDict()
+        if not isinstance(section, Mapping):
+            raise ConfigError([Issue(SECTION, f"expected a mapping of settings, got {section!r}",
+                                     location_of(data, SECTION))], source)
+        return section
+    if issues:
+        raise ConfigError(issues, source)
+    known = fields_of(MonitorConfig)
+    if data and all(k in known for k in data):
+        return data  # a standalone file holding the section's keys directly
+    keys = ", ".join(sorted(map(str, data))) or "none"
+    raise ConfigError([Issue(SECTION, f"no {SECTION} section found in {where} (top-level keys: {keys}); "
+                             f"add one, or pass a standalone monitor config")], source)
+
+
+def _apply_legacy_thresholds(cfg: MonitorConfig, section: Mapping[str, Any], ctx: Context) -> None:
+    """`alert.loss_spike_threshold` / `alert.grad_norm_threshold` are the levels users already set."""
+    alert = section.get("alert") if isinstance(section, Mapping) else None
+    rules = alert.get("rules") if isinstance(alert, Mapping) else None
+    for legacy, rule, level in (("loss_spike_threshold", "loss_spike", "warning"),
+                                ("grad_norm_threshold", "grad_norm", "error")):
+        value = getattr(cfg.alert, legacy)
+        if value is None:
+            continue
+        given = rules.get(rule) if isinstance(rules, Mapping) else None
+        if isinstance(given, Mapping) and level in given:
+            ctx.error(f"{SECTION}.alert.{legacy}", f"sets the same level as {SECTION}.alert.rules.{rule}.{level}; "
+                      "keep one of them", alert, legacy)
+            continue
+        setattr(cfg.alert.rules.get(rule), level, value)
+
+
+def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConfig) -> MonitorConfig:
+    """A validated MonitorConfig from a YAML path, a parsed mapping, or a MonitorConfig (returned as is).
+
+    Raises ConfigError listing every problem, each with its key path and, for files, its line.
+    """
+    if isinstance(source, MonitorConfig):
+        return source
+    if isinstance(source, Mapping):
+        name = None
+        data: Any = source
+    else:
+        name = os.fspath(source)
+        data = load_yaml(name)
+    section = _locate(data, name)
+    ctx = Context()
+    cfg = build(MonitorConfig, section, SECTION, ctx)
+    if not ctx.issues:
+        _apply_legacy_thresholds(cfg, section, ctx)
+    if not ctx.issues:
+        for i, phase in enumerate(cfg.alert.phases):
+            for rule, override in phase.rules.items():
+                merged = dataclasses.replace(cfg.alert.rules.get(rule), **override)
+                for sub, msg in merged.check():
+                    ctx.error(f"{SECTION}.alert.phases[{i}].rules.{rule}.{sub}", msg)
+    if ctx.issues:
+        raise ConfigError(ctx.issues, name)
+    return cfg

@@ -1,0 +1,207 @@
+"""The monitor_config schema: one dataclass per YAML section, defaults and meanings in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+from ..detectors import RULES
+from ..detectors.base import RuleParams
+from ..detectors.convergence import ConvergenceParams, LossForecastParams
+from ..detectors.grad_norm import GradNormCreepParams, GradNormParams, GradNormSpikeParams
+from ..detectors.loss_spike import LossSpikeParams
+from ..detectors.lr_schedule import LrScheduleParams
+from ..detectors.nonfinite import NonFiniteParams
+from ..detectors.stall import StepStallParams
+from ..detectors.straggler import StragglerParams
+from ..detectors.throughput import ThroughputDropParams
+from ..detectors.vanished import VanishedGradParams
+from .errors import closest
+from .validate import Context, parse_fields, spec
+
+Metric = Literal["loss", "learning_rate", "grad_norm", "throughput"]
+ALL_METRICS: tuple[str, ...] = ("loss", "learning_rate", "grad_norm", "throughput")
+
+
+def _field(default: Any, doc: str, **bounds: Any) -> Any:
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        proto = default
+        return dataclasses.field(default_factory=lambda: _copy(proto), metadata=spec(doc=doc, **bounds))
+    return dataclasses.field(default=default, metadata=spec(doc=doc, **bounds))
+
+
+def _copy(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value)
+    return type(value)(value)
+
+
+@dataclasses.dataclass
+class RulesConfig:
+    """One entry per rule; each takes enable / warning / error / consecutive and its own keys."""
+
+    nonfinite: NonFiniteParams = _field(NonFiniteParams(), "NaN/Inf in loss or grad norm: ERROR at once")
+    loss_spike: LossSpikeParams = _field(LossSpikeParams(), "loss above its rolling median")
+    grad_norm: GradNormParams = _field(GradNormParams(), "grad norm above an absolute threshold")
+    grad_norm_spike: GradNormSpikeParams = _field(GradNormSpikeParams(), "grad norm x its rolling median")
+    grad_norm_creep: GradNormCreepParams = _field(GradNormCreepParams(), "sustained rise of the grad norm")
+    vanished_grad: VanishedGradParams = _field(VanishedGradParams(), "grad norm stuck at zero")
+    lr_schedule: LrScheduleParams = _field(LrScheduleParams(), "LR schedule sanity")
+    throughput_drop: ThroughputDropParams = _field(ThroughputDropParams(), "sustained throughput drop")
+    step_stall: StepStallParams = _field(StepStallParams(), "one step far slower than the median")
+    straggler: StragglerParams = _field(StragglerParams(), "one device slower than the others")
+    convergence: ConvergenceParams = _field(ConvergenceParams(), "loss descent slowing down")
+    loss_forecast: LossForecastParams = _field(LossForecastParams(), "forecast loss vs training.target_loss")
+
+    def get(self, rule: str) -> RuleParams:
+        params: RuleParams = getattr(self, rule)
+        return params
+
+
+def _parse_phase_rules(value: Any, path: str, ctx: Context) -> Any:
+    """`phases[i].rules`: per-rule overrides of the levels, validated against each rule's keys."""
+    if not isinstance(value, Mapping):
+        ctx.error(path, f"expected a mapping of rule names to overrides, got {value!r}")
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for rule, override in value.items():
+        sub = f"{path}.{rule}"
+        if rule not in RULES:
+            hint = closest(str(rule), RULES)
+            ctx.error(sub, f"unknown rule; did you mean {hint}?" if hint else
+                      "unknown rule; rules are " + ", ".join(RULES), value, str(rule))
+            continue
+        if not isinstance(override, Mapping):
+            ctx.error(sub, f"expected a mapping such as {{warning: 6.0}}, got {override!r}", value, str(rule))
+            continue
+        params_cls = RULES[rule][0]
+        given = parse_fields(params_cls, override, sub, ctx)
+        for key in list(given):
+            if key not in params_cls.PHASE_KEYS:
+                allowed = ", ".join(sorted(params_cls.PHASE_KEYS))
+                ctx.error(f"{sub}.{key}", f"cannot change per phase (a phase may set {allowed}); "
+                          f"set it once under monitor_config.alert.rules.{rule}", override, key)
+                del given[key]
+        out[str(rule)] = given
+    return out
+
+
+@dataclasses.dataclass
+class PhaseConfig:
+    """A step range with its own levels, e.g. a looser warmup: rules given here override alert.rules."""
+
+    name: str = _field("", "shown in alerts")
+    start_step: int = _field(0, "first step of the phase", ge=0)
+    end_step: int | None = _field(None, "first step after the phase (null: to the end)", ge=1)
+    rules: dict[str, dict[str, Any]] = dataclasses.field(
+        default_factory=dict, metadata=spec(parser=_parse_phase_rules, doc="per-rule level overrides"))
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if not self.name:
+            yield "name", "every phase needs a name (it is shown in alerts)"
+        if self.end_step is not None and self.end_step <= self.start_step:
+            yield "end_step", f"must be greater than start_step ({self.start_step}), got {self.end_step}"
+
+
+@dataclasses.dataclass
+class AlertConfig:
+    enable: bool = _field(True, "raise alerts (metrics are still logged when false)")
+    loss_spike_threshold: float | None = _field(
+        None, "WARNING level of the loss_spike rule, in multiples of normal fluctuation (default 3.0)", gt=0)
+    grad_norm_threshold: float | None = _field(
+        None, "ERROR level of the grad_norm rule, an absolute grad norm (WARNING at half)", gt=0)
+    alert_interval: int = _field(500, "steps between repeats of one rule on one device", ge=0)
+    baseline_steps: int = _field(500, "steps at the start with no alerts (NaN/Inf excepted)", ge=0)
+    resolve_after: int = _field(3, "clear samples in a row before a firing alert is resolved", ge=1)
+    rules: RulesConfig = _field(RulesConfig(), "per-rule settings")
+    phases: list[PhaseConfig] = _field([], "step ranges with their own levels")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        spans = sorted((p.start_step, p.end_step, i) for i, p in enumerate(self.phases))
+        for (s1, e1, i1), (s2, _, i2) in zip(spans, spans[1:], strict=False):
+            if e1 is None or e1 > s2:
+                yield f"phases[{i2}]", (f"overlaps phases[{i1}] (steps {s1}-{'end' if e1 is None else e1}); "
+                                        "phases must not overlap")
+
+
+@dataclasses.dataclass
+class TrainingConfig:
+    """Facts about the run that some rules need."""
+
+    total_steps: int | None = _field(None, "planned optimizer steps (LR and forecast rules)", ge=1)
+    warmup_steps: int | None = _field(None, "LR warmup length; null: inferred from the LR", ge=0)
+    target_loss: float | None = _field(None, "loss the run should reach (loss_forecast rule)")
+    grad_accumulation_steps: int = _field(
+        1, "micro-steps per optimizer step; step() numbers micro-steps when > 1", ge=1)
+    seq_length: int | None = _field(None, "tokens per sample, for tokens/s", ge=1)
+
+
+@dataclasses.dataclass
+class TensorBoardConfig:
+    enable: bool = _field(False, "write TensorBoard event files")
+    log_dir: str = _field("./tb_logs", "event files go to LOG_DIR/RUN_ID/device_N")
+
+
+@dataclasses.dataclass
+class CsvConfig:
+    enable: bool = _field(False, "write one CSV row per sampled step")
+    path: str = _field("./msmon_logs/{run_id}.csv", "file; {run_id} and {device} are filled in")
+
+
+@dataclasses.dataclass
+class ActionConfig:
+    """What the job does by itself when a rule fires at a severity."""
+
+    rule: str = _field("", "a rule name, or * for any rule")
+    action: str = _field("", "save_checkpoint, pause, scale_lr or stop")
+    severity: Literal["WARNING", "ERROR"] = _field("ERROR", "the severity that triggers it")
+    factor: float | None = _field(None, "scale_lr only: the LR multiplier", gt=0)
+    timeout: float | None = _field(None, "pause only: seconds before resuming by itself", gt=0)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if self.rule != "*" and self.rule not in RULES:
+            hint = closest(self.rule, RULES)
+            yield "rule", (f"unknown rule {self.rule!r}" + (f"; did you mean {hint}?" if hint else "")
+                           + " (use * for any rule)")
+        actions = ("save_checkpoint", "pause", "scale_lr", "stop")
+        if self.action not in actions:
+            hint = closest(self.action, actions)
+            yield "action", (f"unknown action {self.action!r}" + (f"; did you mean {hint}?" if hint else "")
+                             + "; actions are " + ", ".join(actions))
+        if self.action == "scale_lr" and self.factor is None:
+            yield "factor", "scale_lr needs a factor, e.g. factor: 0.5"
+        if self.action != "scale_lr" and self.factor is not None:
+            yield "factor", f"only scale_lr takes a factor, not {self.action}"
+        if self.action != "pause" and self.timeout is not None:
+            yield "timeout", f"only pause takes a timeout, not {self.action}"
+
+
+@dataclasses.dataclass
+class BotConfig:
+    """Where the job sends its events (used once the bot is running)."""
+
+    url: str | None = _field(None, "bot base URL, e.g. http://msmon-bot:8080")
+    run_id: str | None = _field(None, "run id; overrides the one given in code")
+    token_env: str = _field("MSMON_TOKEN", "environment variable holding the job's bearer token")
+    project: str = _field("default", "project name, for routing")
+    labels: dict[str, str] = _field({}, "free-form labels, for routing")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            yield "url", f"must start with http:// or https://, got {self.url!r}"
+
+
+@dataclasses.dataclass
+class MonitorConfig:
+    monitor_on: bool = _field(False, "master switch; off by default")
+    step_interval: int = _field(1, "sample every Nth step", ge=1)
+    log_interval: int = _field(100, "log line every Nth step (0: none)", ge=0)
+    metrics: list[Metric] = _field(list(ALL_METRICS), "metrics to sample")
+    per_device_metrics: bool = _field(False, "track each device separately")
+    alert: AlertConfig = _field(AlertConfig(), "alert rules")
+    training: TrainingConfig = _field(TrainingConfig(), "facts about the run")
+    tensorboard: TensorBoardConfig = _field(TensorBoardConfig(), "TensorBoard output")
+    csv: CsvConfig = _field(CsvConfig(), "CSV output")
+    actions: list[ActionConfig] = _field([], "automatic job actions")
+    bot: BotConfig = _field(BotConfig(), "the msmon bot")

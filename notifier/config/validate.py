@@ -1,0 +1,239 @@
+"""Build typed config dataclasses from parsed YAML, collecting every problem with its key path.
+
+Declarative: a config section is a dataclass; each field's type says what is allowed and
+`spec(...)` metadata adds ranges, choices, a custom parser or a cross-field check. Nothing
+here knows about monitoring; `model.py` declares the schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from .errors import Issue, closest
+from .yamlio import location_of
+
+T = TypeVar("T")
+
+_MISSING = object()
+
+
+def spec(
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    parser: Callable[[Any, str, Context], Any] | None = None,
+    doc: str = "",
+) -> dict[str, Any]:
+    """Field metadata: numeric bounds, a custom parser, a one-line description."""
+    return {"ge": ge, "gt": gt, "le": le, "parser": parser, "doc": doc}
+
+
+class Context:
+    """Collects issues while a config is built, so a user sees all of them at once."""
+
+    def __init__(self) -> None:
+        self.issues: list[Issue] = []
+
+    def error(self, path: str, message: str, mapping: object = None, key: str | None = None) -> None:
+        self.issues.append(Issue(path, message, location_of(mapping, key)))
+
+
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if origin is typing.Literal:
+        return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
+    if origin is list:
+        return "a list"
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return str(tp)
+
+
+def _convert(value: Any, tp: Any, path: str, ctx: Context, parent: object, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _convert(value, inner[0], path, ctx, parent, key)
+    if value is None:
+        ctx.error(path, f"expected {_type_name(tp)}, got nothing (null)", parent, key)
+        return _MISSING
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        ctx.error(path, f"expected true or false, got {_describe(value)}", parent, key)
+        return _MISSING
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        ctx.error(path, f"expected an integer, got {_describe(value)}", parent, key)
+        return _MISSING
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out = float(value)
+        elif isinstance(value, str):
+            # PyYAML reads `1e-5` (no dot) as a string; the author meant the number.
+            try:
+                out = float(value)
+            except ValueError:
+                ctx.error(path, f"expected a number, got {_describe(value)}", parent, key)
+                return _MISSING
+        else:
+            ctx.error(path, f"expected a number, got {_describe(value)}", parent, key)
+            return _MISSING
+        if not math.isfinite(out):
+            ctx.error(path, f"expected a finite number, got {value!r}", parent, key)
+            return _MISSING
+        return out
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        ctx.error(path, f"expected a string, got {_describe(value)}", parent, key)
+        return _MISSING
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        hint = closest(str(value), [str(a) for a in args])
+        allowed = ", ".join(str(a) for a in args)
+        msg = f"{value!r} is not allowed; use one of {allowed}"
+        if hint:
+            msg += f" (did you mean {hint}?)"
+        ctx.error(path, msg, parent, key)
+        return _MISSING
+    if origin is list:
+        if not isinstance(value, list):
+            ctx.error(path, f"expected a list, got {_describe(value)}", parent, key)
+            return _MISSING
+        out_list = []
+        for i, item in enumerate(value):
+            conv = _convert(item, args[0], f"{path}[{i}]", ctx, value if isinstance(value, Mapping) else parent, key)
+            if conv is not _MISSING:
+                out_list.append(conv)
+        return out_list
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            ctx.error(path, f"expected a mapping, got {_describe(value)}", parent, key)
+            return _MISSING
+        out_dict = {}
+        for k, v in value.items():
+            conv = _convert(v, args[1], f"{path}.{k}", ctx, value, str(k))
+            if conv is not _MISSING:
+                out_dict[str(k)] = conv
+        return out_dict
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, Mapping):
+            ctx.error(path, f"expected a mapping (a section with keys), got {_describe(value)}", parent, key)
+            return _MISSING
+        return build(tp, value, path, ctx)
+    raise TypeError(f"unsupported config type {tp!r} at {path}")  # a schema bug, not a user error
+
+
+def _check_bounds(value: Any, meta: Mapping[str, Any], path: str, ctx: Context, parent: object, key: str) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return True
+    for bound, words in (("ge", "at least"), ("gt", "greater than"), ("le", "at most")):
+        b = meta.get(bound)
+        if b is None:
+            continue
+        bad = value < b if bound == "ge" else value <= b if bound == "gt" else value > b
+        if bad:
+            ctx.error(path, f"must be {words} {b:g}, got {value!r}", parent, key)
+            return False
+    return True
+
+
+def fields_of(cls: type) -> dict[str, dataclasses.Field[Any]]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def parse_fields(cls: type, data: Mapping[str, Any], path: str, ctx: Context) -> dict[str, Any]:
+    """Validate the keys that `data` sets for dataclass `cls`; return them converted."""
+    hints = typing.get_type_hints(cls)
+    known = fields_of(cls)
+    out: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key)
+        sub = f"{path}.{key}" if path else key
+        if key not in known:
+            hint = closest(key, known)
+            msg = f"unknown key; did you mean {hint}?" if hint else (
+                "unknown key; valid keys here are " + ", ".join(sorted(known)))
+            ctx.error(sub, msg, data, key)
+            continue
+        meta = known[key].metadata
+        parser: Callable[[Any, str, Context], Any] | None = meta.get("parser")
+        conv = parser(value, sub, ctx) if parser else _convert(value, hints[key], sub, ctx, data, key)
+        if conv is _MISSING:
+            continue
+        if _check_bounds(conv, meta, sub, ctx, data, key):
+            out[key] = conv
+    return out
+
+
+def build(cls: type[T], data: Mapping[str, Any], path: str, ctx: Context) -> T:
+    """An instance of `cls` from `data`; fields with problems keep their defaults (issues recorded)."""
+    kwargs = parse_fields(cls, data, path, ctx)
+    try:
+        obj = cls(**kwargs)
+    except TypeError as exc:  # a required field is missing
+        missing = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                   if f.name not in kwargs and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        for name in missing:
+            ctx.error(f"{path}.{name}" if path else name, "required key is missing", data)
+        if not missing:
+            raise exc
+        return _placeholder(cls, kwargs)
+    check = getattr(obj, "check", None)
+    if callable(check):
+        for sub, message in check():
+            ctx.error(f"{path}.{sub}" if sub else path, message, data, sub or None)
+    return obj
+
+
+def _placeholder(cls: type[T], kwargs: dict[str, Any]) -> T:
+    """An instance with required fields filled by dummies; only used when a ConfigError follows."""
+    hints = typing.get_type_hints(cls)
+    full = dict(kwargs)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in full and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            tp = hints[f.name]
+            full[f.name] = typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Literal else tp()
+    return cls(**full)
+
+
+def describe_fields(cls: type) -> list[tuple[str, Any, str]]:
+    """(name, default, doc) of each field, for `check-config` and the docs."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default: Any = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        out.append((f.name, default, f.metadata.get("doc", "")))
+    return out

@@ -1,0 +1,104 @@
+"""What every rule shares: its parameters, what it reports, and the Detector protocol.
+
+Detectors are pure: fed one `Sample` at a time, no I/O, no clock. All of them measure a value in
+their own unit where *higher is worse*, and compare it with a WARNING and an ERROR level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, ClassVar, Protocol
+
+from ..config.validate import spec
+from ..wire import Sample, Severity
+
+
+@dataclasses.dataclass
+class RuleParams:
+    """The knobs every rule has. Subclasses set their own defaults and add their own keys."""
+
+    enable: bool = dataclasses.field(default=True, metadata=spec(doc="run this rule"))
+    warning: float | None = dataclasses.field(default=None, metadata=spec(doc="WARNING level (null: off)"))
+    error: float | None = dataclasses.field(default=None, metadata=spec(doc="ERROR level (null: off)"))
+    consecutive: int = dataclasses.field(
+        default=1, metadata=spec(ge=1, doc="sampled steps in a row over a level before it alerts"))
+
+    # Keys a phase may override; the others shape a detector's memory and are fixed for the run.
+    PHASE_KEYS: ClassVar[frozenset[str]] = frozenset({"enable", "warning", "error", "consecutive"})
+
+    def warning_level(self) -> float | None:
+        return self.warning
+
+    def error_level(self) -> float | None:
+        return self.error
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        w, e = self.warning_level(), self.error_level()
+        if w is not None and e is not None and e < w:
+            yield "error", f"the ERROR level ({e:g}) must not be below the WARNING level ({w:g})"
+
+
+class Finding:
+    """A rule's verdict on one sample: over a level (or not), with the numbers behind it."""
+
+    __slots__ = ("level", "value", "threshold", "message", "baseline")
+
+    def __init__(
+        self,
+        level: Severity | None,
+        value: float,
+        threshold: float,
+        message: str,
+        baseline: float | None = None,
+    ) -> None:
+        self.level = level
+        self.value = value
+        self.threshold = threshold
+        self.message = message
+        self.baseline = baseline
+
+    def __repr__(self) -> str:
+        return f"Finding({self.level}, value={self.value:.4g}, threshold={self.threshold:.4g})"
+
+
+def classify(value: float, p: RuleParams) -> tuple[Severity | None, float]:
+    """The level `value` reaches under `p`, and the level's threshold (nan when none is reached)."""
+    e = p.error_level()
+    if e is not None and value >= e:
+        return Severity.ERROR, e
+    w = p.warning_level()
+    if w is not None and value >= w:
+        return Severity.WARNING, w
+    return None, float("nan")
+
+
+def over_any_level(value: float, p: RuleParams) -> bool:
+    w = p.warning_level()
+    if w is None:
+        w = p.error_level()
+    return w is not None and value >= w
+
+
+class Detector(Protocol):
+    """One rule's memory and logic. `update` returns None when the sample is normal."""
+
+    rule: ClassVar[str]
+    metric: ClassVar[str]  # the metric the rule watches (shown in alerts)
+    requires: ClassVar[frozenset[str]]  # metrics that must be in `metrics:` for the rule to run
+    hint: ClassVar[str]  # what the person reading the alert should do first
+
+    def __init__(self, p: Any, ctx: DetectorContext) -> None: ...
+
+    def update(self, s: Sample, p: RuleParams) -> Finding | None: ...
+
+
+@dataclasses.dataclass
+class DetectorContext:
+    """What a detector may know about its run besides its samples."""
+
+    device: str = "0"
+    total_steps: int | None = None
+    warmup_steps: int | None = None
+    target_loss: float | None = None
+    peers: dict[str, float] = dataclasses.field(default_factory=dict)  # device -> latest step time

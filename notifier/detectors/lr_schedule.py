@@ -1,0 +1,104 @@
+"""Learning-rate schedule sanity: LR 0 after warmup, LR rising after warmup, warmup as long as the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+from ..config.validate import spec
+from ..wire import Sample, Severity
+from .base import DetectorContext, Finding, RuleParams
+
+
+@dataclasses.dataclass
+class LrScheduleParams(RuleParams):
+    """Fixed severities: LR at zero after warmup is an ERROR; LR rising after warmup and a warmup
+    as long as the run are WARNINGs. Warmup ends at `training.warmup_steps` when given, else where
+    the LR first went down. Cosine-with-restarts schedules rise on purpose: disable this rule."""
+
+    PHASE_KEYS = frozenset({"enable"})
+    epsilon: float = dataclasses.field(default=0.0, metadata=spec(ge=0, doc="an LR at or below counts as zero"))
+    end_fraction: float = dataclasses.field(
+        default=0.98, metadata=spec(gt=0, le=1, doc="LR 0 after this fraction of total_steps is the schedule's end"))
+
+
+class LrSchedule:
+    rule: ClassVar[str] = "lr_schedule"
+    metric: ClassVar[str] = "learning_rate"
+    requires: ClassVar[frozenset[str]] = frozenset({"learning_rate"})
+    hint: ClassVar[str] = ("Check the LR schedule settings (warmup_steps, total_steps / decay steps, min_lr) "
+                           "and, after a resume, that the optimizer's global step was restored.")
+
+    ZERO_FRACTION: ClassVar[float] = 0.1  # zero for this fraction of the run so far: not the schedule's end
+
+    def __init__(self, p: LrScheduleParams, ctx: DetectorContext) -> None:
+        self.ctx = ctx
+        self.epsilon = p.epsilon
+        self.end_fraction = p.end_fraction
+        self.prev: float | None = None
+        self.max_lr = 0.0
+        self.peak_step: int | None = None  # where the LR first went down (inferred end of warmup)
+        self.samples = 0
+        self.zero_run = 0  # samples in a row at LR zero
+        self.zero_since = 0  # step where the current run of zero LR began
+
+    def expect_change(self) -> None:
+        """The LR was changed on purpose (scale_lr): the next move is not a schedule bug."""
+        self.prev = None
+
+    def _zero(self, step: int, lr: float, prev: float | None, total: int | None,
+              warmup: int | None) -> Finding | None:
+        """LR at zero: a bug unless it is the end of the schedule."""
+        if total is not None and warmup is not None and step > warmup:
+            return Finding(Severity.ERROR, lr, self.epsilon,
+                           f"learning rate is {lr:g} at step {step} of {total}, after warmup ended at step {warmup}")
+        if prev is not None and prev > 0.1 * self.max_lr:
+            return Finding(Severity.ERROR, lr, self.epsilon,
+                           f"learning rate dropped to {lr:g} from {prev:.3g} (peak {self.max_lr:.3g}) in one sample")
+        if self.max_lr <= self.epsilon and self.samples >= 10:
+            return Finding(Severity.ERROR, lr, self.epsilon,
+                           f"learning rate has been {lr:g} for all {self.samples} samples so far")
+        if total is None and self.zero_run >= 10 and step - self.zero_since >= self.ZERO_FRACTION * step:
+            # Decayed smoothly to zero: the end of the schedule, or a decay far shorter than the run.
+            return Finding(Severity.WARNING, lr, self.epsilon,
+                           f"learning rate has been {lr:g} since step {self.zero_since}: if the run is not about "
+                           "to end, the schedule's decay is shorter than the run (set training.total_steps to "
+                           "make this an ERROR)")
+        return None
+
+    def _warmup_end(self) -> int | None:
+        return self.ctx.warmup_steps if self.ctx.warmup_steps is not None else self.peak_step
+
+    def update(self, s: Sample, p: RuleParams) -> Finding | None:
+        lr = s.learning_rate
+        if lr is None or not math.isfinite(lr):
+            return None
+        self.samples += 1
+        prev, self.prev = self.prev, lr
+        if prev is not None and lr < prev and self.peak_step is None:
+            self.peak_step = s.step
+        self.max_lr = max(self.max_lr, lr)
+        total, warmup = self.ctx.total_steps, self._warmup_end()
+        near_end = total is not None and s.step >= self.end_fraction * total
+        if lr <= self.epsilon:
+            if self.zero_run == 0:
+                self.zero_since = s.step
+            self.zero_run += 1
+            if not near_end:
+                found = self._zero(s.step, lr, prev, total, warmup)
+                if found is not None:
+                    return found
+        else:
+            self.zero_run = 0
+        if prev is not None and warmup is not None and s.step > warmup and lr > prev * (1 + 1e-6):
+            return Finding(Severity.WARNING, lr, prev,
+                           f"learning rate rose from {prev:.3g} to {lr:.3g} after warmup ended at step {warmup}")
+        cw = self.ctx.warmup_steps
+        if cw is not None and total is not None and cw >= total:
+            return Finding(Severity.WARNING, float(cw), float(total),
+                           f"warmup_steps {cw} is not shorter than total_steps {total}: the LR never leaves warmup")
+        if total is not None and self.peak_step is None and cw is None and s.step > total // 2 and self.samples >= 10:
+            return Finding(Severity.WARNING, lr, self.max_lr,
+                           f"learning rate is still rising at step {s.step} of {total}: is warmup as long as the run?")
+        return None

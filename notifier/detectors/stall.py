@@ -1,0 +1,55 @@
+"""A step that took far longer than the median step: a local stall (I/O, a slow collective, a hiccup)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from ..config.validate import spec
+from ..wire import Sample
+from .base import DetectorContext, Finding, RuleParams, classify, over_any_level
+from .rolling import RollingQuantiles
+
+
+@dataclasses.dataclass
+class StepStallParams(RuleParams):
+    """Levels are the slowest step since the last sample, as a multiple of the median step time.
+
+    The slowest step is timed on every step (a clock read), so a stall between two samples is
+    seen. A job that stops stepping altogether is seen by the bot's heartbeat watchdog instead.
+    """
+
+    warning: float | None = dataclasses.field(default=10.0, metadata=spec(gt=1, doc="x the median step time"))
+    error: float | None = dataclasses.field(default=None, metadata=spec(gt=1, doc="x the median step time"))
+    window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples in the rolling baseline"))
+
+
+class StepStall:
+    rule: ClassVar[str] = "step_stall"
+    metric: ClassVar[str] = "step_time"
+    requires: ClassVar[frozenset[str]] = frozenset()
+    hint: ClassVar[str] = ("One step took far longer than usual: look for checkpoint or log I/O, a slow "
+                           "collective (a straggling device), or host contention at that time.")
+
+    def __init__(self, p: StepStallParams, ctx: DetectorContext) -> None:
+        self.window = RollingQuantiles(p.window)
+        self.min_samples = max(10, p.window // 5)
+
+    def update(self, s: Sample, p: RuleParams) -> Finding | None:
+        mean, worst = s.step_time, s.max_step_time
+        if not mean or worst is None:
+            return None
+        w = self.window
+        if len(w) < self.min_samples:
+            w.add(mean)
+            return None
+        med = w.median()
+        ratio = worst / med if med > 0.0 else 0.0
+        if not over_any_level(ratio, p):
+            w.add(mean)
+        level, thr = classify(ratio, p)
+        if level is None:
+            return None
+        return Finding(level, ratio, thr,
+                       f"a step took {worst:.3g} s, {ratio:.0f}x the median step time {med:.3g} s "
+                       f"(threshold {thr:g}x)", med)

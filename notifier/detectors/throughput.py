@@ -1,0 +1,64 @@
+"""Throughput drop, sustained, against the run's own rolling median."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from ..config.validate import spec
+from ..wire import Sample
+from .base import DetectorContext, Finding, RuleParams, classify, over_any_level
+from .rolling import RollingQuantiles
+
+
+def rate_of(s: Sample) -> tuple[float | None, str]:
+    """The best throughput a sample has: tokens/s, else samples/s, else steps/s."""
+    if s.tokens_per_s is not None:
+        return s.tokens_per_s, "tokens/s"
+    if s.samples_per_s is not None:
+        return s.samples_per_s, "samples/s"
+    if s.step_time:
+        return 1.0 / s.step_time, "steps/s"
+    return None, ""
+
+
+@dataclasses.dataclass
+class ThroughputDropParams(RuleParams):
+    """Levels are the fraction lost against the rolling median: 0.3 means 30% slower than usual."""
+
+    warning: float | None = dataclasses.field(default=0.3, metadata=spec(gt=0, le=1, doc="fraction lost"))
+    error: float | None = dataclasses.field(default=0.6, metadata=spec(gt=0, le=1, doc="fraction lost"))
+    consecutive: int = dataclasses.field(default=5, metadata=spec(ge=1, doc="samples in a row"))
+    window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples in the rolling baseline"))
+
+
+class ThroughputDrop:
+    rule: ClassVar[str] = "throughput_drop"
+    metric: ClassVar[str] = "throughput"
+    requires: ClassVar[frozenset[str]] = frozenset({"throughput"})
+    hint: ClassVar[str] = ("Check the data loader (CPU load, storage), host memory and swap, thermal throttling, "
+                           "and whether another job shares these devices.")
+
+    def __init__(self, p: ThroughputDropParams, ctx: DetectorContext) -> None:
+        self.window = RollingQuantiles(p.window)
+        self.min_samples = max(10, p.window // 5)
+
+    def update(self, s: Sample, p: RuleParams) -> Finding | None:
+        rate, unit = rate_of(s)
+        if rate is None or not rate > 0.0:
+            return None
+        w = self.window
+        if len(w) < self.min_samples:
+            w.add(rate)
+            return None
+        med = w.median()
+        drop = 1.0 - rate / med
+        if not over_any_level(drop, p):
+            w.add(rate)
+            return None
+        level, thr = classify(drop, p)
+        if level is None:
+            return None
+        return Finding(level, drop, thr,
+                       f"throughput {rate:.4g} {unit} is {drop:.0%} below its usual {med:.4g} {unit} "
+                       f"(threshold {thr:.0%})", med)

@@ -1,0 +1,468 @@
+"""`Monitor`: framework-neutral. Feed it one step at a time; it samples, detects, alerts and logs.
+
+    mon = Monitor.from_config("train.yaml", run_id="run-42")
+    for step in ...:
+        events = mon.step(step, loss=..., lr=..., grad_norm=..., tokens=...)
+    mon.close()
+
+Every call is cheap: a step that is not sampled costs a clock read and two modulo operations.
+Detection is pure code (see `detectors/` and `gate.py`); files are written off-thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import sys
+import time as _time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .config import ConfigError, MonitorConfig, load_config
+from .config.model import ActionConfig
+from .detectors import RULES, DetectorContext, Finding, RuleParams
+from .gate import AlertGate, GateState, Verdict
+from .outputs import BackgroundWriter, CsvSink, Sink, format_log_line
+from .wire import Event, Sample, Severity, Status, Window
+
+log = logging.getLogger("msmon")
+
+_EMPTY: list[Event] = []
+WINDOW_SAMPLES = 120  # recent samples kept per device for an event's chart
+
+
+def _ensure_visible_logging() -> None:
+    """If the program configured no logging at all, msmon's own lines would vanish: print them."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s msmon %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        if log.level == logging.NOTSET:
+            log.setLevel(logging.INFO)
+
+
+class _Rule:
+    __slots__ = ("name", "detector", "gate", "immediate", "hint", "metric")
+
+    def __init__(self, name: str, detector: Any) -> None:
+        self.name = name
+        self.detector = detector
+        self.gate = GateState()
+        self.immediate = name == "nonfinite"
+        self.hint: str = detector.hint
+        self.metric: str = detector.metric
+
+
+class _Device:
+    """Everything the Monitor keeps for one device; bounded whatever the length of the run."""
+
+    __slots__ = ("name", "rules", "prev_t", "max_dt", "calls", "last_t", "last_calls",
+                 "tokens", "samples", "acc_loss", "acc_n", "recent")
+
+    def __init__(self, name: str, rules: list[_Rule]) -> None:
+        self.name = name
+        self.rules = rules
+        self.prev_t: float | None = None  # time of the previous step() call
+        self.max_dt = 0.0  # slowest call-to-call interval since the last sample
+        self.calls = 0
+        self.last_t: float | None = None  # time of the last sample
+        self.last_calls = 0
+        self.tokens = 0.0
+        self.samples = 0.0
+        self.acc_loss = 0.0  # gradient accumulation: sum of micro-step losses
+        self.acc_n = 0
+        self.recent: deque[Sample] = deque(maxlen=WINDOW_SAMPLES)
+
+
+class _Phase:
+    __slots__ = ("name", "start", "end", "params")
+
+    def __init__(self, name: str, start: int, end: float, params: dict[str, RuleParams]) -> None:
+        self.name, self.start, self.end, self.params = name, start, end, params
+
+
+class Monitor:
+    def __init__(
+        self,
+        config: MonitorConfig | Mapping[str, Any] | str | os.PathLike[str],
+        run_id: str = "run",
+        *,
+        device: str | int = "0",
+        clock: Callable[[], float] = _time.time,
+        sinks: list[Sink] | None = None,
+    ) -> None:
+        cfg = load_config(config)
+        self.config = cfg
+        self.run_id = cfg.bot.run_id or run_id
+        self.default_device = str(device)
+        self._clock = clock
+        self.enabled = cfg.monitor_on
+        self._si = cfg.step_interval
+        self._li = cfg.log_interval or 0
+        self._accum = cfg.training.grad_accumulation_steps
+        self._seq_len = cfg.training.seq_length
+        self._per_device = cfg.per_device_metrics
+        metrics: set[str] = set(cfg.metrics)
+        self._want = {m: m in metrics for m in ("loss", "learning_rate", "grad_norm", "throughput")}
+        self._alerting = cfg.alert.enable
+        self._gate = AlertGate(cfg.alert.alert_interval, cfg.alert.baseline_steps, cfg.alert.resolve_after)
+        self._phases = self._build_phases(cfg)
+        self._phase = self._phases[0]
+        self._active = self._active_rules(cfg, metrics)
+        self._ctx_peers: dict[str, float] = {}
+        self._devices: dict[str, _Device] = {}
+        self._ignored: set[str] = set()
+        self._seen: set[str] = set()
+        self._n_samples = 0
+        self._closed = False
+        _ensure_visible_logging()
+        self._writer: BackgroundWriter | None = None
+        if not self.enabled:
+            log.info("msmon: monitoring is off for run %s (monitor_config.monitor_on is %s); set "
+                     "monitor_on: true to enable it", self.run_id,
+                     "false" if "monitor_on" in _given_keys(config) else "not set and defaults to false")
+            return
+        if sinks is None:
+            sinks = self._default_sinks(cfg)
+        if sinks:
+            self._writer = BackgroundWriter(sinks)
+        for line in describe(cfg, self.run_id):
+            log.info("msmon: %s", line)
+
+    @classmethod
+    def from_config(
+        cls, source: MonitorConfig | Mapping[str, Any] | str | os.PathLike[str], run_id: str = "run", **kw: Any
+    ) -> Monitor:
+        return cls(source, run_id, **kw)
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def _default_sinks(self, cfg: MonitorConfig) -> list[Sink]:
+        sinks: list[Sink] = []
+        if cfg.csv.enable:
+            sinks.append(CsvSink(cfg.csv.path, self.run_id))
+        if cfg.tensorboard.enable:
+            from .outputs.tensorboard_sink import TensorBoardSink  # tensorboardX only when asked for
+
+            sinks.append(TensorBoardSink(cfg.tensorboard.log_dir, self.run_id))
+        return sinks
+
+    @staticmethod
+    def _build_phases(cfg: MonitorConfig) -> list[_Phase]:
+        base = {name: cfg.alert.rules.get(name) for name in RULES}
+        phases = [_Phase("default", 0, math.inf, base)]
+        for p in sorted(cfg.alert.phases, key=lambda p: p.start_step):
+            params = dict(base)
+            for rule, override in p.rules.items():
+                params[rule] = dataclasses.replace(base[rule], **override)
+            phases.append(_Phase(p.name, p.start_step, math.inf if p.end_step is None else p.end_step, params))
+        return phases
+
+    @staticmethod
+    def _active_rules(cfg: MonitorConfig, metrics: set[str]) -> list[str]:
+        active = []
+        for name, (_, det_cls) in RULES.items():
+            params = cfg.alert.rules.get(name)
+            enabled_somewhere = params.enable or any(p.rules.get(name, {}).get("enable") for p in cfg.alert.phases)
+            if enabled_somewhere and det_cls.requires <= metrics:
+                active.append(name)
+        return active
+
+    def _device(self, name: str) -> _Device | None:
+        d = self._devices.get(name)
+        if d is not None:
+            return d
+        if not self._per_device and self._devices:
+            if name not in self._ignored:
+                self._ignored.add(name)
+                first = next(iter(self._devices))
+                log.info("msmon: ignoring samples from device %s: per_device_metrics is false, so only device %s "
+                         "is monitored in run %s", name, first, self.run_id)
+            return None
+        cfg = self.config
+        ctx = DetectorContext(device=name, total_steps=cfg.training.total_steps,
+                              warmup_steps=cfg.training.warmup_steps, target_loss=cfg.training.target_loss,
+                              peers=self._ctx_peers)
+        rules = [_Rule(n, RULES[n][1](cfg.alert.rules.get(n), ctx)) for n in self._active]
+        d = self._devices[name] = _Device(name, rules)
+        return d
+
+    # -- the hot path ----------------------------------------------------------------------
+
+    def step(
+        self,
+        step: int,
+        *,
+        loss: float | None = None,
+        lr: float | None = None,
+        grad_norm: float | None = None,
+        samples: float | None = None,
+        tokens: float | None = None,
+        throughput: float | None = None,
+        time: float | None = None,
+        device: str | int | None = None,
+    ) -> list[Event]:
+        """Report one finished step; returns the events it raised (usually none).
+
+        Call it on every step: non-sampled steps only time the step. `samples` / `tokens` are
+        counts for this step (throughput is derived); `throughput=` is an already measured
+        tokens/s; `time=` a timestamp (for replays); `device` labels per-device metrics.
+        """
+        if not self.enabled:
+            return _EMPTY
+        now = self._clock() if time is None else time
+        d = self._devices.get(self.default_device if device is None else str(device))
+        if d is None:
+            d = self._device(self.default_device if device is None else str(device))
+            if d is None:
+                return _EMPTY
+        prev = d.prev_t
+        if prev is not None:
+            dt = now - prev
+            if dt > d.max_dt:
+                d.max_dt = dt
+        d.prev_t = now
+        d.calls += 1
+        if tokens is not None:
+            d.tokens += tokens
+        if samples is not None:
+            d.samples += samples
+        si, li = self._si, self._li
+        k = self._accum
+        if k > 1:
+            opt, micro = divmod(step, k)
+            if opt % si and (not li or opt % li):
+                return _EMPTY
+            if loss is not None:
+                d.acc_loss += loss
+                d.acc_n += 1
+            if micro != k - 1:
+                return _EMPTY
+            loss = d.acc_loss / d.acc_n if d.acc_n else None
+            d.acc_loss, d.acc_n = 0.0, 0
+            step = opt
+        elif step % si and (not li or step % li):
+            return _EMPTY
+        return self._sample(d, step, now, loss, lr, grad_norm, throughput)
+
+    def _sample(
+        self, d: _Device, step: int, now: float, loss: float | None, lr: float | None,
+        grad_norm: float | None, throughput: float | None,
+    ) -> list[Event]:
+        want = self._want
+        step_time = tokens_s = samples_s = None
+        if d.last_t is not None:
+            elapsed = now - d.last_t
+            calls = d.calls - d.last_calls
+            if elapsed > 0.0 and calls > 0:
+                step_time = elapsed / calls
+                if want["throughput"]:
+                    if d.samples:
+                        samples_s = d.samples / elapsed
+                    if d.tokens:
+                        tokens_s = d.tokens / elapsed
+                    elif d.samples and self._seq_len:
+                        tokens_s = d.samples * self._seq_len / elapsed
+        if throughput is not None and want["throughput"]:
+            tokens_s = throughput
+        max_dt = d.max_dt if d.max_dt > 0.0 else None
+        d.last_t, d.last_calls, d.max_dt, d.tokens, d.samples = now, d.calls, 0.0, 0.0, 0.0
+        s = Sample(
+            run_id=self.run_id, device=d.name, step=step, time=now,
+            loss=_f(loss) if want["loss"] else None,
+            learning_rate=_f(lr) if want["learning_rate"] else None,
+            grad_norm=_f(grad_norm) if want["grad_norm"] else None,
+            samples_per_s=samples_s, tokens_per_s=tokens_s, step_time=step_time, max_step_time=max_dt,
+        )
+        d.recent.append(s)
+        if self._writer is not None:
+            self._writer.put(s)
+        self._n_samples += 1
+        if self._n_samples <= 3:
+            self._check_missing(s)
+        li = self._li
+        if li and step % li == 0:
+            log.info("%s", format_log_line(s, with_device=self._per_device))
+        if not self._alerting:
+            return _EMPTY
+        phase = self._phase
+        if not phase.start <= step < phase.end:
+            phase = self._phase = self._phase_at(step)
+        params = phase.params
+        events: list[Event] | None = None
+        gate = self._gate
+        for r in d.rules:
+            p = params[r.name]
+            f = r.detector.update(s, p)
+            if f is None and r.gate.idle:
+                continue
+            if not p.enable:
+                f = None
+            v = gate.admit(r.gate, f, step, p.consecutive, r.immediate)
+            if v is not None:
+                if events is None:
+                    events = []
+                events.append(self._event(d, s, r, f, v, phase.name))
+        return events if events is not None else _EMPTY
+
+    # -- helpers off the hot path ------------------------------------------------------------
+
+    def _phase_at(self, step: int) -> _Phase:
+        for p in reversed(self._phases[1:]):
+            if p.start <= step < p.end:
+                return p
+        return self._phases[0]
+
+    def _check_missing(self, s: Sample) -> None:
+        for metric, present in (("loss", s.loss), ("learning_rate", s.learning_rate), ("grad_norm", s.grad_norm)):
+            if present is not None:
+                self._seen.add(metric)
+        if self._n_samples < 3:
+            return
+        for metric in ("loss", "learning_rate", "grad_norm"):
+            if self._want[metric] and metric not in self._seen:
+                arg = {"learning_rate": "lr"}.get(metric, metric)
+                log.warning("msmon: %s is in monitor_config.metrics but run %s has not reported it in its first 3 "
+                            "samples, so the rules on it are idle. Pass %s= to Monitor.step() (for grad_norm: use "
+                            "notifier.mindspore's grad-norm train step), or drop it from metrics.",
+                            metric, self.run_id, arg)
+
+    def _event(self, d: _Device, s: Sample, r: _Rule, f: Finding | None, v: Verdict, phase: str) -> Event:
+        resolved = v.status is Status.RESOLVED
+        if resolved or f is None:
+            message = f"{r.name} is back to normal"
+            value = threshold = math.nan
+            baseline = None
+        else:
+            message, value, threshold, baseline = f.message, f.value, f.threshold, f.baseline
+        ev = Event(
+            run_id=self.run_id, device=d.name, step=s.step, time=s.time, rule=r.name, severity=v.severity,
+            status=v.status, value=value, threshold=threshold, message=message, hint="" if resolved else r.hint,
+            metric=r.metric, baseline=baseline, phase=phase, repeat=v.repeat,
+            actions=[] if resolved or v.repeat else self._actions_for(r.name, v.severity),
+            window=_window(d.recent),
+        )
+        _log_event(ev)
+        return ev
+
+    def _actions_for(self, rule: str, severity: Severity) -> list[dict[str, object]]:
+        out = []
+        for a in self.config.actions:
+            if a.rule in ("*", rule) and severity.rank >= Severity(a.severity).rank:
+                out.append(_action_dict(a))
+        return out
+
+    def flush(self) -> None:
+        """Write out queued CSV / TensorBoard rows now."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the output files. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _f(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+def _window(recent: deque[Sample]) -> Window:
+    return Window(
+        steps=[s.step for s in recent],
+        loss=[s.loss for s in recent],
+        learning_rate=[s.learning_rate for s in recent],
+        grad_norm=[s.grad_norm for s in recent],
+        tokens_per_s=[s.tokens_per_s for s in recent],
+    )
+
+
+def _action_dict(a: ActionConfig) -> dict[str, object]:
+    out: dict[str, object] = {"action": a.action}
+    if a.factor is not None:
+        out["factor"] = a.factor
+    if a.timeout is not None:
+        out["timeout"] = a.timeout
+    return out
+
+
+def _log_event(ev: Event) -> None:
+    where = f"[run {ev.run_id} step {ev.step} device {ev.device}]"
+    if ev.status is Status.RESOLVED:
+        log.info("%s RESOLVED %s: %s", where, ev.rule, ev.message)
+        return
+    level = logging.ERROR if ev.severity is Severity.ERROR else logging.WARNING
+    again = " (still firing)" if ev.repeat else ""
+    acts = ""
+    if ev.actions:
+        acts = " Automatic actions: " + ", ".join(str(a["action"]) for a in ev.actions) + "."
+    log.log(level, "%s %s %s%s: %s. %s%s", where, ev.severity.value, ev.rule, again, ev.message, ev.hint, acts)
+
+
+def _given_keys(source: object) -> set[str]:
+    if isinstance(source, Mapping):
+        section = source.get("monitor_config", source)
+        return set(section) if isinstance(section, Mapping) else set()
+    return {"monitor_on"} if isinstance(source, MonitorConfig) else _keys_in_file(source)
+
+
+def _keys_in_file(source: object) -> set[str]:
+    try:
+        from .config.loader import _locate
+        from .config.yamlio import load_yaml
+
+        section = _locate(load_yaml(os.fspath(source)), None)  # type: ignore[call-overload]
+        return set(section)
+    except (ConfigError, TypeError):
+        return set()
+
+
+def describe(cfg: MonitorConfig, run_id: str) -> list[str]:
+    """What will be monitored, in plain words: logged at start-up and printed by `msmon check-config`."""
+    lines = [f"monitoring run {run_id}: every {cfg.step_interval} step(s), log line every "
+             f"{cfg.log_interval or 'never'}, metrics {', '.join(cfg.metrics)}"
+             + ("; per device" if cfg.per_device_metrics else "")]
+    if not cfg.alert.enable:
+        lines.append("alerting is off (monitor_config.alert.enable is false): metrics are logged, nothing alerts")
+        return lines
+    a = cfg.alert
+    lines.append(f"alerts after a {a.baseline_steps}-step baseline; repeats of a rule at most every "
+                 f"{a.alert_interval} steps; resolved after {a.resolve_after} clear samples")
+    metrics: set[str] = set(cfg.metrics)
+    for name, (_, det_cls) in RULES.items():
+        p = a.rules.get(name)
+        missing = det_cls.requires - metrics
+        if not p.enable:
+            lines.append(f"  {name}: off (alert.rules.{name}.enable is false)")
+        elif missing:
+            lines.append(f"  {name}: off (needs {', '.join(sorted(missing))} in metrics)")
+        elif name == "loss_forecast" and (cfg.training.target_loss is None or cfg.training.total_steps is None):
+            lines.append(f"  {name}: idle (needs training.target_loss and training.total_steps)")
+        elif name in ("nonfinite", "lr_schedule"):
+            lines.append(f"  {name}: on")
+        else:
+            w, e = p.warning_level(), p.error_level()
+            if w is None and e is None:
+                lines.append(f"  {name}: off (no WARNING or ERROR level set)")
+                continue
+            levels = ", ".join(f"{lvl} at {v:g}" for lvl, v in (("WARNING", w), ("ERROR", e)) if v is not None)
+            lines.append(f"  {name}: {levels}, {p.consecutive} sample(s) in a row")
+    for ph in a.phases:
+        end = "end" if ph.end_step is None else ph.end_step
+        changes = "; ".join(f"{r} {o}" for r, o in ph.rules.items()) or "no changes"
+        lines.append(f"  phase {ph.name} (steps {ph.start_step}-{end}): {changes}")
+    for act in cfg.actions:
+        lines.append(f"  action: {act.action} when {act.rule} reaches {act.severity}")
+    return lines
