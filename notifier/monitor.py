@@ -110,7 +110,7 @@ class Monitor:
         self._alerting = cfg.alert.enable
         self._gate = AlertGate(cfg.alert.alert_interval, cfg.alert.baseline_steps, cfg.alert.resolve_after)
         self._phases = self._build_phases(cfg)
-        self._phase = self._phases[0]
+        self._phase = self._phase_at(0)
         self._active = self._active_rules(cfg, metrics)
         self._ctx_peers: dict[str, float] = {}
         self._devices: dict[str, _Device] = {}
@@ -152,14 +152,24 @@ class Monitor:
 
     @staticmethod
     def _build_phases(cfg: MonitorConfig) -> list[_Phase]:
+        """Non-overlapping step segments covering 0..inf: the configured phases, "default" between them."""
         base = {name: cfg.alert.rules.get(name) for name in RULES}
-        phases = [_Phase("default", 0, math.inf, base)]
+        segments: list[_Phase] = []
+        at = 0
         for p in sorted(cfg.alert.phases, key=lambda p: p.start_step):
+            if p.start_step > at:
+                segments.append(_Phase("default", at, p.start_step, base))
             params = dict(base)
             for rule, override in p.rules.items():
                 params[rule] = dataclasses.replace(base[rule], **override)
-            phases.append(_Phase(p.name, p.start_step, math.inf if p.end_step is None else p.end_step, params))
-        return phases
+            end = math.inf if p.end_step is None else p.end_step
+            segments.append(_Phase(p.name, p.start_step, end, params))
+            at = int(end) if end != math.inf else -1
+            if at < 0:
+                break
+        if at >= 0:
+            segments.append(_Phase("default", at, math.inf, base))
+        return segments
 
     @staticmethod
     def _active_rules(cfg: MonitorConfig, metrics: set[str]) -> list[str]:
@@ -311,10 +321,10 @@ class Monitor:
     # -- helpers off the hot path ------------------------------------------------------------
 
     def _phase_at(self, step: int) -> _Phase:
-        for p in reversed(self._phases[1:]):
+        for p in self._phases:
             if p.start <= step < p.end:
                 return p
-        return self._phases[0]
+        return self._phases[-1]
 
     def _check_missing(self, s: Sample) -> None:
         for metric, present in (("loss", s.loss), ("learning_rate", s.learning_rate), ("grad_norm", s.grad_norm)):

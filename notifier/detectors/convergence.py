@@ -14,31 +14,37 @@ from .rolling import SlidingFit
 
 @dataclasses.dataclass
 class ConvergenceParams(RuleParams):
-    """Each window of `window` samples, the loss is fitted against log(step); its slope is the loss
+    """Each window of `window_steps` steps, the loss is fitted against log(step); its slope is the loss
     change per doubling of the step count, which a healthy power-law loss curve keeps roughly
     steady (a slope per step would fall naturally and alarm on every run). The value is the
     fraction of the previous window's descent that was lost: 0.9 means the loss now falls ten
     times slower; above 1 it is rising. Compared only when the previous window fell clearly
-    (t-statistic <= -min_t)."""
+    (t-statistic <= -min_t) and the change of slope is itself clear (min_t standard errors)."""
 
     warning: float | None = dataclasses.field(default=0.9, metadata=spec(gt=0, doc="fraction of descent lost"))
     error: float | None = dataclasses.field(default=None, metadata=spec(gt=0, doc="fraction of descent lost"))
-    window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples per window"))
+    window_steps: int = dataclasses.field(default=1000, metadata=spec(ge=10, doc="steps per window"))
     min_t: float = dataclasses.field(default=4.0, metadata=spec(gt=0, doc="how clearly the previous window fell"))
 
 
 class Trend:
     """Window-by-window fits of the loss against log(step): slope, its change, forecast and ETA.
 
+    A window is `window_steps` steps cut into `BLOCKS` blocks; the fit goes through the blocks'
+    median losses, so a one-batch data spike (common and harmless) cannot tilt the slope, and the
+    result does not depend on how often the loss is sampled. Memory: one block of samples.
     Pure; used by the convergence and forecast rules, and by replays and the bot's status.
     """
 
-    __slots__ = ("fit", "count", "step", "current", "previous")
+    BLOCKS = 10
+    __slots__ = ("fit", "block", "block_steps", "block_id", "count", "current", "previous")
 
-    def __init__(self, window: int) -> None:
-        self.fit = SlidingFit(window)
-        self.count = 0
-        self.step = 0
+    def __init__(self, window_steps: int) -> None:
+        self.block_steps = max(1, window_steps // self.BLOCKS)
+        self.fit = SlidingFit(self.BLOCKS)
+        self.block: list[tuple[float, float]] = []
+        self.block_id = -1
+        self.count = 0  # blocks completed
         self.current: tuple[float, float, float, int] | None = None  # (log-slope, loss at end, t, step)
         self.previous: tuple[float, float, float, int] | None = None
 
@@ -46,10 +52,24 @@ class Trend:
         """Add a point; True when it completed a window (current/previous were updated)."""
         if step < 1 or not math.isfinite(loss):
             return False
-        self.fit.add(math.log(step), loss)
+        bid = step // self.block_steps
+        done = False
+        if bid != self.block_id and self.block:
+            done = self._close_block(step)
+        self.block_id = bid
+        self.block.append((loss, math.log(step)))
+        return done
+
+    def _close_block(self, step: int) -> bool:
+        block = self.block
+        block.sort()
+        n = len(block)
+        med = block[n // 2][0] if n & 1 else 0.5 * (block[n // 2 - 1][0] + block[n // 2][0])
+        x = sum(p[1] for p in block) / n
+        block.clear()
+        self.fit.add(x, med)
         self.count += 1
-        self.step = step
-        if self.count % self.fit.size:
+        if self.count % self.BLOCKS:
             return False
         res = self.fit.fit()
         if res is None:
@@ -65,12 +85,11 @@ class Trend:
     def per_1000_steps(log_slope: float, step: int) -> float:
         return 1000.0 * log_slope / max(step, 1)
 
-    def forecast(self, at_step: int) -> float | None:
-        """The loss the current trend reaches at `at_step`."""
+    def forecast(self, at_step: int) -> tuple[float, float] | None:
+        """The loss the current trend reaches at `at_step`, and the standard error of that forecast."""
         if self.current is None:
             return None
-        slope, at_end, _, step = self.current
-        return at_end + slope * (math.log(at_step) - math.log(step))
+        return self.fit.predict(math.log(at_step))
 
     def eta(self, target: float) -> float | None:
         """The step at which the current trend reaches `target`; None if it never does."""
@@ -84,6 +103,12 @@ class Trend:
         return step * math.exp((target - at_end) / slope)
 
 
+def _se(fit: tuple[float, float, float, int]) -> float:
+    """Standard error of a window's slope, from its slope and t-statistic."""
+    slope, _, t, _ = fit
+    return abs(slope / t) if t else 0.0
+
+
 class Convergence:
     rule: ClassVar[str] = "convergence"
     metric: ClassVar[str] = "loss"
@@ -92,7 +117,7 @@ class Convergence:
                            "data repetition, and whether the planned steps still make sense.")
 
     def __init__(self, p: ConvergenceParams, ctx: DetectorContext) -> None:
-        self.trend = Trend(p.window)
+        self.trend = Trend(p.window_steps)
         self.min_t = p.min_t
         self.last: Finding | None = None
 
@@ -104,6 +129,10 @@ class Convergence:
         cur, prev = tr.current, tr.previous
         self.last = None
         if cur is None or prev is None or prev[2] > -self.min_t or prev[0] >= 0.0:
+            return None
+        # The change itself must be clear, not the previous window's luck regressing to the mean.
+        se_prev, se_cur = _se(prev), _se(cur)
+        if (cur[0] - prev[0]) < self.min_t * math.hypot(se_prev, se_cur):
             return None
         lost = 1.0 - cur[0] / prev[0]
         level, thr = classify(lost, p)
@@ -122,11 +151,12 @@ class Convergence:
 @dataclasses.dataclass
 class LossForecastParams(RuleParams):
     """Needs `training.target_loss` and `training.total_steps`. Each window, the loss is fitted
-    against log(step) and extrapolated to total_steps; the value is forecast minus target."""
+    against log(step) and extrapolated to total_steps. The value is how far above the target the
+    forecast lands, counting only what is certain: forecast - 2 x its standard error - target."""
 
     warning: float | None = dataclasses.field(default=0.0, metadata=spec(ge=0, doc="forecast above target by"))
     error: float | None = dataclasses.field(default=None, metadata=spec(ge=0, doc="forecast above target by"))
-    window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples per window"))
+    window_steps: int = dataclasses.field(default=2000, metadata=spec(ge=10, doc="steps per window"))
 
 
 class LossForecast:
@@ -137,7 +167,7 @@ class LossForecast:
                            "run, change the schedule or stop early, rather than at the last step.")
 
     def __init__(self, p: LossForecastParams, ctx: DetectorContext) -> None:
-        self.trend = Trend(p.window)
+        self.trend = Trend(p.window_steps)
         self.target = ctx.target_loss
         self.total = ctx.total_steps
         self.last: Finding | None = None
@@ -147,15 +177,17 @@ class LossForecast:
         target, total, tr = self.target, self.total, self.trend
         if target is None or total is None or x is None or s.step >= total or not tr.add(s.step, x):
             return self.last
-        final = tr.forecast(total)
+        fc = tr.forecast(total)
         self.last = None
-        if final is None:
+        if fc is None:
             return None
-        level, thr = classify(final - target, p)
+        final, se = fc
+        margin = final - 2.0 * se - target
+        level, thr = classify(margin, p)
         if level is not None:
             eta = tr.eta(target)
             when = f"the trend reaches it at step ~{eta:,.0f}" if eta is not None else "the trend never reaches it"
-            self.last = Finding(level, final - target, thr,
-                                f"at the current rate the loss reaches {final:.4g} by step {total:,}, above the "
-                                f"target {target:g} ({when})", target)
+            self.last = Finding(level, margin, thr,
+                                f"at the current rate the loss reaches {final:.4g} +- {2 * se:.2g} by step "
+                                f"{total:,}, above the target {target:g} ({when})", target)
         return self.last

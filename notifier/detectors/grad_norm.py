@@ -107,6 +107,8 @@ class GradNormCreepParams(RuleParams):
     error: float | None = dataclasses.field(default=3.0, metadata=spec(gt=1, doc="rise factor over the window"))
     window: int = dataclasses.field(default=50, metadata=spec(ge=10, doc="samples in the trend fit"))
     min_t: float = dataclasses.field(default=4.0, metadata=spec(gt=0, doc="t-statistic the rise must reach"))
+    jump: float = dataclasses.field(
+        default=3.0, metadata=spec(gt=1, doc="a sample this many x above the trend line is a jump, not creep"))
 
 
 class GradNormCreep:
@@ -116,23 +118,40 @@ class GradNormCreep:
     hint: ClassVar[str] = ("The grad norm has been climbing steadily: the early sign of a coming divergence. "
                            "Save a checkpoint; scaling the LR down now is cheaper than a rollback later.")
 
+    JUMP_RESET = 5  # jumps in a row: a new level; the fit starts over
+
     def __init__(self, p: GradNormCreepParams, ctx: DetectorContext) -> None:
         self.fit = SlidingFit(p.window)
         self.min_t = p.min_t
         self.full = p.window
+        self.log_jump = math.log(p.jump)
+        self.trend_end: float | None = None  # log grad norm at the end of the last fit
+        self.jumps = 0
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
         if g is None or not math.isfinite(g) or g <= 0.0:
             return None
         f = self.fit
-        f.add(float(s.step), math.log(g))
-        if len(f) < self.full:
+        y = math.log(g)
+        if self.trend_end is not None and y - self.trend_end > self.log_jump:
+            # A sudden jump is the spike and threshold rules' business; kept out, it cannot fake a trend.
+            self.jumps += 1
+            if self.jumps >= self.JUMP_RESET:
+                f.clear()
+                self.trend_end = None
+            return None
+        self.jumps = 0
+        f.add(float(s.step), y)
+        if len(f) < self.full // 2:
             return None
         res = f.fit()
         if res is None:
             return None
         slope, at_end, t = res
+        self.trend_end = at_end
+        if len(f) < self.full:
+            return None
         if t < self.min_t:
             return None
         rise = math.exp(slope * f.span)

@@ -133,3 +133,20 @@ class SlidingFit:
         t = slope / se if se > 0.0 else math.copysign(math.inf, slope) if slope else 0.0
         at_end = my + slope * ((self._xs[-1] - self._x0) - mx)
         return slope, at_end, t
+
+    def predict(self, x: float) -> tuple[float, float] | None:
+        """The line's value at `x` and its standard error; None if degenerate."""
+        n = len(self._xs)
+        if n < 3:
+            return None
+        mx = self._sx / n
+        my = self._sy / n
+        sxx = self._sxx - n * mx * mx
+        if sxx <= 0.0:
+            return None
+        sxy = self._sxy - n * mx * my
+        syy = self._syy - n * my * my
+        slope = sxy / sxx
+        resid = max(syy - slope * sxy, 0.0) / (n - 2)
+        dx = (x - self._x0) - mx
+        return my + slope * dx, math.sqrt(resid * (1.0 / n + dx * dx / sxx))
