@@ -45,11 +45,12 @@ def _ensure_visible_logging() -> None:
 
 
 class _Rule:
-    __slots__ = ("name", "detector", "gate", "immediate", "hint", "metric")
+    __slots__ = ("name", "detector", "update", "gate", "immediate", "hint", "metric")
 
     def __init__(self, name: str, detector: Any) -> None:
         self.name = name
         self.detector = detector
+        self.update = detector.update
         self.gate = GateState()
         self.immediate = name == "nonfinite"
         self.hint: str = detector.hint
@@ -78,10 +79,11 @@ class _Device:
 
 
 class _Phase:
-    __slots__ = ("name", "start", "end", "params")
+    __slots__ = ("name", "start", "end", "params", "ordered")
 
     def __init__(self, name: str, start: int, end: float, params: dict[str, RuleParams]) -> None:
         self.name, self.start, self.end, self.params = name, start, end, params
+        self.ordered: list[RuleParams] = []  # params in the order of the active rules
 
 
 class Monitor:
@@ -107,11 +109,15 @@ class Monitor:
         self._per_device = cfg.per_device_metrics
         metrics: set[str] = set(cfg.metrics)
         self._want = {m: m in metrics for m in ("loss", "learning_rate", "grad_norm", "throughput")}
+        self._want_loss, self._want_lr = self._want["loss"], self._want["learning_rate"]
+        self._want_grad, self._want_throughput = self._want["grad_norm"], self._want["throughput"]
         self._alerting = cfg.alert.enable
         self._gate = AlertGate(cfg.alert.alert_interval, cfg.alert.baseline_steps, cfg.alert.resolve_after)
         self._phases = self._build_phases(cfg)
         self._phase = self._phase_at(0)
         self._active = self._active_rules(cfg, metrics)
+        for ph in self._phases:
+            ph.ordered = [ph.params[name] for name in self._active]
         self._ctx_peers: dict[str, float] = {}
         self._devices: dict[str, _Device] = {}
         self._ignored: set[str] = set()
@@ -262,29 +268,29 @@ class Monitor:
         self, d: _Device, step: int, now: float, loss: float | None, lr: float | None,
         grad_norm: float | None, throughput: float | None,
     ) -> list[Event]:
-        want = self._want
+        want_tp = self._want_throughput
         step_time = tokens_s = samples_s = None
         if d.last_t is not None:
             elapsed = now - d.last_t
             calls = d.calls - d.last_calls
             if elapsed > 0.0 and calls > 0:
                 step_time = elapsed / calls
-                if want["throughput"]:
+                if want_tp:
                     if d.samples:
                         samples_s = d.samples / elapsed
                     if d.tokens:
                         tokens_s = d.tokens / elapsed
                     elif d.samples and self._seq_len:
                         tokens_s = d.samples * self._seq_len / elapsed
-        if throughput is not None and want["throughput"]:
+        if throughput is not None and want_tp:
             tokens_s = throughput
         max_dt = d.max_dt if d.max_dt > 0.0 else None
         d.last_t, d.last_calls, d.max_dt, d.tokens, d.samples = now, d.calls, 0.0, 0.0, 0.0
         s = Sample(
             run_id=self.run_id, device=d.name, step=step, time=now,
-            loss=_f(loss) if want["loss"] else None,
-            learning_rate=_f(lr) if want["learning_rate"] else None,
-            grad_norm=_f(grad_norm) if want["grad_norm"] else None,
+            loss=float(loss) if loss is not None and self._want_loss else None,
+            learning_rate=float(lr) if lr is not None and self._want_lr else None,
+            grad_norm=float(grad_norm) if grad_norm is not None and self._want_grad else None,
             samples_per_s=samples_s, tokens_per_s=tokens_s, step_time=step_time, max_step_time=max_dt,
         )
         d.recent.append(s)
@@ -301,17 +307,16 @@ class Monitor:
         phase = self._phase
         if not phase.start <= step < phase.end:
             phase = self._phase = self._phase_at(step)
-        params = phase.params
         events: list[Event] | None = None
         gate = self._gate
-        for r in d.rules:
-            p = params[r.name]
-            f = r.detector.update(s, p)
-            if f is None and r.gate.idle:
+        for r, p in zip(d.rules, phase.ordered):  # noqa: B905 - same length by construction
+            f = r.update(s, p)
+            g = r.gate
+            if f is None and g.firing is None and not g.n_warn:
                 continue
             if not p.enable:
                 f = None
-            v = gate.admit(r.gate, f, step, p.consecutive, r.immediate)
+            v = gate.admit(g, f, step, p.consecutive, r.immediate)
             if v is not None:
                 if events is None:
                     events = []
@@ -383,10 +388,6 @@ class Monitor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _f(x: Any) -> float | None:
-    return None if x is None else float(x)
 
 
 def _window(recent: deque[Sample]) -> Window:

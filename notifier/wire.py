@@ -33,7 +33,7 @@ class Status(str, enum.Enum):
     RESOLVED = "resolved"
 
 
-class Sample(msgspec.Struct, kw_only=True):
+class Sample(msgspec.Struct, kw_only=True, gc=False):
     """The metrics of one sampled step on one device (also one CSV row)."""
 
     run_id: str

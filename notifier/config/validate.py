@@ -166,7 +166,8 @@ def _check_bounds(value: Any, meta: Mapping[str, Any], path: str, ctx: Context, 
 
 
 def fields_of(cls: type) -> dict[str, dataclasses.Field[Any]]:
-    return {f.name: f for f in dataclasses.fields(cls)}
+    """The fields a user may set (internal ones, derived by the class itself, excluded)."""
+    return {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
 
 
 def parse_fields(cls: type, data: Mapping[str, Any], path: str, ctx: Context) -> dict[str, Any]:
@@ -199,7 +200,7 @@ def build(cls: type[T], data: Mapping[str, Any], path: str, ctx: Context) -> T:
     try:
         obj = cls(**kwargs)
     except TypeError as exc:  # a required field is missing
-        missing = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        missing = [f.name for f in fields_of(cls).values()
                    if f.name not in kwargs and f.default is dataclasses.MISSING
                    and f.default_factory is dataclasses.MISSING]
         for name in missing:
@@ -223,17 +224,3 @@ def _placeholder(cls: type[T], kwargs: dict[str, Any]) -> T:
             tp = hints[f.name]
             full[f.name] = typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Literal else tp()
     return cls(**full)
-
-
-def describe_fields(cls: type) -> list[tuple[str, Any, str]]:
-    """(name, default, doc) of each field, for `check-config` and the docs."""
-    out = []
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            default: Any = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = None
-        out.append((f.name, default, f.metadata.get("doc", "")))
-    return out

@@ -27,6 +27,19 @@ class RuleParams:
     # Keys a phase may override; the others shape a detector's memory and are fixed for the run.
     PHASE_KEYS: ClassVar[frozenset[str]] = frozenset({"enable", "warning", "error", "consecutive"})
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Levels are read on every sample: keep them resolved (defaults derived from the other
+        # level included), also when changed live (loosen-threshold).
+        object.__setattr__(self, name, value)
+        if name in ("warning", "error"):
+            object.__setattr__(self, "levels", (self.warning_level(), self.error_level()))
+
+    levels: tuple[float | None, float | None] = dataclasses.field(
+        default=(None, None), init=False, repr=False, compare=False, metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "levels", (self.warning_level(), self.error_level()))
+
     def warning_level(self) -> float | None:
         return self.warning
 
@@ -62,22 +75,17 @@ class Finding:
         return f"Finding({self.level}, value={self.value:.4g}, threshold={self.threshold:.4g})"
 
 
+_NONE: tuple[None, float] = (None, float("nan"))
+
+
 def classify(value: float, p: RuleParams) -> tuple[Severity | None, float]:
     """The level `value` reaches under `p`, and the level's threshold (nan when none is reached)."""
-    e = p.error_level()
+    w, e = p.levels
     if e is not None and value >= e:
         return Severity.ERROR, e
-    w = p.warning_level()
     if w is not None and value >= w:
         return Severity.WARNING, w
-    return None, float("nan")
-
-
-def over_any_level(value: float, p: RuleParams) -> bool:
-    w = p.warning_level()
-    if w is None:
-        w = p.error_level()
-    return w is not None and value >= w
+    return _NONE
 
 
 class Detector(Protocol):

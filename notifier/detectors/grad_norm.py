@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import DetectorContext, Finding, RuleParams, classify, over_any_level
+from .base import DetectorContext, Finding, RuleParams, classify
 from .rolling import RollingQuantiles, SlidingFit
 
 _HINT = ("A growing grad norm comes before loss divergence. Save a checkpoint now; consider scaling the LR "
@@ -75,7 +75,7 @@ class GradNormSpike:
         if g is None or not math.isfinite(g) or g <= 0.0:
             return None
         w = self.window
-        if len(w) < self.min_samples:
+        if w.n < self.min_samples:
             w.add(g)
             return None
         med = w.median()
@@ -83,11 +83,9 @@ class GradNormSpike:
             w.add(g)
             return None
         ratio = g / med
-        if not over_any_level(ratio, p):
-            w.add(g)
-            return None
         level, thr = classify(ratio, p)
         if level is None:
+            w.add(g)
             return None
         return Finding(level, ratio, thr,
                        f"grad norm {g:.4g} is {ratio:.1f}x its recent median {med:.4g} (threshold {thr:g}x)", med)
@@ -143,14 +141,15 @@ class GradNormCreep:
             return None
         self.jumps = 0
         f.add(float(s.step), y)
-        if len(f) < self.full // 2:
+        n = f.n
+        if n < self.full // 2 or (n >= self.full and self.trend_end is not None and not f.rising()):
             return None
         res = f.fit()
         if res is None:
             return None
         slope, at_end, t = res
         self.trend_end = at_end
-        if len(f) < self.full:
+        if slope <= 0.0 or n < self.full:
             return None
         if t < self.min_t:
             return None

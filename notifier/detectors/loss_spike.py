@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import DetectorContext, Finding, RuleParams, classify, over_any_level
+from .base import DetectorContext, Finding, RuleParams, classify
 from .rolling import RollingQuantiles
 
 
@@ -54,17 +54,15 @@ class LossSpike:
         if x is None or not math.isfinite(x):
             return None
         w = self.window
-        if len(w) < self.min_samples:
+        if w.n < self.min_samples:
             w.add(x)
             return None
-        med = w.median()
-        sigma = max(w.sigma(), self.min_fluctuation * abs(med), 1e-12)
+        med, sigma = w.median_sigma()
+        sigma = max(sigma, self.min_fluctuation * abs(med), 1e-12)
         z = (x - med) / sigma
-        if not over_any_level(z, p):
-            w.add(x)  # only normal samples teach the baseline: a spike does not become the new normal
-            return None
         level, thr = classify(z, p)
         if level is None:
+            w.add(x)  # only normal samples teach the baseline: a spike does not become the new normal
             return None
         return Finding(level, z, thr,
                        f"loss {x:.4g} is {z:.1f} sigma above its recent median {med:.4g} "

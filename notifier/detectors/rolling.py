@@ -10,27 +10,37 @@ from collections import deque
 class RollingQuantiles:
     """The last `size` values, kept sorted: median and IQR in O(1), an update in O(log n) + memmove."""
 
-    __slots__ = ("_fifo", "_sorted", "size")
+    __slots__ = ("_ring", "_next", "_sorted", "size", "n")
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._fifo: deque[float] = deque()
+        self.n = 0  # values held (an attribute: read on every sample, cheaper than len())
+        self._ring: list[float] = []  # insertion order; a ring once full
+        self._next = 0  # ring slot of the oldest value, once full
         self._sorted: list[float] = []
 
     def __len__(self) -> int:
-        return len(self._fifo)
+        return self.n
 
     def add(self, x: float) -> None:
         """Add a finite value (NaN would break the order; callers filter it)."""
-        if len(self._fifo) == self.size:
-            old = self._fifo.popleft()
-            del self._sorted[bisect_left(self._sorted, old)]
-        self._fifo.append(x)
-        insort(self._sorted, x)
+        s = self._sorted
+        ring = self._ring
+        if self.n < self.size:
+            ring.append(x)
+            self.n += 1
+        else:
+            i = self._next
+            del s[bisect_left(s, ring[i])]
+            ring[i] = x
+            self._next = (i + 1) % self.size
+        insort(s, x)
 
     def clear(self) -> None:
-        self._fifo.clear()
+        self._ring.clear()
         self._sorted.clear()
+        self._next = 0
+        self.n = 0
 
     def quantile(self, q: float) -> float:
         s = self._sorted
@@ -45,6 +55,20 @@ class RollingQuantiles:
         m = n >> 1
         return s[m] if n & 1 else 0.5 * (s[m - 1] + s[m])
 
+    def median_sigma(self) -> tuple[float, float]:
+        """(median, robust sigma) in one pass over the index arithmetic."""
+        s = self._sorted
+        n = len(s)
+        m = n >> 1
+        med = s[m] if n & 1 else 0.5 * (s[m - 1] + s[m])
+        pos = 0.25 * (n - 1)
+        lo = int(pos)
+        q1 = s[lo] + (s[lo + 1] - s[lo]) * (pos - lo) if lo + 1 < n else s[lo]
+        pos = 0.75 * (n - 1)
+        lo = int(pos)
+        q3 = s[lo] + (s[lo + 1] - s[lo]) * (pos - lo) if lo + 1 < n else s[lo]
+        return med, (q3 - q1) / 1.349
+
     def sigma(self) -> float:
         """Robust standard deviation: IQR / 1.349 (equals sigma for normal noise, ignores outliers)."""
         return (self.quantile(0.75) - self.quantile(0.25)) / 1.349
@@ -57,10 +81,11 @@ class SlidingFit:
     when they are also recomputed from the buffer, so rounding error cannot build up.
     """
 
-    __slots__ = ("size", "_xs", "_ys", "_x0", "_n_added", "_sx", "_sy", "_sxx", "_sxy", "_syy")
+    __slots__ = ("size", "n", "_xs", "_ys", "_x0", "_n_added", "_sx", "_sy", "_sxx", "_sxy", "_syy")
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.n = 0  # points held
         self._xs: deque[float] = deque()
         self._ys: deque[float] = deque()
         self._x0 = 0.0
@@ -68,18 +93,19 @@ class SlidingFit:
         self._sx = self._sy = self._sxx = self._sxy = self._syy = 0.0
 
     def __len__(self) -> int:
-        return len(self._xs)
+        return self.n
 
     def clear(self) -> None:
         self._xs.clear()
         self._ys.clear()
+        self.n = 0
         self._n_added = 0
         self._sx = self._sy = self._sxx = self._sxy = self._syy = 0.0
 
     def add(self, x: float, y: float) -> None:
-        if not self._xs:
+        if not self.n:
             self._x0 = x
-        if len(self._xs) == self.size:
+        if self.n == self.size:
             ox = self._xs.popleft() - self._x0
             oy = self._ys.popleft()
             self._sx -= ox
@@ -87,6 +113,8 @@ class SlidingFit:
             self._sxx -= ox * ox
             self._sxy -= ox * oy
             self._syy -= oy * oy
+        else:
+            self.n += 1
         self._xs.append(x)
         self._ys.append(y)
         dx = x - self._x0
@@ -114,6 +142,11 @@ class SlidingFit:
     def span(self) -> float:
         """Distance in x from the oldest to the newest point."""
         return self._xs[-1] - self._xs[0] if self._xs else 0.0
+
+    def rising(self) -> bool:
+        """Whether the fitted slope is positive (cheap: no square root)."""
+        n = len(self._xs)
+        return n >= 3 and n * self._sxy - self._sx * self._sy > 0.0
 
     def fit(self) -> tuple[float, float, float] | None:
         """(slope, value of the line at the newest x, t-statistic of the slope); None if degenerate."""

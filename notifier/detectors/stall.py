@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import DetectorContext, Finding, RuleParams, classify, over_any_level
+from .base import DetectorContext, Finding, RuleParams, classify
 from .rolling import RollingQuantiles
 
 
@@ -40,15 +40,14 @@ class StepStall:
         if not mean or worst is None:
             return None
         w = self.window
-        if len(w) < self.min_samples:
+        if w.n < self.min_samples:
             w.add(mean)
             return None
         med = w.median()
         ratio = worst / med if med > 0.0 else 0.0
-        if not over_any_level(ratio, p):
-            w.add(mean)
         level, thr = classify(ratio, p)
         if level is None:
+            w.add(mean)
             return None
         return Finding(level, ratio, thr,
                        f"a step took {worst:.3g} s, {ratio:.0f}x the median step time {med:.3g} s "

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import DetectorContext, Finding, RuleParams, classify, over_any_level
+from .base import DetectorContext, Finding, RuleParams, classify
 from .rolling import RollingQuantiles
 
 
@@ -48,16 +48,14 @@ class ThroughputDrop:
         if rate is None or not rate > 0.0:
             return None
         w = self.window
-        if len(w) < self.min_samples:
+        if w.n < self.min_samples:
             w.add(rate)
             return None
         med = w.median()
         drop = 1.0 - rate / med
-        if not over_any_level(drop, p):
-            w.add(rate)
-            return None
         level, thr = classify(drop, p)
         if level is None:
+            w.add(rate)
             return None
         return Finding(level, drop, thr,
                        f"throughput {rate:.4g} {unit} is {drop:.0%} below its usual {med:.4g} {unit} "

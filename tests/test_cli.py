@@ -1,0 +1,87 @@
+"""The msmon command line, run as a user runs it (a real subprocess of the installed console script)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+MSMON = str(Path(sys.executable).parent / "msmon")
+
+
+def msmon(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([MSMON, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_demo_catches_the_incident_before_the_loss_spike(tmp_path):
+    p = msmon("demo", "--out", os.fspath(tmp_path), "--config", os.fspath(ROOT / "config" / "monitor.yaml"))
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "WARNING  grad_norm_creep" in out
+    assert "ERROR    loss_spike" in out
+    first = [line for line in out.splitlines() if line.startswith("First alert:")][0]
+    assert first.startswith("First alert: WARNING grad_norm_creep at step 22")
+    assert "before the loss spike" in first
+    assert (tmp_path / "incident-13b.csv").exists()
+
+
+def test_replay_prints_alerts(tmp_path):
+    log = tmp_path / "log.csv"
+    lines = ["step,loss,grad_norm"] + [f"{i},{2.0 + 0.01 * (i % 7)},{1.0 if i < 700 else 40.0}" for i in range(800)]
+    log.write_text("\n".join(lines) + "\n")
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text("monitor_config:\n  monitor_on: true\n  alert:\n    grad_norm_threshold: 10.0\n")
+    p = msmon("replay", os.fspath(log), "--config", os.fspath(cfg))
+    assert p.returncode == 0, p.stderr
+    assert "step     701  ERROR    grad_norm" in p.stdout
+    assert p.stdout.strip().splitlines()[-1].startswith("2 alert(s): 2 ERROR, 0 WARNING")
+
+
+def test_replay_bad_input_names_the_line(tmp_path):
+    log = tmp_path / "log.csv"
+    log.write_text("step,loss\n0,2.0\n1,abc\n")
+    p = msmon("replay", os.fspath(log))
+    assert p.returncode == 2
+    assert "log.csv:3: column 'loss' holds 'abc', which is not a number" in p.stderr
+    log.write_text("step,loss\n0,2.0\n5,nan\n3,2.0\n")
+    p = msmon("replay", os.fspath(log))
+    assert p.returncode == 2 and "log.csv:4: step 3 comes after step 5: steps must increase" in p.stderr
+
+
+def test_check_config_says_what_will_be_monitored(tmp_path):
+    train = tmp_path / "train.yaml"
+    train.write_text("model: {layers: 2}\nmonitor_config: !include monitor.yaml\n")
+    body = (ROOT / "config" / "monitor.yaml").read_text().split("monitor_config:\n", 1)[1]
+    (tmp_path / "monitor.yaml").write_text(body.replace("\n  ", "\n").lstrip())
+    p = msmon("check-config", os.fspath(train))
+    assert p.returncode == 0, p.stderr
+    assert "valid" in p.stdout
+    assert "every 10 step(s), log line every 100" in p.stdout
+    assert "grad_norm: WARNING at 5, ERROR at 10, 2 sample(s) in a row" in p.stdout
+    assert "loss_spike: WARNING at 3, ERROR at 6, 3 sample(s) in a row" in p.stdout
+
+
+def test_check_config_errors_exit_2(tmp_path):
+    bad = tmp_path / "train.yaml"
+    bad.write_text("monitor_config:\n  monitor_on: true\n  alert:\n    grad_norm_treshold: 1\n")
+    p = msmon("check-config", os.fspath(bad))
+    assert p.returncode == 2
+    assert "monitor_config.alert.grad_norm_treshold: unknown key; did you mean grad_norm_threshold?" in p.stderr
+
+
+def test_check_config_monitor_off(tmp_path):
+    off = tmp_path / "train.yaml"
+    off.write_text("monitor_config:\n  step_interval: 10\n")
+    p = msmon("check-config", os.fspath(off))
+    assert p.returncode == 0 and "monitoring is OFF" in p.stdout
+
+
+def test_notifier_import_stays_light():
+    code = ("import sys, notifier, notifier.monitor, notifier.replay, notifier.cli; "
+            "heavy = [m for m in ('aiohttp', 'slack_sdk', 'matplotlib', 'tensorboardX', 'mindspore', 'numpy') "
+            "if m in sys.modules]; print(heavy)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert p.stdout.strip() == "[]"
