@@ -310,7 +310,11 @@ class Monitor:
         events: list[Event] | None = None
         gate = self._gate
         for r, p in zip(d.rules, phase.ordered):  # noqa: B905 - same length by construction
-            f = r.update(s, p)
+            try:
+                f = r.update(s, p)
+            except Exception:  # noqa: BLE001 - a detector bug must never stop training
+                self._disable(d, r, step)
+                continue
             g = r.gate
             if f is None and g.firing is None and not g.n_warn:
                 continue
@@ -324,6 +328,13 @@ class Monitor:
         return events if events is not None else _EMPTY
 
     # -- helpers off the hot path ------------------------------------------------------------
+
+    def _disable(self, d: _Device, r: _Rule, step: int) -> None:
+        """Take a crashed rule out (for this device only): training and the other rules go on."""
+        log.exception("msmon: rule %s failed at step %d on device %s of run %s and is now off for this device; "
+                      "training and the other rules continue. Please report this with the traceback.",
+                      r.name, step, d.name, self.run_id)
+        r.update = _off
 
     def _phase_at(self, step: int) -> _Phase:
         for p in self._phases:
@@ -388,6 +399,11 @@ class Monitor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _off(s: Sample, p: RuleParams) -> Finding | None:
+    """The update of a rule taken out after a crash."""
+    return None
 
 
 def _window(recent: deque[Sample]) -> Window:

@@ -14,43 +14,60 @@ from .rolling import SlidingFit
 
 @dataclasses.dataclass
 class ConvergenceParams(RuleParams):
-    """Each window of `window_steps` steps, the loss is fitted against log(step); its slope is the loss
-    change per doubling of the step count, which a healthy power-law loss curve keeps roughly
-    steady (a slope per step would fall naturally and alarm on every run). The value is the
-    fraction of the previous window's descent that was lost: 0.9 means the loss now falls ten
-    times slower; above 1 it is rising. Compared only when the previous window fell clearly
-    (t-statistic <= -min_t) and the change of slope is itself clear (min_t standard errors)."""
+    """Each window of `window_steps` steps, the loss is fitted against log(step); the slope is the
+    loss change per doubling of the step count, which a healthy power-law loss curve keeps
+    roughly steady (a slope per step falls naturally and would alarm on every run). The value is
+    the fraction of the reference descent that was lost, the reference being the fit over the
+    four windows before: 0.9 means the loss now falls ten times slower; above 1 it is rising.
+    A finding needs a reference that fell clearly (t-statistic <= -min_t) and a change of slope
+    that is itself clear (min_t standard errors); it then holds, against the same reference,
+    for as long as the descent stays lost."""
 
     warning: float | None = dataclasses.field(default=0.9, metadata=spec(gt=0, doc="fraction of descent lost"))
     error: float | None = dataclasses.field(default=None, metadata=spec(gt=0, doc="fraction of descent lost"))
-    window_steps: int = dataclasses.field(default=1000, metadata=spec(ge=10, doc="steps per window"))
+    window_steps: int | None = dataclasses.field(
+        default=None, metadata=spec(ge=10, doc="steps per window; null: total_steps / 50, at least 1000"))
     min_t: float = dataclasses.field(default=4.0, metadata=spec(gt=0, doc="how clearly the previous window fell"))
 
 
 class Trend:
-    """Window-by-window fits of the loss against log(step): slope, its change, forecast and ETA.
+    """Fits of the loss against log(step), window by window: slope, its change, forecast and ETA.
 
-    A window is `window_steps` steps cut into `BLOCKS` blocks; the fit goes through the blocks'
-    median losses, so a one-batch data spike (common and harmless) cannot tilt the slope, and the
-    result does not depend on how often the loss is sampled. Memory: one block of samples.
-    Pure; used by the convergence and forecast rules, and by replays and the bot's status.
+    A window is `window_steps` steps cut into `BLOCKS` blocks; fits go through the blocks' median
+    losses, so a one-batch data spike (common and harmless) cannot tilt a slope, and the result
+    does not depend on how often the loss is sampled. Three fits are kept: the current window,
+    the `history` windows before it (the reference a slowdown is judged against; the caller may
+    hold it still while a finding stands). Forecasts and ETAs extend the current window's line.
+    Pure and bounded; used by the convergence and forecast rules, replays and the bot's status.
     """
 
     BLOCKS = 10
-    __slots__ = ("fit", "block", "block_steps", "block_id", "count", "current", "previous")
+    MAX_EXP = 50.0  # an ETA beyond e^50 x the current step is "never"
+    __slots__ = ("fit", "history", "block", "block_steps", "block_id", "count", "pending",
+                 "_window", "current", "reference", "spreads", "slope_floor", "start")
 
-    def __init__(self, window_steps: int) -> None:
+    def __init__(self, window_steps: int, history: int = 4, burn_in: int = 0) -> None:
         self.block_steps = max(1, window_steps // self.BLOCKS)
+        self.start = max(1, burn_in)  # steps before this are the initial transient, not a trend
         self.fit = SlidingFit(self.BLOCKS)
+        self.history = SlidingFit(self.BLOCKS * history)
         self.block: list[tuple[float, float]] = []
+        self.pending: list[tuple[float, float]] = []  # the current window's block points
+        self._window: list[tuple[float, float]] = []  # the window just completed, until commit()
+        self.spreads: list[float] = []  # standard error of each block median in the current window
+        self.slope_floor = 0.0  # the current slope's error implied by the noise inside its blocks
         self.block_id = -1
         self.count = 0  # blocks completed
         self.current: tuple[float, float, float, int] | None = None  # (log-slope, loss at end, t, step)
-        self.previous: tuple[float, float, float, int] | None = None
+        self.reference: tuple[float, float, float, int] | None = None
 
     def add(self, step: int, loss: float) -> bool:
-        """Add a point; True when it completed a window (current/previous were updated)."""
-        if step < 1 or not math.isfinite(loss):
+        """Add a point; True when it completed a window (`current` and `reference` were updated).
+
+        After a True, call `commit()` to let the window into the reference, or leave it out to
+        hold the reference still.
+        """
+        if step < self.start or not math.isfinite(loss):
             return False
         bid = step // self.block_steps
         done = False
@@ -66,16 +83,33 @@ class Trend:
         n = len(block)
         med = block[n // 2][0] if n & 1 else 0.5 * (block[n // 2 - 1][0] + block[n // 2][0])
         x = sum(p[1] for p in block) / n
+        if n >= 4:  # the block median's own error, from the spread inside the block (IQR / 1.349)
+            self.spreads.append(1.2533 * (block[(3 * n) // 4][0] - block[n // 4][0]) / 1.349 / math.sqrt(n))
         block.clear()
         self.fit.add(x, med)
+        self.pending.append((x, med))
         self.count += 1
         if self.count % self.BLOCKS:
             return False
         res = self.fit.fit()
-        if res is None:
-            return False
-        self.previous, self.current = self.current, (res[0], res[1], res[2], step)
-        return True
+        noise = self.fit.noise()
+        spreads, self.spreads = sorted(self.spreads), []
+        self.slope_floor = 0.0
+        if spreads and noise is not None:
+            self.slope_floor = spreads[len(spreads) // 2] / math.sqrt(noise[1])
+        ref = self.history.fit() if self.history.n >= self.BLOCKS else None
+        self.current = None if res is None else (res[0], res[1], res[2], step)
+        if ref is not None:
+            self.reference = (ref[0], ref[1], ref[2], step)
+        pending, self.pending = self.pending, []
+        self._window = pending
+        return self.current is not None
+
+    def commit(self) -> None:
+        """Let the window just completed into the reference history."""
+        for x, y in self._window:
+            self.history.add(x, y)
+        self._window = []
 
     @staticmethod
     def per_doubling(log_slope: float) -> float:
@@ -100,7 +134,8 @@ class Trend:
             return float(step)
         if slope >= 0.0:
             return None
-        return step * math.exp((target - at_end) / slope)
+        expo = (target - at_end) / slope
+        return None if expo > self.MAX_EXP else step * math.exp(expo)
 
 
 def _se(fit: tuple[float, float, float, int]) -> float:
@@ -117,35 +152,47 @@ class Convergence:
                            "data repetition, and whether the planned steps still make sense.")
 
     def __init__(self, p: ConvergenceParams, ctx: DetectorContext) -> None:
-        self.trend = Trend(p.window_steps)
+        window = p.window_steps
+        if window is None:
+            window = max(1000, (ctx.total_steps or 0) // 50)
+        self.trend = Trend(window, burn_in=window)  # the first window's fast initial fall is no baseline
         self.min_t = p.min_t
         self.last: Finding | None = None
+
+    def _se_now(self) -> float:
+        """The current window's slope error: from its ten-point fit, but never below what the noise
+        inside its blocks implies (ten points alone misjudge their own noise too often)."""
+        tr = self.trend
+        assert tr.current is not None
+        return max(_se(tr.current), tr.slope_floor)
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         x = s.loss
         tr = self.trend
         if x is None or not tr.add(s.step, x):
             return self.last  # a window's verdict holds until the next window ends
-        cur, prev = tr.current, tr.previous
-        self.last = None
-        if cur is None or prev is None or prev[2] > -self.min_t or prev[0] >= 0.0:
-            return None
-        # The change itself must be clear, not the previous window's luck regressing to the mean.
-        se_prev, se_cur = _se(prev), _se(cur)
-        if (cur[0] - prev[0]) < self.min_t * math.hypot(se_prev, se_cur):
-            return None
-        lost = 1.0 - cur[0] / prev[0]
-        level, thr = classify(lost, p)
-        if level is not None:
-            what = "the loss is now rising" if cur[0] > 0 else "convergence slowed"
-            self.last = Finding(
-                level, lost, thr,
-                f"{what}: the loss changed {tr.per_doubling(prev[0]):+.3g} per doubling of steps up to step "
-                f"{prev[3]}, {tr.per_doubling(cur[0]):+.3g} up to step {cur[3]} "
-                f"({tr.per_1000_steps(prev[0], prev[3]):+.2g} -> {tr.per_1000_steps(cur[0], cur[3]):+.2g} per "
-                f"1000 steps; {lost:.0%} of the descent lost, threshold {thr:.0%})",
-                tr.per_doubling(prev[0]))
-        return self.last
+        cur, ref = tr.current, tr.reference
+        finding = None
+        if cur is not None and ref is not None and ref[0] < 0.0:
+            lost = 1.0 - cur[0] / ref[0]
+            level, thr = classify(lost, p)
+            # A new finding needs a reference that clearly fell and a change that is itself clear
+            # (not the reference's luck regressing to the mean); a standing one holds while the
+            # descent stays lost, against the reference from before the slowdown.
+            clear = ref[2] <= -self.min_t and (cur[0] - ref[0]) >= self.min_t * math.hypot(_se(ref), self._se_now())
+            if level is not None and (clear or self.last is not None):
+                what = "the loss is now rising" if cur[0] > 0 else "convergence slowed"
+                finding = Finding(
+                    level, lost, thr,
+                    f"{what}: the loss changed {tr.per_doubling(ref[0]):+.3g} per doubling of steps before, "
+                    f"{tr.per_doubling(cur[0]):+.3g} in the last {tr.block_steps * tr.BLOCKS} steps to step "
+                    f"{cur[3]} ({tr.per_1000_steps(ref[0], cur[3]):+.2g} -> {tr.per_1000_steps(cur[0], cur[3]):+.2g} "
+                    f"per 1000 steps at this point; {lost:.0%} of the descent lost, threshold {thr:.0%})",
+                    tr.per_doubling(ref[0]))
+        self.last = finding
+        if finding is None:
+            tr.commit()
+        return finding
 
 
 @dataclasses.dataclass

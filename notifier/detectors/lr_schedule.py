@@ -98,7 +98,8 @@ class LrSchedule:
         if cw is not None and total is not None and cw >= total:
             return Finding(Severity.WARNING, float(cw), float(total),
                            f"warmup_steps {cw} is not shorter than total_steps {total}: the LR never leaves warmup")
-        if total is not None and self.peak_step is None and cw is None and s.step > total // 2 and self.samples >= 10:
+        rising = prev is not None and lr > prev * (1 + 1e-6)
+        if rising and total is not None and self.peak_step is None and cw is None and s.step > total // 2:
             return Finding(Severity.WARNING, lr, self.max_lr,
                            f"learning rate is still rising at step {s.step} of {total}: is warmup as long as the run?")
         return None

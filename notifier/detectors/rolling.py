@@ -167,6 +167,20 @@ class SlidingFit:
         at_end = my + slope * ((self._xs[-1] - self._x0) - mx)
         return slope, at_end, t
 
+    def noise(self) -> tuple[float, float] | None:
+        """(residual variance per point, sum of squared x deviations) of the current fit."""
+        n = len(self._xs)
+        if n < 3:
+            return None
+        mx = self._sx / n
+        my = self._sy / n
+        sxx = self._sxx - n * mx * mx
+        if sxx <= 0.0:
+            return None
+        sxy = self._sxy - n * mx * my
+        syy = self._syy - n * my * my
+        return max(syy - sxy * sxy / sxx, 0.0) / (n - 2), sxx
+
     def predict(self, x: float) -> tuple[float, float] | None:
         """The line's value at `x` and its standard error; None if degenerate."""
         n = len(self._xs)
