@@ -271,3 +271,24 @@ def test_memory_is_bounded_however_long_the_run():
     b, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert b - a < 64 * 1024, f"memory grew by {b - a} bytes over 60,000 more steps"
+
+
+def test_a_crashing_rule_is_switched_off_and_training_goes_on(caplog):
+    """A bug in one detector must not reach the training loop: logged once, that rule off, the rest on."""
+    mon = Monitor(config(alert={"grad_norm_threshold": 10.0}), "run-3", sinks=[], clock=FakeClock())
+    mon.step(0, loss=2.0, grad_norm=1.0)
+    rules = mon._devices["0"].rules
+    victim = next(r for r in rules if r.name == "loss_spike")
+
+    def boom(s, p):
+        raise ZeroDivisionError("simulated detector bug")
+
+    victim.update = boom
+    events = []
+    with caplog.at_level(logging.ERROR, logger="msmon"):
+        for step in range(1, 400):
+            events += mon.step(step, loss=2.0, grad_norm=50.0 if step > 300 else 1.0)
+    assert [r.getMessage() for r in caplog.records if "failed at step" in r.getMessage()] == [
+        "msmon: rule loss_spike failed at step 1 on device 0 of run run-3 and is now off for this device; "
+        "training and the other rules continue. Please report this with the traceback."]
+    assert ("grad_norm", Severity.ERROR) in {(e.rule, e.severity) for e in events}

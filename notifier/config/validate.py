@@ -67,6 +67,42 @@ def _type_name(tp: Any) -> str:
     return str(tp)
 
 
+class _Expected(ValueError):
+    """A scalar of the right type that is still not acceptable; args[0] says what is expected."""
+
+
+def _to_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    raise TypeError
+
+
+def _to_int(v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    raise TypeError
+
+
+def _to_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise TypeError
+    out = float(v)  # a str too: PyYAML reads `1e-5` (no dot) as a string; the author meant the number
+    if not math.isfinite(out):
+        raise _Expected("a finite number")
+    return out
+
+
+def _to_str(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    raise TypeError
+
+
+_SCALARS: dict[Any, Callable[[Any], Any]] = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
 def _convert(value: Any, tp: Any, path: str, ctx: Context, parent: object, key: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -79,40 +115,14 @@ def _convert(value: Any, tp: Any, path: str, ctx: Context, parent: object, key: 
     if value is None:
         ctx.error(path, f"expected {_type_name(tp)}, got nothing (null)", parent, key)
         return _MISSING
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        ctx.error(path, f"expected true or false, got {_describe(value)}", parent, key)
-        return _MISSING
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        ctx.error(path, f"expected an integer, got {_describe(value)}", parent, key)
-        return _MISSING
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out = float(value)
-        elif isinstance(value, str):
-            # PyYAML reads `1e-5` (no dot) as a string; the author meant the number.
-            try:
-                out = float(value)
-            except ValueError:
-                ctx.error(path, f"expected a number, got {_describe(value)}", parent, key)
-                return _MISSING
-        else:
-            ctx.error(path, f"expected a number, got {_describe(value)}", parent, key)
+    scalar = _SCALARS.get(tp)
+    if scalar is not None:
+        try:
+            return scalar(value)
+        except (ValueError, TypeError) as exc:
+            expected = exc.args[0] if isinstance(exc, _Expected) else _type_name(tp)
+            ctx.error(path, f"expected {expected}, got {_describe(value)}", parent, key)
             return _MISSING
-        if not math.isfinite(out):
-            ctx.error(path, f"expected a finite number, got {value!r}", parent, key)
-            return _MISSING
-        return out
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        ctx.error(path, f"expected a string, got {_describe(value)}", parent, key)
-        return _MISSING
     if origin is typing.Literal:
         if value in args:
             return value

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Protocol
 
 from ..config.validate import spec
 from ..wire import Sample, Severity
+from .rolling import RollingQuantiles
 
 
 @dataclasses.dataclass
@@ -86,6 +87,40 @@ def classify(value: float, p: RuleParams) -> tuple[Severity | None, float]:
     if w is not None and value >= w:
         return Severity.WARNING, w
     return _NONE
+
+
+class BaselineRule:
+    """The shared shape of rules that score a value against a rolling baseline of normal values.
+
+    Until `min_samples` values are in, everything is learned and nothing is judged. After that a
+    value that reaches no level is learned, one that does is not: a spike never becomes the new
+    normal. Subclasses say how a value scores against the window (`score`).
+    """
+
+    __slots__ = ("window", "min_samples")
+
+    def __init__(self, size: int) -> None:
+        self.window = RollingQuantiles(size)
+        self.min_samples = max(10, size // 5)
+
+    def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
+        """(score in the rule's unit, the baseline it was measured against)."""
+        raise NotImplementedError
+
+    def judge(self, x: float, p: RuleParams) -> tuple[Severity, float, float, float] | None:
+        """(level, threshold, score, baseline) when `x` reaches a level, else None (and x is learned)."""
+        w = self.window
+        if w.n < self.min_samples:
+            w.add(x)
+            return None
+        score, base = self.score(x, w)
+        lw, le = p.levels
+        if le is not None and score >= le:
+            return Severity.ERROR, le, score, base
+        if lw is not None and score >= lw:
+            return Severity.WARNING, lw, score, base
+        w.add(x)
+        return None
 
 
 class Detector(Protocol):

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import DetectorContext, Finding, RuleParams, classify
+from .base import BaselineRule, DetectorContext, Finding, RuleParams, classify
 from .rolling import RollingQuantiles, SlidingFit
 
 _HINT = ("A growing grad norm comes before loss divergence. Save a checkpoint now; consider scaling the LR "
@@ -60,33 +60,27 @@ class GradNormSpikeParams(RuleParams):
     window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples in the rolling baseline"))
 
 
-class GradNormSpike:
+class GradNormSpike(BaselineRule):
     rule: ClassVar[str] = "grad_norm_spike"
     metric: ClassVar[str] = "grad_norm"
     requires: ClassVar[frozenset[str]] = frozenset({"grad_norm"})
     hint: ClassVar[str] = _HINT
 
     def __init__(self, p: GradNormSpikeParams, ctx: DetectorContext) -> None:
-        self.window = RollingQuantiles(p.window)
-        self.min_samples = max(10, p.window // 5)
+        super().__init__(p.window)
+
+    def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
+        med = w.median()
+        return (x / med if med > 0.0 else 0.0), med
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
         if g is None or not math.isfinite(g) or g <= 0.0:
             return None
-        w = self.window
-        if w.n < self.min_samples:
-            w.add(g)
+        r = self.judge(g, p)
+        if r is None:
             return None
-        med = w.median()
-        if med <= 0.0:
-            w.add(g)
-            return None
-        ratio = g / med
-        level, thr = classify(ratio, p)
-        if level is None:
-            w.add(g)
-            return None
+        level, thr, ratio, med = r
         return Finding(level, ratio, thr,
                        f"grad norm {g:.4g} is {ratio:.1f}x its recent median {med:.4g} (threshold {thr:g}x)", med)
 

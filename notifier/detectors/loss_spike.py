@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import DetectorContext, Finding, RuleParams, classify
+from .base import BaselineRule, DetectorContext, Finding, RuleParams
 from .rolling import RollingQuantiles
 
 
@@ -37,7 +37,7 @@ class LossSpikeParams(RuleParams):
         return None if self.warning is None else 2.0 * self.warning
 
 
-class LossSpike:
+class LossSpike(BaselineRule):
     rule: ClassVar[str] = "loss_spike"
     metric: ClassVar[str] = "loss"
     requires: ClassVar[frozenset[str]] = frozenset({"loss"})
@@ -45,25 +45,23 @@ class LossSpike:
                            "back within a few hundred steps, save a checkpoint, then scale the LR down or roll back.")
 
     def __init__(self, p: LossSpikeParams, ctx: DetectorContext) -> None:
-        self.window = RollingQuantiles(p.window)
-        self.min_samples = max(10, p.window // 5)
+        super().__init__(p.window)
         self.min_fluctuation = p.min_fluctuation
+        self.sigma = 0.0
+
+    def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
+        med, sigma = w.median_sigma()
+        self.sigma = sigma = max(sigma, self.min_fluctuation * abs(med), 1e-12)
+        return (x - med) / sigma, med
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         x = s.loss
         if x is None or not math.isfinite(x):
             return None
-        w = self.window
-        if w.n < self.min_samples:
-            w.add(x)
+        r = self.judge(x, p)
+        if r is None:
             return None
-        med, sigma = w.median_sigma()
-        sigma = max(sigma, self.min_fluctuation * abs(med), 1e-12)
-        z = (x - med) / sigma
-        level, thr = classify(z, p)
-        if level is None:
-            w.add(x)  # only normal samples teach the baseline: a spike does not become the new normal
-            return None
+        level, thr, z, med = r
         return Finding(level, z, thr,
                        f"loss {x:.4g} is {z:.1f} sigma above its recent median {med:.4g} "
-                       f"(normal fluctuation {sigma:.3g}; threshold {thr:g} sigma)", med)
+                       f"(normal fluctuation {self.sigma:.3g}; threshold {thr:g} sigma)", med)

@@ -103,20 +103,21 @@ class SlidingFit:
         self._sx = self._sy = self._sxx = self._sxy = self._syy = 0.0
 
     def add(self, x: float, y: float) -> None:
-        if not self.n:
-            self._x0 = x
+        xs, ys = self._xs, self._ys
         if self.n == self.size:
-            ox = self._xs.popleft() - self._x0
-            oy = self._ys.popleft()
+            ox = xs.popleft() - self._x0
+            oy = ys.popleft()
             self._sx -= ox
             self._sy -= oy
             self._sxx -= ox * ox
             self._sxy -= ox * oy
             self._syy -= oy * oy
         else:
+            if not self.n:
+                self._x0 = x
             self.n += 1
-        self._xs.append(x)
-        self._ys.append(y)
+        xs.append(x)
+        ys.append(y)
         dx = x - self._x0
         self._sx += dx
         self._sy += y
@@ -124,7 +125,8 @@ class SlidingFit:
         self._sxy += dx * y
         self._syy += y * y
         self._n_added += 1
-        if self._n_added % self.size == 0:
+        if self._n_added == self.size:
+            self._n_added = 0
             self._rebuild()
 
     def _rebuild(self) -> None:
@@ -145,12 +147,12 @@ class SlidingFit:
 
     def rising(self) -> bool:
         """Whether the fitted slope is positive (cheap: no square root)."""
-        n = len(self._xs)
+        n = self.n
         return n >= 3 and n * self._sxy - self._sx * self._sy > 0.0
 
-    def fit(self) -> tuple[float, float, float] | None:
-        """(slope, value of the line at the newest x, t-statistic of the slope); None if degenerate."""
-        n = len(self._xs)
+    def _moments(self) -> tuple[int, float, float, float, float, float] | None:
+        """(n, mean x, mean y, Sxx, Sxy, Syy) about the means; None when no line can be fitted."""
+        n = self.n
         if n < 3:
             return None
         mx = self._sx / n
@@ -158,8 +160,14 @@ class SlidingFit:
         sxx = self._sxx - n * mx * mx
         if sxx <= 0.0:
             return None
-        sxy = self._sxy - n * mx * my
-        syy = self._syy - n * my * my
+        return n, mx, my, sxx, self._sxy - n * mx * my, self._syy - n * my * my
+
+    def fit(self) -> tuple[float, float, float] | None:
+        """(slope, value of the line at the newest x, t-statistic of the slope); None if degenerate."""
+        m = self._moments()
+        if m is None:
+            return None
+        n, mx, my, sxx, sxy, syy = m
         slope = sxy / sxx
         resid = max(syy - slope * sxy, 0.0) / (n - 2)
         se = math.sqrt(resid / sxx)
@@ -169,30 +177,18 @@ class SlidingFit:
 
     def noise(self) -> tuple[float, float] | None:
         """(residual variance per point, sum of squared x deviations) of the current fit."""
-        n = len(self._xs)
-        if n < 3:
+        m = self._moments()
+        if m is None:
             return None
-        mx = self._sx / n
-        my = self._sy / n
-        sxx = self._sxx - n * mx * mx
-        if sxx <= 0.0:
-            return None
-        sxy = self._sxy - n * mx * my
-        syy = self._syy - n * my * my
+        n, _, _, sxx, sxy, syy = m
         return max(syy - sxy * sxy / sxx, 0.0) / (n - 2), sxx
 
     def predict(self, x: float) -> tuple[float, float] | None:
         """The line's value at `x` and its standard error; None if degenerate."""
-        n = len(self._xs)
-        if n < 3:
+        m = self._moments()
+        if m is None:
             return None
-        mx = self._sx / n
-        my = self._sy / n
-        sxx = self._sxx - n * mx * mx
-        if sxx <= 0.0:
-            return None
-        sxy = self._sxy - n * mx * my
-        syy = self._syy - n * my * my
+        n, mx, my, sxx, sxy, syy = m
         slope = sxy / sxx
         resid = max(syy - slope * sxy, 0.0) / (n - 2)
         dx = (x - self._x0) - mx

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import DetectorContext, Finding, RuleParams, classify
+from .base import BaselineRule, DetectorContext, Finding, RuleParams
 from .rolling import RollingQuantiles
 
 
@@ -24,7 +24,7 @@ class StepStallParams(RuleParams):
     window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples in the rolling baseline"))
 
 
-class StepStall:
+class StepStall(BaselineRule):
     rule: ClassVar[str] = "step_stall"
     metric: ClassVar[str] = "step_time"
     requires: ClassVar[frozenset[str]] = frozenset()
@@ -32,23 +32,23 @@ class StepStall:
                            "collective (a straggling device), or host contention at that time.")
 
     def __init__(self, p: StepStallParams, ctx: DetectorContext) -> None:
-        self.window = RollingQuantiles(p.window)
-        self.min_samples = max(10, p.window // 5)
+        super().__init__(p.window)
+        self.worst = 0.0
+
+    def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
+        # The window learns mean step times; the score is the slowest single step against them.
+        med = w.median()
+        return (self.worst / med if med > 0.0 else 0.0), med
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         mean, worst = s.step_time, s.max_step_time
         if not mean or worst is None:
             return None
-        w = self.window
-        if w.n < self.min_samples:
-            w.add(mean)
+        self.worst = worst
+        r = self.judge(mean, p)
+        if r is None:
             return None
-        med = w.median()
-        ratio = worst / med if med > 0.0 else 0.0
-        level, thr = classify(ratio, p)
-        if level is None:
-            w.add(mean)
-            return None
+        level, thr, ratio, med = r
         return Finding(level, ratio, thr,
                        f"a step took {worst:.3g} s, {ratio:.0f}x the median step time {med:.3g} s "
                        f"(threshold {thr:g}x)", med)

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import DetectorContext, Finding, RuleParams, classify
+from .base import BaselineRule, DetectorContext, Finding, RuleParams
 from .rolling import RollingQuantiles
 
 
@@ -32,7 +32,7 @@ class ThroughputDropParams(RuleParams):
     window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples in the rolling baseline"))
 
 
-class ThroughputDrop:
+class ThroughputDrop(BaselineRule):
     rule: ClassVar[str] = "throughput_drop"
     metric: ClassVar[str] = "throughput"
     requires: ClassVar[frozenset[str]] = frozenset({"throughput"})
@@ -40,23 +40,20 @@ class ThroughputDrop:
                            "and whether another job shares these devices.")
 
     def __init__(self, p: ThroughputDropParams, ctx: DetectorContext) -> None:
-        self.window = RollingQuantiles(p.window)
-        self.min_samples = max(10, p.window // 5)
+        super().__init__(p.window)
+
+    def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
+        med = w.median()
+        return 1.0 - x / med, med
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         rate, unit = rate_of(s)
         if rate is None or not rate > 0.0:
             return None
-        w = self.window
-        if w.n < self.min_samples:
-            w.add(rate)
+        r = self.judge(rate, p)
+        if r is None:
             return None
-        med = w.median()
-        drop = 1.0 - rate / med
-        level, thr = classify(drop, p)
-        if level is None:
-            w.add(rate)
-            return None
+        level, thr, drop, med = r
         return Finding(level, drop, thr,
                        f"throughput {rate:.4g} {unit} is {drop:.0%} below its usual {med:.4g} {unit} "
                        f"(threshold {thr:.0%})", med)
