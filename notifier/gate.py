@@ -8,7 +8,7 @@ RESOLVED event once the rule has been clear for `resolve_after` samples.
 
 from __future__ import annotations
 
-from .detectors.base import Finding
+from .detectors.base import SKIP, Finding
 from .wire import Severity, Status
 
 
@@ -51,8 +51,11 @@ class AlertGate:
     ) -> Verdict | None:
         """Update `st` with one sample's finding; the event to emit, if any.
 
-        `immediate` (NaN/Inf) skips the consecutive count and the baseline period.
+        `immediate` (NaN/Inf) skips the consecutive count and the baseline period. A `SKIP`
+        finding (nothing to judge in this sample) leaves the state as it is.
         """
+        if f is SKIP:
+            return None
         if f is None or f.level is None:
             st.n_warn = st.n_err = 0
             if st.firing is None:

@@ -24,6 +24,7 @@ from typing import Any
 from .config import ConfigError, MonitorConfig, load_config
 from .config.model import ActionConfig
 from .detectors import RULES, DetectorContext, Finding, RuleParams
+from .detectors.base import SKIP
 from .gate import AlertGate, GateState, Verdict
 from .outputs import BackgroundWriter, CsvSink, Sink, format_log_line
 from .wire import Event, Sample, Severity, Status, Window
@@ -60,17 +61,17 @@ class _Rule:
 class _Device:
     """Everything the Monitor keeps for one device; bounded whatever the length of the run."""
 
-    __slots__ = ("name", "rules", "prev_t", "max_dt", "calls", "last_t", "last_calls",
+    __slots__ = ("name", "rules", "prev_t", "prev_step", "max_dt", "last_t", "last_step",
                  "tokens", "samples", "acc_loss", "acc_n", "recent")
 
     def __init__(self, name: str, rules: list[_Rule]) -> None:
         self.name = name
         self.rules = rules
         self.prev_t: float | None = None  # time of the previous step() call
-        self.max_dt = 0.0  # slowest call-to-call interval since the last sample
-        self.calls = 0
+        self.prev_step = 0  # its step number
+        self.max_dt = 0.0  # slowest time per step between two calls since the last sample
         self.last_t: float | None = None  # time of the last sample
-        self.last_calls = 0
+        self.last_step = 0  # step number (as passed in) of the last sample
         self.tokens = 0.0
         self.samples = 0.0
         self.acc_loss = 0.0  # gradient accumulation: sum of micro-step losses
@@ -237,16 +238,18 @@ class Monitor:
                 return _EMPTY
         prev = d.prev_t
         if prev is not None:
-            dt = now - prev
+            ds = step - d.prev_step  # > 1 when a call covers several steps (dataset sink mode)
+            dt = (now - prev) / ds if ds > 1 else now - prev
             if dt > d.max_dt:
                 d.max_dt = dt
         d.prev_t = now
-        d.calls += 1
+        d.prev_step = step
         if tokens is not None:
             d.tokens += tokens
         if samples is not None:
             d.samples += samples
         si, li = self._si, self._li
+        raw = step
         k = self._accum
         if k > 1:
             opt, micro = divmod(step, k)
@@ -262,19 +265,28 @@ class Monitor:
             step = opt
         elif step % si and (not li or step % li):
             return _EMPTY
-        return self._sample(d, step, now, loss, lr, grad_norm, throughput)
+        return self._sample(d, step, raw, now, loss, lr, grad_norm, throughput)
+
+    def samples(self, step: int) -> bool:
+        """Whether `step` will be sampled (so a caller can skip reading metrics on the others)."""
+        if not self.enabled:
+            return False
+        k = self._accum
+        if k > 1:
+            step //= k
+        return not (step % self._si and (not self._li or step % self._li))
 
     def _sample(
-        self, d: _Device, step: int, now: float, loss: float | None, lr: float | None,
+        self, d: _Device, step: int, raw: int, now: float, loss: float | None, lr: float | None,
         grad_norm: float | None, throughput: float | None,
     ) -> list[Event]:
         want_tp = self._want_throughput
         step_time = tokens_s = samples_s = None
         if d.last_t is not None:
             elapsed = now - d.last_t
-            calls = d.calls - d.last_calls
-            if elapsed > 0.0 and calls > 0:
-                step_time = elapsed / calls
+            steps = raw - d.last_step
+            if elapsed > 0.0 and steps > 0:
+                step_time = elapsed / steps
                 if want_tp:
                     if d.samples:
                         samples_s = d.samples / elapsed
@@ -285,7 +297,7 @@ class Monitor:
         if throughput is not None and want_tp:
             tokens_s = throughput
         max_dt = d.max_dt if d.max_dt > 0.0 else None
-        d.last_t, d.last_calls, d.max_dt, d.tokens, d.samples = now, d.calls, 0.0, 0.0, 0.0
+        d.last_t, d.last_step, d.max_dt, d.tokens, d.samples = now, raw, 0.0, 0.0, 0.0
         s = Sample(
             run_id=self.run_id, device=d.name, step=step, time=now,
             loss=float(loss) if loss is not None and self._want_loss else None,
@@ -314,6 +326,8 @@ class Monitor:
                 f = r.update(s, p)
             except Exception:  # noqa: BLE001 - a detector bug must never stop training
                 self._disable(d, r, step)
+                continue
+            if f is SKIP:
                 continue
             g = r.gate
             if f is None and g.firing is None and not g.n_warn:
@@ -380,6 +394,36 @@ class Monitor:
             if a.rule in ("*", rule) and severity.rank >= Severity(a.severity).rank:
                 out.append(_action_dict(a))
         return out
+
+    def set_threshold(self, rule: str, value: float, level: str = "warning") -> float | None:
+        """Change a rule's WARNING or ERROR level live, in every phase; returns the old level."""
+        if rule not in RULES:
+            from .config.errors import closest
+
+            hint = closest(rule, RULES)
+            raise ValueError(f"unknown rule {rule!r}" + (f"; did you mean {hint}?" if hint else ""))
+        if level not in ("warning", "error"):
+            raise ValueError(f"level must be warning or error, not {level!r}")
+        seen: set[int] = set()
+        old = None
+        for ph in self._phases:
+            params = ph.params[rule]
+            if id(params) in seen:
+                continue
+            seen.add(id(params))
+            if ph.name == "default" or old is None:
+                old = params.levels[0 if level == "warning" else 1]
+            setattr(params, level, value)
+        log.info("msmon: run %s: %s %s level set to %g (was %s)", self.run_id, rule, level, value, old)
+        return old
+
+    def note_lr_change(self) -> None:
+        """The LR was changed on purpose (scale_lr): the LR rule must not call the next move a bug."""
+        for d in self._devices.values():
+            for r in d.rules:
+                expect = getattr(r.detector, "expect_change", None)
+                if expect is not None:
+                    expect()
 
     def flush(self) -> None:
         """Write out queued CSV / TensorBoard rows now."""

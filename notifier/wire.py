@@ -85,3 +85,19 @@ class Event(msgspec.Struct, kw_only=True):
     def fingerprint(self) -> tuple[str, str, str]:
         """What makes two events "the same alert": run, rule and device."""
         return (self.run_id, self.rule, self.device)
+
+
+class ActionResult(msgspec.Struct, kw_only=True):
+    """What a job action (save_checkpoint, pause, resume, scale_lr, set_threshold, stop) did."""
+
+    run_id: str
+    device: str
+    step: int
+    time: float
+    action: str
+    ok: bool
+    detail: str  # e.g. the checkpoint path, "lr 3e-4 -> 1.5e-4", or what went wrong
+    params: dict[str, object] = msgspec.field(default_factory=dict)
+    source: str = ""  # "rule grad_norm ERROR", "command 17 from @alice", "code"
+    path: str | None = None  # the checkpoint written, if any
+    schema: int = SCHEMA_VERSION

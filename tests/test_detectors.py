@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 import pytest
 
 from notifier.detectors import RULES, DetectorContext, Finding, RuleParams
-from notifier.detectors.base import Detector
+from notifier.detectors.base import SKIP, Detector
 from notifier.detectors.convergence import Convergence, ConvergenceParams, LossForecast, LossForecastParams, Trend
 from notifier.detectors.grad_norm import (
     GradNormCreep,
@@ -345,7 +345,7 @@ def test_grad_norm_threshold_levels() -> None:
     f = det.update(mk(50, grad_norm=250.0), p)
     assert f is not None and (f.level, f.threshold) == (ERROR, 10.0)
     assert det.update(mk(60, grad_norm=1.0), p) is None
-    assert det.update(mk(70, grad_norm=math.nan), p) is None  # nonfinite's business
+    assert det.update(mk(70, grad_norm=math.nan), p) is SKIP  # nonfinite's business; the alert state stays
 
 
 def test_grad_norm_explicit_warning_and_default_off() -> None:
@@ -507,7 +507,7 @@ def test_vanished_grad_runs_of_zeros() -> None:
     assert out[:2] == [None, None]
     assert [(f.level, f.value, f.threshold) for f in out[2:9]] == [(WARNING, float(n), 3.0) for n in range(3, 10)]
     assert [(f.level, f.value, f.threshold) for f in out[9:]] == [(ERROR, float(n), 10.0) for n in range(10, 13)]
-    assert feed([math.nan]) == [None]  # skipped: neither a zero nor a reset
+    assert feed([math.nan]) == [SKIP]  # skipped: neither a zero nor a reset
     f = feed([1e-11])[0]  # at or below epsilon counts as zero
     assert f is not None and (f.level, f.value) == (ERROR, 13.0)
     assert feed([0.3, 0.0, 0.0]) == [None] * 3

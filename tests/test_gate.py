@@ -226,3 +226,16 @@ def test_one_step_loss_spikes_do_not_alert_through_the_gate() -> None:
     assert {i for i, lv in flagged if lv is ERROR and i < jump_from} == spikes
     assert events[0] == (jump_from + p.consecutive - 1, ERROR, FIRING, False)
     assert all(e[3] for e in events[1:])  # then only reminders
+
+
+def test_skip_leaves_the_state_alone() -> None:
+    """A sample with nothing to judge (metric absent or NaN) neither counts toward firing nor resolving."""
+    from notifier.detectors.base import SKIP
+
+    gate, st = AlertGate(alert_interval=0, baseline_steps=0, resolve_after=1), GateState()
+    f = Finding(ERROR, 5.0, 1.0, "x")
+    assert gate.admit(st, f, 1, 2) is None
+    assert gate.admit(st, SKIP, 2, 2) is None
+    v = gate.admit(st, f, 3, 2)
+    assert v is not None and v.severity is ERROR
+    assert gate.admit(st, SKIP, 4, 2) is None and st.firing is ERROR

@@ -292,3 +292,19 @@ def test_a_crashing_rule_is_switched_off_and_training_goes_on(caplog):
         "msmon: rule loss_spike failed at step 1 on device 0 of run run-3 and is now off for this device; "
         "training and the other rules continue. Please report this with the traceback."]
     assert ("grad_norm", Severity.ERROR) in {(e.rule, e.severity) for e in events}
+
+
+def test_a_nan_loss_does_not_resolve_a_loss_spike():
+    """After a blow-up the loss turns NaN: the loss_spike alert must stay firing, not read 'back to normal'."""
+    rng = random.Random(7)
+    mon = Monitor(config(), "r", sinks=[], clock=FakeClock())
+
+    def make(step):
+        m = healthy(step, rng)
+        if step >= 1000:
+            m["loss"] = 50.0 if step < 1005 else float("nan")
+        return m
+
+    events = run(mon, range(1100), make)
+    assert ("loss_spike", Status.FIRING) in {(e.rule, e.status) for e in events}
+    assert [e for e in events if e.rule == "loss_spike" and e.status is Status.RESOLVED] == []

@@ -78,6 +78,11 @@ class Finding:
 
 _NONE: tuple[None, float] = (None, float("nan"))
 
+# Returned when a sample has nothing for a rule to judge (its metric absent, NaN or Inf): the
+# rule's alert state stays as it was. `None` means "judged, and normal", which counts toward
+# resolving an alert; a NaN loss must not resolve a loss-spike alert.
+SKIP = Finding(None, float("nan"), float("nan"), "no data")
+
 
 def classify(value: float, p: RuleParams) -> tuple[Severity | None, float]:
     """The level `value` reaches under `p`, and the level's threshold (nan when none is reached)."""

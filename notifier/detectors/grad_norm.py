@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import BaselineRule, DetectorContext, Finding, RuleParams, classify
+from .base import SKIP, BaselineRule, DetectorContext, Finding, RuleParams, classify
 from .rolling import RollingQuantiles, SlidingFit
 
 _HINT = ("A growing grad norm comes before loss divergence. Save a checkpoint now; consider scaling the LR "
@@ -43,7 +43,7 @@ class GradNormThreshold:
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
         if g is None or not math.isfinite(g):
-            return None
+            return SKIP
         level, thr = classify(g, p)
         if level is None:
             return None
@@ -76,7 +76,7 @@ class GradNormSpike(BaselineRule):
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
         if g is None or not math.isfinite(g) or g <= 0.0:
-            return None
+            return SKIP
         r = self.judge(g, p)
         if r is None:
             return None
@@ -123,7 +123,7 @@ class GradNormCreep:
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
         if g is None or not math.isfinite(g) or g <= 0.0:
-            return None
+            return SKIP
         f = self.fit
         y = math.log(g)
         if self.trend_end is not None and y - self.trend_end > self.log_jump:

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import BaselineRule, DetectorContext, Finding, RuleParams
+from .base import SKIP, BaselineRule, DetectorContext, Finding, RuleParams
 from .rolling import RollingQuantiles
 
 
@@ -57,7 +57,7 @@ class LossSpike(BaselineRule):
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         x = s.loss
         if x is None or not math.isfinite(x):
-            return None
+            return SKIP
         r = self.judge(x, p)
         if r is None:
             return None

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample, Severity
-from .base import DetectorContext, Finding, RuleParams
+from .base import SKIP, DetectorContext, Finding, RuleParams
 
 
 @dataclasses.dataclass
@@ -73,7 +73,7 @@ class LrSchedule:
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         lr = s.learning_rate
         if lr is None or not math.isfinite(lr):
-            return None
+            return SKIP
         self.samples += 1
         prev, self.prev = self.prev, lr
         if prev is not None and lr < prev and self.peak_step is None:

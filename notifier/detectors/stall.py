@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import BaselineRule, DetectorContext, Finding, RuleParams
+from .base import SKIP, BaselineRule, DetectorContext, Finding, RuleParams
 from .rolling import RollingQuantiles
 
 
@@ -43,7 +43,7 @@ class StepStall(BaselineRule):
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         mean, worst = s.step_time, s.max_step_time
         if not mean or worst is None:
-            return None
+            return SKIP
         self.worst = worst
         r = self.judge(mean, p)
         if r is None:

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import DetectorContext, Finding, RuleParams, classify
+from .base import SKIP, DetectorContext, Finding, RuleParams, classify
 
 
 @dataclasses.dataclass
@@ -39,7 +39,7 @@ class Straggler:
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         t = s.step_time
         if not t:
-            return None
+            return SKIP
         peers = self.peers
         peers[self.device] = t
         if len(peers) < 2:

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import BaselineRule, DetectorContext, Finding, RuleParams
+from .base import SKIP, BaselineRule, DetectorContext, Finding, RuleParams
 from .rolling import RollingQuantiles
 
 
@@ -49,7 +49,7 @@ class ThroughputDrop(BaselineRule):
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         rate, unit = rate_of(s)
         if rate is None or not rate > 0.0:
-            return None
+            return SKIP
         r = self.judge(rate, p)
         if r is None:
             return None

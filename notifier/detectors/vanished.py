@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from ..config.validate import spec
 from ..wire import Sample
-from .base import DetectorContext, Finding, RuleParams, classify
+from .base import SKIP, DetectorContext, Finding, RuleParams, classify
 
 
 @dataclasses.dataclass
@@ -34,7 +34,7 @@ class VanishedGrad:
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
         if g is None or not math.isfinite(g):
-            return None
+            return SKIP
         if g > self.epsilon:
             self.run = 0
             return None

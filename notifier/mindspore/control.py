@@ -1,0 +1,174 @@
+"""Job actions applied at a step boundary: save_checkpoint, pause/resume, scale_lr, set_threshold, stop.
+
+Requests may come from any thread (a rule's `actions:`, code, later the bot's chat commands);
+they queue here and run on the training thread between two steps, the only place where the
+weights are consistent and a checkpoint is meaningful.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import mindspore as ms
+
+from ..monitor import Monitor
+from ..wire import ActionResult
+from .lr import ActionError, LrHandle, global_step, lr_handles
+
+log = logging.getLogger("msmon")
+
+ACTIONS = ("save_checkpoint", "pause", "resume", "scale_lr", "set_threshold", "stop")
+
+
+class Request:
+    __slots__ = ("action", "params", "source")
+
+    def __init__(self, action: str, params: dict[str, Any], source: str) -> None:
+        self.action, self.params, self.source = action, params, source
+
+
+class JobControl:
+    """Executes job actions for one training process. Thread-safe `request()`; `apply()` on the
+    training thread at a step boundary."""
+
+    def __init__(
+        self,
+        monitor: Monitor,
+        checkpoint_dir: str = "./checkpoints",
+        pause_timeout: float | None = None,
+        heartbeat_every: float = 30.0,
+        on_result: Callable[[ActionResult], None] | None = None,
+        on_paused: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.monitor = monitor
+        self.checkpoint_dir = checkpoint_dir
+        self.pause_timeout = pause_timeout
+        self.heartbeat_every = heartbeat_every
+        self.on_result = on_result
+        self.on_paused = on_paused  # called while paused: (step, seconds paused), every heartbeat_every
+        self.results: deque[ActionResult] = deque(maxlen=1000)
+        self._pending: deque[Request] = deque()
+        self._resume = threading.Event()
+        self.paused = False
+        self.train_network: Any = None
+        self.optimizer: Any = None
+        self.stop_requested = False
+
+    def bind(self, train_network: Any, optimizer: Any) -> None:
+        self.train_network, self.optimizer = train_network, optimizer
+
+    # -- any thread --------------------------------------------------------------------------
+
+    def request(self, action: str, source: str = "code", **params: Any) -> None:
+        """Queue an action for the next step boundary. `resume` acts at once (the job is blocked)."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}; actions are {', '.join(ACTIONS)}")
+        if action == "resume":
+            self._resume.set()
+            return
+        self._pending.append(Request(action, params, source))
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    # -- the training thread -------------------------------------------------------------------
+
+    def apply(self, step: int, run_context: Any = None) -> list[ActionResult]:
+        """Run every queued action, in order. Never raises: a failed action is a result with ok=False."""
+        done = []
+        while self._pending:
+            req = self._pending.popleft()
+            try:
+                detail, path = getattr(self, "_do_" + req.action)(step, run_context, **req.params)
+                res = self._result(step, req, True, detail, path)
+            except Exception as exc:  # noqa: BLE001 - an action must not take training down
+                res = self._result(step, req, False, f"{type(exc).__name__}: {exc}", None)
+            done.append(res)
+        return done
+
+    def _result(self, step: int, req: Request, ok: bool, detail: str, path: str | None) -> ActionResult:
+        mon = self.monitor
+        res = ActionResult(run_id=mon.run_id, device=mon.default_device, step=step, time=time.time(),
+                           action=req.action, ok=ok, detail=detail, params=dict(req.params), source=req.source,
+                           path=path)
+        self.results.append(res)
+        where = f"[run {res.run_id} step {step} device {res.device}]"
+        if ok:
+            log.info("%s action %s (%s): %s", where, req.action, req.source, detail)
+        else:
+            log.error("%s action %s (%s) FAILED: %s. Training continues.", where, req.action, req.source, detail)
+        if self.on_result is not None:
+            try:
+                self.on_result(res)
+            except Exception:  # noqa: BLE001
+                log.exception("msmon: on_result hook failed")
+        return res
+
+    def _do_save_checkpoint(self, step: int, run_context: Any) -> tuple[str, str]:
+        return self.save_checkpoint(step)
+
+    def save_checkpoint(self, step: int) -> tuple[str, str]:
+        if self.train_network is None:
+            raise ActionError("no network to save yet (training has not started)")
+        os.makedirs(self.checkpoint_dir, exist_ok=True)
+        mon = self.monitor
+        name = f"{mon.run_id}-device{mon.default_device}-step{step}.ckpt"
+        path = os.path.join(self.checkpoint_dir, name)
+        ms.save_checkpoint(self.train_network, path)
+        return f"checkpoint of step {step} written to {path}", path
+
+    def _do_pause(self, step: int, run_context: Any, timeout: float | None = None) -> tuple[str, None]:
+        limit = timeout if timeout is not None else self.pause_timeout
+        self._resume.clear()
+        self.paused = True
+        started = time.monotonic()
+        log.warning("[run %s step %d] paused; resume with the resume action%s", self.monitor.run_id, step,
+                    f" (resumes by itself after {limit:.0f} s)" if limit else "")
+        try:
+            while True:
+                waited = time.monotonic() - started
+                slice_ = self.heartbeat_every if limit is None else min(self.heartbeat_every, max(limit - waited, 0))
+                if self._resume.wait(slice_):
+                    return f"paused at step {step} for {time.monotonic() - started:.1f} s, resumed", None
+                waited = time.monotonic() - started
+                if limit is not None and waited >= limit:
+                    return f"paused at step {step} for {waited:.1f} s, resumed by its {limit:.0f} s timeout", None
+                log.info("[run %s step %d] still paused after %.0f s", self.monitor.run_id, step, waited)
+                if self.on_paused is not None:
+                    self.on_paused(step, waited)
+        finally:
+            self.paused = False
+
+    def _do_scale_lr(self, step: int, run_context: Any, factor: float) -> tuple[str, None]:
+        if self.optimizer is None:
+            raise ActionError("no optimizer known yet (training has not started)")
+        handles = lr_handles(self.optimizer)
+        idx = max(global_step(self.optimizer) - 1, 0)
+        before = [h.read(idx) for h in handles]
+        for h in handles:
+            h.scale(float(factor))
+        after = [h.read(idx) for h in handles]
+        self.monitor.note_lr_change()
+        return "lr " + ", ".join(f"{a:.3g} -> {b:.3g}" for a, b in zip(before, after, strict=True)), None
+
+    def _do_set_threshold(self, step: int, run_context: Any, rule: str, value: float,
+                          level: str = "warning") -> tuple[str, None]:
+        old = self.monitor.set_threshold(rule, float(value), level)
+        return f"{rule} {level} level {old} -> {float(value):g}", None
+
+    def _do_stop(self, step: int, run_context: Any) -> tuple[str, str | None]:
+        detail, path = self.save_checkpoint(step)
+        self.stop_requested = True
+        if run_context is not None:
+            run_context.request_stop()
+        return f"stopping after step {step}; {detail}", path
+
+
+__all__ = ["ACTIONS", "ActionError", "JobControl", "LrHandle"]

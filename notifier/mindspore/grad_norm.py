@@ -1,0 +1,79 @@
+"""Global grad norm inside the compiled step: a train-cell wrapper and a helper for custom loops.
+
+MindSpore has no public op that returns the global norm, so it is computed in the graph
+(`sqrt(sum of squared gradients)`, a few small kernels) and returned with the loss. The train
+cells return MindFormers' layout, `(loss, overflow, scaling_sens, lr, global_norm)`, which
+`MonitorCallback` reads; the LR comes from inside the graph too, where reading it is free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mindspore as ms
+from mindspore import nn, ops
+
+
+def global_norm(grads: Any) -> Any:
+    """The L2 norm over all gradients in `grads` (a tuple of tensors); usable inside `ms.jit`."""
+    squares = [ops.reduce_sum(ops.square(g.astype(ms.float32))) for g in grads]
+    return ops.sqrt(ops.addn(squares))
+
+
+def _clip(grads: Any, norm: Any, clip_norm: float) -> Any:
+    factor = clip_norm / ops.maximum(norm, clip_norm)
+    return tuple(g * factor.astype(g.dtype) for g in grads)
+
+
+class TrainStepWithGradNorm(nn.TrainOneStepCell):  # type: ignore[misc]
+    """`nn.TrainOneStepCell` that also returns the global grad norm (before clipping) and the LR.
+
+    `clip_norm`: if set, gradients are scaled down to that global norm before the update.
+    Outputs `(loss, overflow=False, scaling_sens=1.0, lr, global_norm)`.
+    """
+
+    def __init__(self, network: Any, optimizer: Any, clip_norm: float | None = None) -> None:
+        super().__init__(network, optimizer)
+        self.clip_norm = clip_norm
+        self.one = ms.Tensor(1.0, ms.float32)
+        self.no_overflow = ms.Tensor(False, ms.bool_)
+
+    def construct(self, *inputs: Any) -> Any:
+        loss = self.network(*inputs)
+        grads = self.grad_no_sens(self.network, self.weights)(*inputs)
+        grads = self.grad_reducer(grads)
+        norm = global_norm(grads)
+        if self.clip_norm is not None:
+            grads = _clip(grads, norm, self.clip_norm)
+        lr = self.optimizer.get_lr()
+        loss = ops.depend(loss, self.optimizer(grads))
+        return loss, self.no_overflow, self.one, lr, norm
+
+
+class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type: ignore[misc]
+    """`nn.TrainOneStepWithLossScaleCell` (fp16 loss scaling, fixed or dynamic) that also returns
+    the LR and the global norm of the unscaled gradients. On overflow the step is skipped, as in
+    MindSpore's cell. Outputs `(loss, overflow, scaling_sens, lr, global_norm)`."""
+
+    def __init__(self, network: Any, optimizer: Any, scale_sense: Any, clip_norm: float | None = None) -> None:
+        super().__init__(network, optimizer, scale_sense)
+        self.clip_norm = clip_norm
+
+    def construct(self, *inputs: Any) -> Any:
+        weights = self.weights
+        loss = self.network(*inputs)
+        scaling_sens = self.scale_sense
+        status = ms.Tensor([0] * 8, ms.int32)
+        scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
+        grads = self.grad(self.network, weights)(*inputs, scaling_sens_filled)
+        grads = tuple(g / ops.cast(scaling_sens, g.dtype) for g in grads)
+        grads = self.grad_reducer(grads)
+        cond = self.get_overflow_status(status, grads)
+        overflow = self.process_loss_scale(cond)
+        norm = global_norm(grads)
+        if self.clip_norm is not None:
+            grads = _clip(grads, norm, self.clip_norm)
+        lr = self.optimizer.get_lr()
+        if not overflow:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss, cond, scaling_sens, lr, norm

@@ -1,0 +1,84 @@
+"""Reading and scaling the learning rate an optimizer really uses, whatever form it was given in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+
+class ActionError(RuntimeError):
+    """A job action that cannot be carried out; the message says why and what to do."""
+
+
+class ScalableLR(nn.learning_rate_schedule.LearningRateSchedule):  # type: ignore[misc]
+    """Wrap any LR schedule so that msmon (or chat) can scale it live: lr = schedule(step) x scale.
+
+        opt = nn.AdamWeightDecay(params, learning_rate=ScalableLR(nn.CosineDecayLR(0.0, 3e-4, 10000)))
+    """
+
+    def __init__(self, schedule: Any) -> None:
+        super().__init__()
+        self.schedule = schedule
+        self.scale = ms.Parameter(ms.Tensor(1.0, ms.float32), name="msmon_lr_scale", requires_grad=False)
+
+    def construct(self, global_step: Any) -> Any:
+        return self.schedule(global_step) * self.scale
+
+
+def _assign_scaled(param: Any, factor: float) -> None:
+    value = param.asnumpy() * factor
+    ops.assign(param, ms.Tensor(value.astype(np.float32)))  # set_data would not reach a compiled step
+
+
+class LrHandle:
+    """One learning rate of an optimizer (one per parameter group): read it, scale it."""
+
+    def __init__(self, lr: Any) -> None:
+        self.lr = lr
+        self._array: Any = None  # the schedule as a numpy array, for list LRs
+
+    def describe(self) -> str:
+        return type(self.lr).__name__
+
+    def read(self, step_index: int) -> float:
+        """The LR of the optimizer step with 0-based index `step_index`."""
+        lr = self.lr
+        if isinstance(lr, ms.Parameter):
+            return float(lr.asnumpy())
+        inner = getattr(lr, "learning_rate", None)  # MindSpore's wrappers of a scalar or a list
+        if isinstance(inner, ms.Parameter):
+            if inner.ndim == 0 or inner.size == 1:
+                return float(inner.asnumpy().reshape(()))
+            if self._array is None:
+                self._array = inner.asnumpy()
+            arr = self._array
+            return float(arr[min(max(step_index, 0), arr.shape[0] - 1)])
+        # A schedule: one evaluation (a few ms); train cells that return the LR avoid it.
+        return float(lr(ms.Tensor([max(step_index, 0)], ms.int32)).asnumpy().reshape(-1)[0])
+
+    def scale(self, factor: float) -> None:
+        lr = self.lr
+        if isinstance(lr, ms.Parameter):
+            _assign_scaled(lr, factor)
+        elif isinstance(lr, ScalableLR):
+            _assign_scaled(lr.scale, factor)
+        elif isinstance(getattr(lr, "learning_rate", None), ms.Parameter):
+            _assign_scaled(lr.learning_rate, factor)
+            self._array = None
+        else:
+            raise ActionError(f"the LR schedule {type(lr).__name__} cannot be changed while training runs: "
+                              "wrap it as learning_rate=ScalableLR(schedule) (from notifier.mindspore)")
+
+
+def lr_handles(optimizer: Any) -> list[LrHandle]:
+    lr = optimizer.learning_rate
+    if getattr(optimizer, "is_group_lr", False):
+        return [LrHandle(x) for x in lr]
+    return [LrHandle(lr)]
+
+
+def global_step(optimizer: Any) -> int:
+    return int(optimizer.global_step.asnumpy().reshape(-1)[0])
