@@ -281,7 +281,7 @@ class Monitor:
         grad_norm: float | None, throughput: float | None,
     ) -> list[Event]:
         want_tp = self._want_throughput
-        step_time = tokens_s = samples_s = None
+        step_time = tokens_s = samples_s = elapsed = None
         if d.last_t is not None:
             elapsed = now - d.last_t
             steps = raw - d.last_step
@@ -304,6 +304,7 @@ class Monitor:
             learning_rate=float(lr) if lr is not None and self._want_lr else None,
             grad_norm=float(grad_norm) if grad_norm is not None and self._want_grad else None,
             samples_per_s=samples_s, tokens_per_s=tokens_s, step_time=step_time, max_step_time=max_dt,
+            elapsed=elapsed,
         )
         d.recent.append(s)
         if self._writer is not None:

@@ -47,6 +47,7 @@ class Sample(msgspec.Struct, kw_only=True, gc=False):
     tokens_per_s: float | None = None
     step_time: float | None = None  # mean seconds per step since the previous sample
     max_step_time: float | None = None  # slowest single step since the previous sample
+    elapsed: float | None = None  # seconds since the previous sample: the span the rates cover
 
 
 class Window(msgspec.Struct, kw_only=True):

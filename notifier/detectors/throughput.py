@@ -24,12 +24,18 @@ def rate_of(s: Sample) -> tuple[float | None, str]:
 
 @dataclasses.dataclass
 class ThroughputDropParams(RuleParams):
-    """Levels are the fraction lost against the rolling median: 0.3 means 30% slower than usual."""
+    """Levels are the fraction lost against the rolling median: 0.3 means 30% slower than usual.
+
+    Rates are judged over spans of at least `min_seconds` of training (samples are pooled until
+    then), so a hiccup of a few milliseconds in a job with 5 ms steps is not a "drop"; with the
+    default `consecutive: 5` a drop must last 5 such spans.
+    """
 
     warning: float | None = dataclasses.field(default=0.3, metadata=spec(gt=0, le=1, doc="fraction lost"))
     error: float | None = dataclasses.field(default=0.6, metadata=spec(gt=0, le=1, doc="fraction lost"))
     consecutive: int = dataclasses.field(default=5, metadata=spec(ge=1, doc="samples in a row"))
-    window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples in the rolling baseline"))
+    window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="spans in the rolling baseline"))
+    min_seconds: float = dataclasses.field(default=10.0, metadata=spec(ge=0, doc="shortest span judged"))
 
 
 class ThroughputDrop(BaselineRule):
@@ -41,6 +47,9 @@ class ThroughputDrop(BaselineRule):
 
     def __init__(self, p: ThroughputDropParams, ctx: DetectorContext) -> None:
         super().__init__(p.window)
+        self.min_seconds = p.min_seconds
+        self.units = 0.0  # work done in the span being pooled
+        self.seconds = 0.0
 
     def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
         med = w.median()
@@ -50,6 +59,13 @@ class ThroughputDrop(BaselineRule):
         rate, unit = rate_of(s)
         if rate is None or not rate > 0.0:
             return SKIP
+        if s.elapsed:
+            self.units += rate * s.elapsed
+            self.seconds += s.elapsed
+            if self.seconds < self.min_seconds:
+                return SKIP  # still pooling: nothing new to judge
+            rate = self.units / self.seconds
+            self.units = self.seconds = 0.0
         r = self.judge(rate, p)
         if r is None:
             return None

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mindspore import nn
 from mindspore.train import Callback
 
 from ..config import MonitorConfig
@@ -47,6 +48,22 @@ def parse_outputs(out: Any) -> tuple[float | None, float | None, float | None]:
             return _scalar(out[0]), _scalar(out[3]), _scalar(out[4])
         return _scalar(out[0]), None, None
     return _scalar(out), None, None
+
+
+def find_optimizer(cb: Any) -> Any:
+    """The optimizer of a training: Model's own, else the one inside the train cell."""
+    opt = getattr(cb, "optimizer", None)
+    if opt is not None:
+        return opt
+    net = getattr(cb, "train_network", None)
+    opt = getattr(net, "optimizer", None)
+    if opt is not None:
+        return opt
+    if net is not None and hasattr(net, "cells_and_names"):
+        for _, cell in net.cells_and_names():
+            if isinstance(cell, nn.Optimizer):
+                return cell
+    return None
 
 
 def _rank() -> str:
@@ -99,13 +116,10 @@ class MonitorCallback(Callback):  # type: ignore[misc]
 
     def on_train_begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
-        self._optimizer = cb.optimizer
-        self.control.bind(cb.train_network, cb.optimizer)
+        self._optimizer = find_optimizer(cb)
+        self.control.bind(cb.train_network, self._optimizer)
         self._last_step = int(getattr(cb, "initial_step", 0) or 0)
-        try:
-            self._batch = int(cb.train_dataset.get_batch_size())
-        except Exception:  # noqa: BLE001 - some datasets cannot say; the first batch will
-            self._batch = None
+        self._batch = None  # read from the first batch's shape (a dataset's get_batch_size() may say 1)
         if getattr(cb, "dataset_sink_mode", False):
             log.info("msmon: dataset sink mode: MindSpore calls back once per sink of %s steps, so per-step values "
                      "are seen once per sink (throughput is computed over the whole sink)", cb.batch_num)
@@ -118,7 +132,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         mon = self.monitor
         if self._batch is None:
             self._size_batch(cb)
-        n = None if self._batch is None else self._batch * steps
+        n = self._batch * steps if self._batch else None
         tokens = None if n is None or self._tokens_per_sample is None else n * self._tokens_per_sample
         if not mon.samples(step):
             mon.step(step, samples=n, tokens=tokens)
@@ -146,6 +160,11 @@ class MonitorCallback(Callback):  # type: ignore[misc]
             dtype = str(getattr(first, "dtype", ""))
             if self._seq_length is None and len(shape) == 2 and "Int" in dtype:
                 self._seq_length = int(shape[1])  # token ids: (batch, sequence)
+        else:
+            try:
+                self._batch = int(cb.train_dataset.get_batch_size())
+            except Exception:  # noqa: BLE001 - no way to know: throughput in steps/s
+                self._batch = 0
         if self._seq_length is not None:
             self._tokens_per_sample = int(self._seq_length)
 

@@ -58,6 +58,9 @@ class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type:
     def __init__(self, network: Any, optimizer: Any, scale_sense: Any, clip_norm: float | None = None) -> None:
         super().__init__(network, optimizer, scale_sense)
         self.clip_norm = clip_norm
+        # MindSpore's overflow status ops exist on Ascend and GPU only; on the CPU a non-finite
+        # global norm is the overflow signal (the reduced gradients are the same on every rank).
+        self.norm_overflow = ms.get_context("device_target") == "CPU"
 
     def construct(self, *inputs: Any) -> Any:
         weights = self.weights
@@ -68,9 +71,12 @@ class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type:
         grads = self.grad(self.network, weights)(*inputs, scaling_sens_filled)
         grads = tuple(g / ops.cast(scaling_sens, g.dtype) for g in grads)
         grads = self.grad_reducer(grads)
-        cond = self.get_overflow_status(status, grads)
-        overflow = self.process_loss_scale(cond)
         norm = global_norm(grads)
+        if self.norm_overflow:  # noqa: SIM108 - graph-mode code: a plain branch on a constant
+            cond = ops.logical_not(ops.isfinite(norm))
+        else:
+            cond = self.get_overflow_status(status, grads)
+        overflow = self.process_loss_scale(cond)
         if self.clip_norm is not None:
             grads = _clip(grads, norm, self.clip_norm)
         lr = self.optimizer.get_lr()

@@ -1,0 +1,318 @@
+"""MonitorCallback, the grad-norm train step and the job actions, on real MindSpore training (CPU)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore", reason="MindSpore is not installed (pip install msmon[mindspore])")
+
+import mindspore as ms  # noqa: E402
+from mindspore import nn  # noqa: E402
+from mindspore.train.callback._callback import InternalCallbackParam, RunContext  # noqa: E402
+
+from notifier import Monitor, Severity, Status  # noqa: E402
+from notifier.mindspore import MonitorCallback, ScalableLR, parse_outputs  # noqa: E402
+from tests.helpers import ListSink  # noqa: E402
+from tests.ms_helpers import MLP, dataset, model, regression_data  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.mindspore]
+
+GRAD_RULES = {"grad_norm", "grad_norm_spike", "grad_norm_creep"}
+
+
+def cfg(**alert):
+    return {"monitor_config": {"monitor_on": True, "step_interval": 1, "log_interval": 0,
+                               "alert": {"baseline_steps": 100, **alert}}}
+
+
+class Recorder(ms.train.Callback):
+    """Keeps (step, loss, grad norm, time) and, optionally, a copy of the weights at every step."""
+
+    def __init__(self, net=None):
+        super().__init__()
+        self.rows = []
+        self.net = net
+        self.weights = {}
+
+    def on_train_step_end(self, run_context):
+        c = run_context.original_args()
+        loss, _, grad = parse_outputs(c.net_outputs)
+        self.rows.append((int(c.cur_step_num), loss, grad, time.monotonic()))
+        if self.net is not None:
+            self.weights[int(c.cur_step_num)] = {p.name: p.asnumpy().copy() for p in self.net.trainable_params()}
+
+
+def firing(events):
+    return [(e.step, e.rule, e.severity) for e in events if e.status is Status.FIRING and not e.repeat]
+
+
+def test_clean_run_raises_nothing(tmp_path):
+    x, y = regression_data()
+    m, _, _ = model(lr=0.05)
+    events = []
+    sink = ListSink()
+    mon = Monitor(cfg(grad_norm_threshold=10.0), "clean", sinks=[sink])
+    cb = MonitorCallback(None, monitor=mon, on_event=events.append, checkpoint_dir=str(tmp_path))
+    m.train(1, dataset(x, y, 256, 600), callbacks=[cb], dataset_sink_mode=False)
+    assert firing(events) == []
+    assert [s.step for s in sink.samples] == list(range(1, 601))
+    last = sink.samples[-1]
+    assert last.loss is not None and last.grad_norm is not None and last.learning_rate == pytest.approx(0.05)
+    assert last.samples_per_s and last.samples_per_s > 0
+
+
+def test_lr_jump_grad_norm_alert_before_the_loss_doubles_and_the_checkpoint_holds_that_step(tmp_path):
+    """LR x4 at step 300 (recipe in shared/notes): the grad norm explodes before the loss does."""
+    x, y = regression_data()
+    m, net, _ = model(lr=[0.05] * 300 + [0.2] * 120)
+    events = []
+    conf = cfg()
+    conf["monitor_config"]["actions"] = [{"rule": "grad_norm_spike", "severity": "ERROR", "action": "save_checkpoint"}]
+    cb = MonitorCallback(conf, run_id="lrjump", on_event=events.append, checkpoint_dir=str(tmp_path))
+    rec = Recorder(net)
+    m.train(1, dataset(x, y, 2048, 420), callbacks=[cb, rec], dataset_sink_mode=False)
+
+    base = float(np.median([loss for _, loss, _, _ in rec.rows[250:300]]))
+    doubled = next(step for step, loss, _, _ in rec.rows if step > 300 and not loss < 2 * base)
+    grad_alerts = [(s, r, sev) for s, r, sev in firing(events) if r in GRAD_RULES]
+    assert grad_alerts, firing(events)
+    assert grad_alerts[0][0] < doubled, (grad_alerts, doubled)
+
+    saved = [r for r in cb.control.results if r.action == "save_checkpoint"]
+    assert len(saved) == 1 and saved[0].ok and saved[0].source == "rule grad_norm_spike ERROR"
+    step = saved[0].step
+    assert step == next(s for s, r, sev in grad_alerts if r == "grad_norm_spike" and sev is Severity.ERROR)
+    ckpt = ms.load_checkpoint(saved[0].path)
+    assert int(ckpt["global_step"].asnumpy()[0]) == step
+    for name, value in rec.weights[step].items():
+        np.testing.assert_array_equal(ckpt[name].asnumpy(), value)
+    assert f"step{step}.ckpt" in saved[0].path
+
+
+def test_nan_in_the_loss_is_an_error_at_the_first_sampled_step_after_it(tmp_path):
+    """Corrupt batches from step 253 make the loss NaN; sampling every 10 steps, the ERROR comes at 260,
+    inside the baseline period (NaN always alerts at once)."""
+    x, y = regression_data()
+    m, _, _ = model(lr=0.05)
+    events = []
+    conf = cfg()
+    conf["monitor_config"]["step_interval"] = 10
+    conf["monitor_config"]["alert"]["baseline_steps"] = 1000
+    cb = MonitorCallback(conf, run_id="nan", on_event=events.append, checkpoint_dir=str(tmp_path))
+    m.train(1, dataset(x, y, 256, 300, nan_steps=tuple(range(253, 301))), callbacks=[cb], dataset_sink_mode=False)
+    got = firing(events)
+    assert got[0] == (260, "nonfinite", Severity.ERROR), got
+    assert "loss is nan" in events[0].message
+
+
+def _train_weights(lr, steps, actions_at=None, cb_kwargs=None, seed=3):
+    x, y = regression_data(seed=5)
+    m, net, _ = model(lr=lr, seed=seed)
+    cb = MonitorCallback(cfg(), run_id="lr", **(cb_kwargs or {}))
+
+    class Act(ms.train.Callback):
+        def on_train_step_end(self, run_context):
+            step = run_context.original_args().cur_step_num
+            if actions_at and step in actions_at:
+                actions_at[step](cb)
+
+    m.train(1, dataset(x, y, 256, steps), callbacks=[Act(), cb], dataset_sink_mode=False)
+    return {p.name: p.asnumpy() for p in net.trainable_params()}, cb
+
+
+@pytest.mark.parametrize("form", ["fixed", "list", "schedule"])
+def test_scale_lr_halves_the_lr_the_optimizer_really_uses(form, tmp_path):
+    """Scaled at step 50 (applied before step 51) == an LR that was half as large from step 51 on."""
+    steps = 80
+    if form == "fixed":
+        scaled_lr, reference_lr = 0.05, [0.05] * 50 + [0.025] * (steps - 50)
+    elif form == "list":
+        scaled_lr = [0.05 - 0.0002 * i for i in range(steps)]
+        reference_lr = scaled_lr[:50] + [v * 0.5 for v in scaled_lr[50:]]
+    else:
+        def poly(i):
+            return (0.05 - 0.01) * (1 - min(i, 200) / 200) + 0.01
+
+        scaled_lr = ScalableLR(nn.PolynomialDecayLR(0.05, 0.01, 200, power=1.0))
+        reference_lr = [poly(i) for i in range(50)] + [poly(i) * 0.5 for i in range(50, steps)]
+    got, cb = _train_weights(scaled_lr, steps, {50: lambda c: c.scale_lr(0.5)})
+    ref, _ = _train_weights(reference_lr, steps)
+    res = [r for r in cb.control.results if r.action == "scale_lr"]
+    assert len(res) == 1 and res[0].ok and res[0].step == 50, res
+    for name in ref:
+        np.testing.assert_allclose(got[name], ref[name], rtol=1e-5, atol=1e-6)
+    # and the difference is real: without the scaling the weights end elsewhere
+    plain, _ = _train_weights(scaled_lr if form != "schedule" else
+                              ScalableLR(nn.PolynomialDecayLR(0.05, 0.01, 200, power=1.0)), steps)
+    assert any(not np.allclose(plain[n], ref[n], rtol=1e-4) for n in ref)
+
+
+def test_scale_lr_on_a_plain_schedule_is_refused_with_the_fix(caplog):
+    with caplog.at_level(logging.ERROR, logger="msmon"):
+        _, cb = _train_weights(nn.PolynomialDecayLR(0.05, 0.01, 200, power=1.0), 20,
+                               {10: lambda c: c.scale_lr(0.5)})
+    res = [r for r in cb.control.results if r.action == "scale_lr"][0]
+    assert not res.ok and "wrap it as learning_rate=ScalableLR(schedule)" in res.detail
+    assert "FAILED" in caplog.text and "Training continues" in caplog.text
+
+
+def test_pause_stops_progress_until_resume_and_the_job_still_reports_alive():
+    alive = []
+    x, y = regression_data()
+    m, _, _ = model()
+    cb = MonitorCallback(cfg(), run_id="pause")
+    cb.control.heartbeat_every = 0.1
+    cb.control.on_paused = lambda step, waited: alive.append((step, waited))
+    rec = Recorder()
+
+    resumed_at = []
+
+    def resume_later():
+        time.sleep(1.0)
+        resumed_at.append((time.monotonic(), len(rec.rows)))
+        cb.resume()  # from another thread, as a chat command would
+
+    class PauseAt(ms.train.Callback):
+        def on_train_step_end(self, run_context):
+            if run_context.original_args().cur_step_num == 30:
+                cb.pause()
+                threading.Thread(target=resume_later, daemon=True).start()
+
+    m.train(1, dataset(x, y, 256, 60), callbacks=[PauseAt(), rec, cb], dataset_sink_mode=False)
+    steps = [r[0] for r in rec.rows]
+    assert steps == list(range(1, 61))
+    t_resume, done_before_resume = resumed_at[0]
+    assert done_before_resume == 30  # nothing moved while paused
+    gap = rec.rows[30][3] - rec.rows[29][3]
+    assert gap >= 0.9
+    assert len(alive) >= 5 and all(step == 30 for step, _ in alive)
+    res = [r for r in cb.control.results if r.action == "pause"][0]
+    assert res.ok and "resumed" in res.detail
+
+
+def test_pause_with_timeout_resumes_by_itself():
+    x, y = regression_data()
+    m, _, _ = model()
+    cb = MonitorCallback(cfg(), run_id="pause2", pause_timeout=0.3)
+
+    class PauseAt(ms.train.Callback):
+        def on_train_step_end(self, run_context):
+            if run_context.original_args().cur_step_num == 5:
+                cb.pause()
+
+    m.train(1, dataset(x, y, 256, 10), callbacks=[PauseAt(), cb], dataset_sink_mode=False)
+    res = [r for r in cb.control.results if r.action == "pause"][0]
+    assert "resumed by its 0 s timeout" in res.detail or "timeout" in res.detail
+
+
+def test_stop_writes_a_checkpoint_then_ends_training(tmp_path):
+    x, y = regression_data()
+    m, net, _ = model()
+    cb = MonitorCallback(cfg(), run_id="stop", checkpoint_dir=str(tmp_path))
+    rec = Recorder(net)
+
+    class StopAt(ms.train.Callback):
+        def on_train_step_end(self, run_context):
+            if run_context.original_args().cur_step_num == 40:
+                cb.stop()
+
+    m.train(1, dataset(x, y, 256, 100), callbacks=[StopAt(), cb, rec], dataset_sink_mode=False)
+    assert rec.rows[-1][0] == 40
+    res = [r for r in cb.control.results if r.action == "stop"][0]
+    assert res.ok and res.path and res.path.endswith("stop-device0-step40.ckpt")
+    ckpt = ms.load_checkpoint(res.path)
+    np.testing.assert_array_equal(ckpt["l1.weight"].asnumpy(), rec.weights[40]["l1.weight"])
+
+
+def test_set_threshold_live():
+    x, y = regression_data()
+    m, _, _ = model()
+    cb = MonitorCallback(cfg(grad_norm_threshold=10.0), run_id="thr")
+    cb.set_threshold("grad_norm", 15.0, level="error")
+    m.train(1, dataset(x, y, 256, 3), callbacks=[cb], dataset_sink_mode=False)
+    assert cb.monitor.config.alert.rules.grad_norm.levels == (7.5, 15.0)
+    res = [r for r in cb.control.results if r.action == "set_threshold"][0]
+    assert res.ok and res.detail == "grad_norm error level 10.0 -> 15"
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_step_numbers_and_throughput_in_sink_and_non_sink_mode(sink):
+    """On the CPU MindSpore runs sink mode step by step (it logs that it ignores it): either way the
+    callback sees every step, numbered across epochs, and samples/s = batch / step time."""
+    x, y = regression_data()
+    m, _, _ = model()
+    sink_ = ListSink()
+    cb = MonitorCallback(None, monitor=Monitor(cfg(), "sink", sinks=[sink_]))
+    rec = Recorder()
+    m.train(2, dataset(x, y, 256, 40), callbacks=[cb, rec], dataset_sink_mode=sink, sink_size=10 if sink else -1)
+    cb.monitor.flush()
+    assert [s.step for s in sink_.samples] == list(range(1, 81))
+    times = {step: t for step, _, _, t in rec.rows}
+    for s in sink_.samples[5:]:
+        assert s.samples_per_s == pytest.approx(256 / s.step_time)
+        assert s.step_time == pytest.approx(times[s.step] - times[s.step - 1], rel=0.5, abs=2e-3)
+
+
+def test_real_sink_mode_callbacks_once_per_sink():
+    """Where sink mode is real (Ascend/GPU) the callback fires once per sink of `batch_num` steps. Driven
+    here through MindSpore's own RunContext: the step counter jumps by the sink size, throughput and
+    step time are per step, and the slowest step is estimated per sink."""
+    sink_ = ListSink()
+    mon = Monitor(cfg(), "sink", sinks=[sink_], clock=lambda: clock[0])
+    clock = [1000.0]
+    cb = MonitorCallback(None, monitor=mon)
+    x = ms.Tensor(np.zeros((32, 8), np.float32))
+    params = InternalCallbackParam()
+    params.update(cur_step_num=0, batch_num=50, dataset_sink_mode=True, optimizer=None, train_network=None,
+                  train_dataset=None, train_dataset_element=[x], initial_step=0, net_outputs=ms.Tensor(2.0))
+    ctx = RunContext(params)
+    cb.on_train_begin(ctx)
+    for k in range(1, 7):
+        clock[0] += 50 * 0.2  # 50 steps of 0.2 s
+        params["cur_step_num"] = 50 * k
+        cb.on_train_step_end(ctx)
+    mon.close()
+    assert [s.step for s in sink_.samples] == [50, 100, 150, 200, 250, 300]
+    s = sink_.samples[-1]
+    assert s.step_time == pytest.approx(0.2)
+    assert s.samples_per_s == pytest.approx(32 / 0.2)
+    assert s.max_step_time == pytest.approx(0.2)
+
+
+def test_model_fit_is_covered():
+    x, y = regression_data()
+    m, _, _ = model()
+    sink_ = ListSink()
+    cb = MonitorCallback(None, monitor=Monitor(cfg(), "fit", sinks=[sink_]))
+    hist = ms.train.History()
+    m.fit(2, dataset(x, y, 256, 20), dataset(x, y, 256, 2), callbacks=[cb, hist], dataset_sink_mode=False)
+    cb.monitor.flush()
+    assert [s.step for s in sink_.samples] == list(range(1, 41))
+    assert hist.epoch["epoch"] == [1, 2]
+    assert len(hist.history["mse"]) == 2  # evaluation ran after each epoch
+
+
+def test_loss_scale_train_step_reports_unscaled_grad_norm():
+    """With a fixed loss scale of 1024 the reported norm is that of the real gradients."""
+    from notifier.mindspore import TrainStepWithGradNorm, TrainStepWithGradNormLossScale
+
+    x, y = regression_data()
+    xb, yb = ms.Tensor(x[:256]), ms.Tensor(y[:256])
+    norms = []
+    for make in (lambda n, o: TrainStepWithGradNorm(n, o),
+                 lambda n, o: TrainStepWithGradNormLossScale(n, o, ms.Tensor(1024.0, ms.float32))):
+        ms.set_seed(11)
+        net = MLP()
+        opt = nn.SGD(net.trainable_params(), learning_rate=0.01)
+        out = make(nn.WithLossCell(net, nn.MSELoss()), opt)(xb, yb)
+        loss, lr, norm = parse_outputs(out)
+        assert lr == pytest.approx(0.01)
+        norms.append(norm)
+    assert norms[0] == pytest.approx(norms[1], rel=1e-4)
+    assert math.isfinite(norms[0]) and norms[0] > 0
