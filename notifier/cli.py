@@ -126,7 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rc: int = args.func(args)
+    try:
+        rc: int = args.func(args)
+    except BrokenPipeError:  # `msmon ... | head`
+        sys.stderr.close()
+        return 0
     return rc
 
 

@@ -85,3 +85,10 @@ def test_notifier_import_stays_light():
             "if m in sys.modules]; print(heavy)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.strip() == "[]"
+
+
+def test_check_config_on_the_shipped_training_yaml():
+    p = msmon("check-config", os.fspath(ROOT / "config" / "train_example.yaml"))
+    assert p.returncode == 0, p.stderr
+    assert "every 10 step(s), log line every 100" in p.stdout
+    assert "Remember to attach it: Model.train(..., callbacks=[MonitorCallback(" in p.stdout

@@ -316,3 +316,18 @@ def test_loss_scale_train_step_reports_unscaled_grad_norm():
         norms.append(norm)
     assert norms[0] == pytest.approx(norms[1], rel=1e-4)
     assert math.isfinite(norms[0]) and norms[0] > 0
+
+
+def test_custom_loop_example_catches_an_lr_jump():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / "custom_loop.py"), "--steps", "330",
+                        "--lr-jump-at", "300"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    alerts = [line for line in p.stdout.splitlines() if line.startswith("ALERT")]
+    assert alerts and any("grad_norm" in a for a in alerts), p.stdout
+    assert all(int(a.split()[2]) > 300 for a in alerts)
+    assert "[step 50] loss:" in p.stderr and "samples/s" in p.stderr

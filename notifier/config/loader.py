@@ -39,6 +39,11 @@ def _locate(data: Any, source: str | None) -> Mapping[str, Any]:
         raise ConfigError([Issue(SECTION, f"{where} is empty; expected a {SECTION} section")], source)
     if not isinstance(data, Mapping):
         raise ConfigError([Issue(SECTION, f"{where} must be a YAML mapping, got {type(data).__name__}")], source)
+    inner = data.get(SECTION)
+    if isinstance(inner, Mapping) and list(inner) == [SECTION]:
+        # `monitor_config: !include monitor.yaml` where monitor.yaml has its own top-level
+        # monitor_config (a standalone file): take the inner section.
+        data = {**data, SECTION: inner[SECTION]}
     nested = _find_nested(data)
     issues = [Issue(path, f"found here, but {SECTION} must be a top-level key (check its indentation); "
                     "as it is, none of its settings would take effect", location_of(parent, SECTION))

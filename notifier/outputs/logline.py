@@ -25,6 +25,7 @@ def format_log_line(s: Sample, with_device: bool = False) -> str:
     if s.tokens_per_s is not None:
         parts.append(f"throughput: {s.tokens_per_s:.0f} tokens/s")
     elif s.samples_per_s is not None:
-        parts.append(f"throughput: {s.samples_per_s:.4g} samples/s")
+        sps = s.samples_per_s
+        parts.append(f"throughput: {sps:.0f} samples/s" if sps >= 100 else f"throughput: {sps:.3g} samples/s")
     head = f"[step {s.step}]" + (f" [device {s.device}]" if with_device else "")
     return f"{head} " + " | ".join(parts) if parts else head
