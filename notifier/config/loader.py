@@ -43,7 +43,8 @@ def _locate(data: Any, source: str | None) -> Mapping[str, Any]:
     if isinstance(inner, Mapping) and list(inner) == [SECTION]:
         # `monitor_config: !include monitor.yaml` where monitor.yaml has its own top-level
         # monitor_config (a standalone file): take the inner section.
-        data = {**data, SECTION: inner[SECTION]}
+        unwrapped: dict[str, Any] = {**data, SECTION: inner[SECTION]}
+        data = unwrapped
     nested = _find_nested(data)
     issues = [Issue(path, f"found here, but {SECTION} must be a top-level key (check its indentation); "
                     "as it is, none of its settings would take effect", location_of(parent, SECTION))
