@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from .errors import ConfigError, Issue
 from .model import MonitorConfig
@@ -66,7 +66,7 @@ def _locate(data: Any, source: str | None) -> Mapping[str, Any]:
         raise ConfigError(issues, source)
     known = fields_of(MonitorConfig)
     if data and all(k in known for k in data):
-        return data  # a standalone file holding the section's keys directly
+        return cast("Mapping[str, Any]", data)  # a standalone file holding the section's keys directly
     keys = ", ".join(sorted(map(str, data))) or "none"
     raise ConfigError([Issue(SECTION, f"no {SECTION} section found in {where} (top-level keys: {keys}); "
                              f"add one, or pass a standalone monitor config")], source)
