@@ -331,3 +331,67 @@ def test_custom_loop_example_catches_an_lr_jump():
     assert alerts and any("grad_norm" in a for a in alerts), p.stdout
     assert all(int(a.split()[2]) > 300 for a in alerts)
     assert "[step 50] loss:" in p.stderr and "samples/s" in p.stderr
+
+
+@pytest.mark.parametrize("form", ["fixed", "list", "schedule"])
+def test_lr_is_read_from_the_optimizer_when_the_train_cell_does_not_return_it(form):
+    """A plain TrainOneStepCell returns the loss only: the LR of each step comes from the optimizer."""
+    steps = 30
+    if form == "fixed":
+        lr, expected = 0.05, [0.05] * steps
+    elif form == "list":
+        lr = [0.05 - 0.001 * i for i in range(steps)]
+        expected = lr
+    else:
+        lr = nn.PolynomialDecayLR(0.05, 0.01, 20, power=1.0)
+        expected = [(0.05 - 0.01) * (1 - min(i, 20) / 20) + 0.01 for i in range(steps)]
+    x, y = regression_data()
+    m, _, _ = model(lr=lr, grad_norm=False)
+    sink_ = ListSink()
+    cb = MonitorCallback(None, monitor=Monitor(cfg(), "lr-read", sinks=[sink_]))
+    m.train(1, dataset(x, y, 256, steps), callbacks=[cb], dataset_sink_mode=False)
+    cb.monitor.flush()
+    got = [s.learning_rate for s in sink_.samples]
+    assert got == pytest.approx(expected, rel=1e-6)  # step N reports the LR that step N used
+    assert all(s.grad_norm is None for s in sink_.samples)
+
+
+def test_tokens_per_second_from_an_integer_token_batch():
+    """Token ids (batch, sequence): tokens/s = samples/s x sequence length, with no config needed."""
+    sink_ = ListSink()
+    clock = [0.0]
+    mon = Monitor(cfg(), "tok", sinks=[sink_], clock=lambda: clock[0])
+    cb = MonitorCallback(None, monitor=mon)
+    tokens = ms.Tensor(np.zeros((8, 128), np.int32))
+    params = InternalCallbackParam()
+    params.update(cur_step_num=0, batch_num=1, dataset_sink_mode=False, optimizer=None, train_network=None,
+                  train_dataset=None, train_dataset_element=[tokens], initial_step=0, net_outputs=ms.Tensor(2.0))
+    ctx = RunContext(params)
+    cb.on_train_begin(ctx)
+    for k in range(1, 4):
+        clock[0] += 0.5
+        params["cur_step_num"] = k
+        cb.on_train_step_end(ctx)
+    mon.close()
+    s = sink_.samples[-1]
+    assert s.samples_per_s == pytest.approx(16.0)
+    assert s.tokens_per_s == pytest.approx(16.0 * 128)
+
+
+def test_clipping_reports_the_norm_before_clipping_and_updates_with_clipped_gradients():
+    from notifier.mindspore import TrainStepWithGradNorm
+
+    x, y = regression_data()
+    xb, yb = ms.Tensor(x[:256]), ms.Tensor(y[:256])
+    deltas, norms = [], []
+    for clip in (None, 0.01):
+        ms.set_seed(11)
+        net = MLP()
+        before = net.l1.weight.asnumpy().copy()
+        opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
+        out = TrainStepWithGradNorm(nn.WithLossCell(net, nn.MSELoss()), opt, clip_norm=clip)(xb, yb)
+        norms.append(parse_outputs(out)[2])
+        deltas.append(net.l1.weight.asnumpy() - before)
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5) and norms[0] > 0.01
+    # float32 weights: the update is rounded where it lands, hence the absolute tolerance
+    np.testing.assert_allclose(deltas[1], deltas[0] * (0.01 / norms[0]), rtol=1e-2, atol=2e-8)
