@@ -4,13 +4,17 @@ One definition, shared by the notifier (which makes them) and the bot (which rec
 the two cannot drift apart. Every record is a `msgspec.Struct`: typed, cheap to build on the
 training thread, and validated on decode at the bot's edge.
 
-Floating-point values are plain `float` here, NaN and Inf included; how they travel over JSON
-(which has neither) is decided by the transport, not by these types.
+Floating-point values are plain `float` here, NaN and Inf included. JSON has neither, so on the
+wire (`encode` / `decode` below) a non-finite float is the string "NaN", "Infinity" or
+"-Infinity", and only where the schema says float: a message that reads "NaN" stays a string.
+Everything else is plain JSON, validated strictly on decode.
 """
 
 from __future__ import annotations
 
 import enum
+import math
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -102,3 +106,95 @@ class ActionResult(msgspec.Struct, kw_only=True):
     source: str = ""  # "rule grad_norm ERROR", "command 17 from @alice", "code"
     path: str | None = None  # the checkpoint written, if any
     schema: int = SCHEMA_VERSION
+
+
+class Heartbeat(msgspec.Struct, kw_only=True):
+    """Sent every few seconds by a job's transport thread: alive, and at which step."""
+
+    run_id: str
+    device: str
+    time: float
+    step: int | None = None  # the last step reported (None: not started)
+    paused: bool = False
+    host: str = ""
+    pid: int = 0
+
+
+class Envelope(msgspec.Struct, kw_only=True):
+    """One POST from a job to the bot: whatever accumulated since the last one."""
+
+    run_id: str
+    device: str
+    sent_at: float
+    project: str = "default"
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    events: list[Event] = msgspec.field(default_factory=list)
+    samples: list[Sample] = msgspec.field(default_factory=list)
+    heartbeats: list[Heartbeat] = msgspec.field(default_factory=list)
+    actions: list[ActionResult] = msgspec.field(default_factory=list)
+    dropped: dict[str, int] = msgspec.field(default_factory=dict)  # kind -> items dropped while unreachable
+    schema: int = SCHEMA_VERSION
+
+
+# -- JSON with NaN and Inf ------------------------------------------------------------------
+
+_TO_WIRE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+_FROM_WIRE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+T = TypeVar("T")
+
+
+def _tag(obj: Any) -> Any:
+    if isinstance(obj, float):
+        if obj != obj:
+            return "NaN"
+        return _TO_WIRE.get(obj, obj)
+    if isinstance(obj, dict):
+        return {k: _tag(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_tag(v) for v in obj]
+    return obj
+
+
+def encode(obj: Any) -> bytes:
+    """JSON bytes for a wire Struct (or a list of them), non-finite floats as strings."""
+    return msgspec.json.encode(_tag(msgspec.to_builtins(obj)))
+
+
+def _takes_float(t: Any) -> bool:
+    if isinstance(t, msgspec.inspect.FloatType):
+        return True
+    return isinstance(t, msgspec.inspect.UnionType) and any(
+        isinstance(x, msgspec.inspect.FloatType) for x in t.types)
+
+
+def _untag(obj: Any, t: Any) -> Any:
+    """Restore non-finite floats where the schema `t` (msgspec.inspect type info) expects a float."""
+    if isinstance(obj, str):
+        return _FROM_WIRE.get(obj, obj) if _takes_float(t) else obj
+    if isinstance(t, msgspec.inspect.UnionType):
+        for x in t.types:
+            if isinstance(obj, dict) and isinstance(x, (msgspec.inspect.StructType, msgspec.inspect.DictType)):
+                return _untag(obj, x)
+            if isinstance(obj, list) and isinstance(x, msgspec.inspect.ListType):
+                return _untag(obj, x)
+        return obj
+    if isinstance(t, msgspec.inspect.StructType) and isinstance(obj, dict):
+        fields = {f.encode_name: f.type for f in t.fields}
+        return {k: _untag(v, fields[k]) if k in fields else v for k, v in obj.items()}
+    if isinstance(t, msgspec.inspect.ListType) and isinstance(obj, list):
+        return [_untag(v, t.item_type) for v in obj]
+    if isinstance(t, msgspec.inspect.DictType) and isinstance(obj, dict):
+        return {k: _untag(v, t.value_type) for k, v in obj.items()}
+    return obj
+
+
+_INFO: dict[Any, Any] = {}
+
+
+def decode(raw: bytes | str, type: type[T]) -> T:  # noqa: A002 - msgspec's own name for it
+    """Parse and validate wire JSON into `type`; raises msgspec.ValidationError / DecodeError with
+    the path of what is wrong (the bot turns those into 4xx answers)."""
+    info = _INFO.get(type)
+    if info is None:
+        info = _INFO[type] = msgspec.inspect.type_info(type)
+    return msgspec.convert(_untag(msgspec.json.decode(raw), info), type)

@@ -1,0 +1,170 @@
+"""The job -> bot transport against a real HTTP peer on loopback: batching, NaN on the wire, retries,
+the disk spool while the bot is down, drop priorities, heartbeats, and a training thread never held up."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import pytest
+
+from notifier.transport import BotTransport
+from notifier.wire import ActionResult, Envelope, Event, Sample, Severity, Status, decode, encode
+from tests.recording_bot import RecordingBot
+
+
+def ev(step: int, sev: Severity = Severity.ERROR, value: float = 1.0) -> Event:
+    return Event(run_id="run-1", device="0", step=step, time=float(step), rule="grad_norm", severity=sev,
+                 status=Status.FIRING, value=value, threshold=10.0, message="m")
+
+
+def sample(step: int, loss: float = 2.0) -> Sample:
+    return Sample(run_id="run-1", device="0", step=step, time=float(step), loss=loss)
+
+
+@pytest.fixture
+def bot():
+    b = RecordingBot()
+    yield b
+    b.stop()
+
+
+def transport(bot, tmp_path, **kw):
+    kw.setdefault("flush_interval", 0.05)
+    kw.setdefault("heartbeat_interval", 60.0)
+    kw.setdefault("backoff", (0.05, 0.2))
+    return BotTransport(bot.url, "run-1", "0", token="s3cret-token", spool_dir=str(tmp_path / "spool"), **kw)
+
+
+def test_nan_and_inf_survive_the_wire():
+    e = ev(1, value=math.nan)
+    e.threshold = math.inf
+    e.message = "NaN"  # a string that reads NaN stays a string
+    s = Sample(run_id="r", device="0", step=1, time=0.0, loss=-math.inf, grad_norm=math.nan)
+    raw = encode(Envelope(run_id="r", device="0", sent_at=0.0, events=[e], samples=[s]))
+    assert b'"value":"NaN"' in raw and b'"threshold":"Infinity"' in raw and b'"loss":"-Infinity"' in raw
+    back = decode(raw, Envelope)
+    assert math.isnan(back.events[0].value) and back.events[0].threshold == math.inf
+    assert back.events[0].message == "NaN"
+    assert back.samples[0].loss == -math.inf and math.isnan(back.samples[0].grad_norm)
+
+
+def test_events_samples_and_actions_arrive_with_the_token(bot, tmp_path):
+    t = transport(bot, tmp_path)
+    for i in range(50):
+        t.sample(sample(i, loss=math.nan if i == 7 else 2.0))
+    t.event(ev(50))
+    t.event(ev(51, Severity.WARNING))
+    t.action(ActionResult(run_id="run-1", device="0", step=52, time=0.0, action="save_checkpoint", ok=True,
+                          detail="written", path="/ckpt/x.ckpt"))
+    assert bot.wait_for(lambda: len(bot.samples()) == 50 and len(bot.events()) == 2 and bot.actions())
+    t.close()
+    assert [s.step for s in bot.samples()] == list(range(50))
+    assert math.isnan(bot.samples()[7].loss)
+    assert {a for a in bot.auth} == {"Bearer s3cret-token"}
+
+
+def test_the_training_thread_is_never_held_up(bot, tmp_path):
+    bot.mode = "hang"  # the bot accepts the connection and never answers
+    t = transport(bot, tmp_path, timeout=0.5, max_queue=1000)
+    start = time.monotonic()
+    for i in range(100_000):
+        t.sample(sample(i))
+        if i % 1000 == 0:
+            t.event(ev(i))
+    elapsed = time.monotonic() - start
+    assert elapsed < 5.0  # 100k enqueues while the peer hangs: no waiting on it (loose bound, not a benchmark)
+    assert t.dropped.get("samples", 0) > 0  # bounded memory: samples went first
+    bot.mode = "ok"
+    bot.hang.set()
+    t.close(timeout=10)
+
+
+def test_bot_down_then_up_delivers_the_spool_and_reports_drops(bot, tmp_path, caplog):
+    port_url = bot.url
+    bot.stop()
+    t = transport(bot, tmp_path, spool_max_bytes=20_000)
+    with caplog.at_level(logging.WARNING, logger="msmon"):
+        for i in range(2000):
+            t.sample(sample(i))
+            if i % 100 == 0:
+                t.event(ev(i))  # 20 ERRORs
+            if i % 10 == 0:
+                t.event(ev(i, Severity.WARNING))
+        deadline = time.monotonic() + 5
+        while t.spool.empty() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert not t.spool.empty()
+        assert "cannot reach the bot" in caplog.text
+        bot.start()
+        assert bot.url == port_url
+        assert bot.wait_for(lambda: sum(e.severity is Severity.ERROR for e in bot.events()) == 20, timeout=15)
+    t.close()
+    errors = sorted(e.step for e in bot.events() if e.severity is Severity.ERROR)
+    assert errors == list(range(0, 2000, 100))  # every ERROR, none twice
+    dropped = {k: v for env in bot.envelopes for k, v in env.dropped.items()}
+    assert dropped.get("samples", 0) > 0  # the 20 kB spool could not hold all samples: they went first
+    assert "errors" not in dropped
+    assert "were dropped while it was not" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["500", "429"])
+def test_server_errors_and_rate_limits_are_retried(bot, tmp_path, mode):
+    bot.mode = mode
+    t = transport(bot, tmp_path)
+    t.event(ev(1))
+    time.sleep(0.5)
+    assert bot.events() == []
+    bot.mode = "ok"
+    assert bot.wait_for(lambda: [e.step for e in bot.events()] == [1], timeout=10)
+    t.close()
+
+
+def test_a_refused_token_is_said_once_without_the_token_and_data_is_kept(bot, tmp_path, caplog):
+    bot.mode = "401"
+    with caplog.at_level(logging.ERROR, logger="msmon"):
+        t = transport(bot, tmp_path)
+        t.event(ev(1))
+        time.sleep(0.6)
+    assert caplog.text.count("refused run run-1") == 1
+    assert "s3cret-token" not in caplog.text
+    bot.mode = "ok"
+    assert bot.wait_for(lambda: [e.step for e in bot.events()] == [1], timeout=10)
+    t.close()
+
+
+def test_heartbeats_carry_the_last_step(bot, tmp_path):
+    t = transport(bot, tmp_path, heartbeat_interval=0.1)
+    t.progress(41)
+    assert bot.wait_for(lambda: bot.heartbeats and bot.heartbeats[-1].step == 41)
+    t.progress(42, paused=True)
+    assert bot.wait_for(lambda: bot.heartbeats[-1].step == 42 and bot.heartbeats[-1].paused)
+    t.close()
+    hb = bot.heartbeats[-1]
+    assert hb.run_id == "run-1" and hb.device == "0" and hb.pid > 0
+
+
+def test_a_new_process_delivers_the_spool_left_by_the_last(bot, tmp_path):
+    bot.stop()
+    first = transport(bot, tmp_path)
+    for i in range(5):
+        first.event(ev(i))
+    first.close(timeout=0.5)  # bot down: kept on disk
+    assert not first.spool.empty()
+    bot.start()
+    second = transport(bot, tmp_path)  # same run id and device: same spool
+    second.event(ev(99))
+    assert bot.wait_for(lambda: sorted(e.step for e in bot.events()) == [0, 1, 2, 3, 4, 99], timeout=10)
+    second.close()
+    assert second.spool.empty()
+
+
+def test_commands_in_the_answer_reach_the_job(bot, tmp_path):
+    got = []
+    bot.commands = [{"id": "c1", "action": "pause"}]
+    t = transport(bot, tmp_path, on_commands=got.extend)
+    t.event(ev(1))
+    assert bot.wait_for(lambda: got == [{"id": "c1", "action": "pause"}])
+    t.close()
