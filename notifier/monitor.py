@@ -27,6 +27,7 @@ from .detectors import RULES, DetectorContext, Finding, RuleParams
 from .detectors.base import SKIP
 from .gate import AlertGate, GateState, Verdict
 from .outputs import BackgroundWriter, CsvSink, Sink, format_log_line
+from .transport import BotTransport
 from .wire import Event, Sample, Severity, Status, Window
 
 log = logging.getLogger("msmon")
@@ -96,6 +97,7 @@ class Monitor:
         device: str | int = "0",
         clock: Callable[[], float] = _time.time,
         sinks: list[Sink] | None = None,
+        transport: BotTransport | None = None,
     ) -> None:
         cfg = load_config(config)
         self.config = cfg
@@ -127,6 +129,7 @@ class Monitor:
         self._closed = False
         _ensure_visible_logging()
         self._writer: BackgroundWriter | None = None
+        self.transport: BotTransport | None = None
         if not self.enabled:
             log.info("msmon: monitoring is off for run %s (monitor_config.monitor_on is %s); set "
                      "monitor_on: true to enable it", self.run_id,
@@ -136,6 +139,7 @@ class Monitor:
             sinks = self._default_sinks(cfg)
         if sinks:
             self._writer = BackgroundWriter(sinks)
+        self.transport = transport if transport is not None else self._default_transport(cfg)
         for line in describe(cfg, self.run_id):
             log.info("msmon: %s", line)
 
@@ -156,6 +160,19 @@ class Monitor:
 
             sinks.append(TensorBoardSink(cfg.tensorboard.log_dir, self.run_id))
         return sinks
+
+    def _default_transport(self, cfg: MonitorConfig) -> BotTransport | None:
+        b = cfg.bot
+        if not b.url:
+            return None
+        token = os.environ.get(b.token_env)
+        if not token:
+            log.warning("msmon: bot.url is set but the environment variable %s (bot.token_env) is empty: the bot "
+                        "will refuse run %s until the job has its token", b.token_env, self.run_id)
+        log.info("msmon: sending run %s to the bot at %s (spool: %s)", self.run_id, b.url, b.spool_dir)
+        return BotTransport(b.url, self.run_id, self.default_device, token, project=b.project, labels=b.labels,
+                            spool_dir=b.spool_dir, spool_max_bytes=int(b.spool_max_mb * (1 << 20)),
+                            heartbeat_interval=b.heartbeat_interval)
 
     @staticmethod
     def _build_phases(cfg: MonitorConfig) -> list[_Phase]:
@@ -309,6 +326,10 @@ class Monitor:
         d.recent.append(s)
         if self._writer is not None:
             self._writer.put(s)
+        tr = self.transport
+        if tr is not None:
+            tr.sample(s)
+            tr.last_step = step
         self._n_samples += 1
         if self._n_samples <= 3:
             self._check_missing(s)
@@ -387,6 +408,8 @@ class Monitor:
             window=_window(d.recent),
         )
         _log_event(ev)
+        if self.transport is not None:
+            self.transport.event(ev)
         return ev
 
     def _actions_for(self, rule: str, severity: Severity) -> list[dict[str, object]]:
@@ -438,6 +461,8 @@ class Monitor:
         self._closed = True
         if self._writer is not None:
             self._writer.close()
+        if self.transport is not None:
+            self.transport.close()
 
     def __enter__(self) -> Monitor:
         return self

@@ -395,3 +395,32 @@ def test_clipping_reports_the_norm_before_clipping_and_updates_with_clipped_grad
     assert norms[0] == pytest.approx(norms[1], rel=1e-5) and norms[0] > 0.01
     # float32 weights: the update is rounded where it lands, hence the absolute tolerance
     np.testing.assert_allclose(deltas[1], deltas[0] * (0.01 / norms[0]), rtol=1e-2, atol=2e-8)
+
+
+def test_a_real_training_reports_to_the_bot(tmp_path, monkeypatch):
+    """bot.url set: events, samples, action results and heartbeats reach the bot from a real training."""
+    from tests.recording_bot import RecordingBot
+
+    bot = RecordingBot()
+    try:
+        monkeypatch.setenv("MSMON_TOKEN", "job-token-1")
+        conf = cfg()
+        conf["monitor_config"]["bot"] = {"url": bot.url, "spool_dir": str(tmp_path / "spool"),
+                                         "heartbeat_interval": 0.1, "project": "llm", "labels": {"team": "a"}}
+        conf["monitor_config"]["actions"] = [{"rule": "grad_norm_spike", "severity": "ERROR",
+                                              "action": "save_checkpoint"}]
+        x, y = regression_data()
+        m, _, _ = model(lr=[0.05] * 300 + [0.2] * 60)
+        cb = MonitorCallback(conf, run_id="to-bot", checkpoint_dir=str(tmp_path))
+        m.train(1, dataset(x, y, 2048, 360), callbacks=[cb], dataset_sink_mode=False)
+        assert bot.wait_for(lambda: len(bot.samples()) == 360 and bot.actions(), timeout=15)
+        assert [s.step for s in bot.samples()] == list(range(1, 361))
+        rules = {(e.rule, e.severity) for e in bot.events()}
+        assert ("grad_norm_spike", Severity.ERROR) in rules
+        assert bot.actions()[0].action == "save_checkpoint" and bot.actions()[0].ok
+        assert bot.heartbeats and max(h.step or 0 for h in bot.heartbeats) > 0
+        env = bot.envelopes[-1]
+        assert (env.run_id, env.project, env.labels) == ("to-bot", "llm", {"team": "a"})
+        assert set(bot.auth) == {"Bearer job-token-1"}
+    finally:
+        bot.stop()

@@ -186,6 +186,9 @@ class BotConfig:
     token_env: str = _field("MSMON_TOKEN", "environment variable holding the job's bearer token")
     project: str = _field("default", "project name, for routing")
     labels: dict[str, str] = _field({}, "free-form labels, for routing")
+    spool_dir: str = _field("./msmon_spool", "where events wait on disk while the bot is unreachable")
+    spool_max_mb: float = _field(64.0, "spool size cap; metric samples go first, then warnings, never errors", gt=0)
+    heartbeat_interval: float = _field(5.0, "seconds between heartbeats", gt=0)
 
     def check(self) -> Iterator[tuple[str, str]]:
         if self.url is not None and not self.url.startswith(("http://", "https://")):

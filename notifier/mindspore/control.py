@@ -104,6 +104,8 @@ class JobControl:
             log.info("%s action %s (%s): %s", where, req.action, req.source, detail)
         else:
             log.error("%s action %s (%s) FAILED: %s. Training continues.", where, req.action, req.source, detail)
+        if mon.transport is not None:
+            mon.transport.action(res)
         if self.on_result is not None:
             try:
                 self.on_result(res)
@@ -128,6 +130,9 @@ class JobControl:
         limit = timeout if timeout is not None else self.pause_timeout
         self._resume.clear()
         self.paused = True
+        tr = self.monitor.transport
+        if tr is not None:
+            tr.progress(step, paused=True)  # heartbeats now say "alive, paused"
         started = time.monotonic()
         log.warning("[run %s step %d] paused; resume with the resume action%s", self.monitor.run_id, step,
                     f" (resumes by itself after {limit:.0f} s)" if limit else "")
@@ -145,6 +150,8 @@ class JobControl:
                     self.on_paused(step, waited)
         finally:
             self.paused = False
+            if tr is not None:
+                tr.progress(step, paused=False)
 
     def _do_scale_lr(self, step: int, run_context: Any, factor: float) -> tuple[str, None]:
         if self.optimizer is None:
