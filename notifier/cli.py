@@ -104,6 +104,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from bot.server import serve  # the bot's dependencies only when serving
+    except ImportError as exc:
+        print(f"msmon serve needs the bot's dependencies: pip install 'msmon[bot]' ({exc})", file=sys.stderr)
+        return 2
+    return serve(args.config, args.host, args.port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="msmon", description="msmon: alerting for MindSpore training jobs")
     sub = p.add_subparsers(dest="command", required=True)
@@ -121,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="demo-out")
     d.add_argument("-v", "--verbose", action="store_true", help="also print msmon's log lines")
     d.set_defaults(func=cmd_demo)
+    sv = sub.add_parser("serve", help="run the msmon bot service")
+    sv.add_argument("--config", default=None, help="bot.yaml (default: built-in defaults, console receiver)")
+    sv.add_argument("--host", default=None)
+    sv.add_argument("--port", type=int, default=None)
+    sv.set_defaults(func=cmd_serve)
     return p
 
 

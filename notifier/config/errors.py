@@ -51,13 +51,14 @@ class Issue:
 class ConfigError(ValueError):
     """Raised for every config that would not do what its author meant; lists every issue found."""
 
-    def __init__(self, issues: list[Issue], source: str | None = None) -> None:
+    def __init__(self, issues: list[Issue], source: str | None = None, what: str = "monitor config") -> None:
         self.issues = list(issues)
         self.source = source
+        self.what = what
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        head = f"invalid monitor config in {self.source}" if self.source else "invalid monitor config"
+        head = f"invalid {self.what} in {self.source}" if self.source else f"invalid {self.what}"
         if len(self.issues) == 1:
             return f"{head}: {self.issues[0]}"
         return head + ":\n" + "\n".join(f"  - {i}" for i in self.issues)

@@ -18,23 +18,13 @@ from ..detectors.straggler import StragglerParams
 from ..detectors.throughput import ThroughputDropParams
 from ..detectors.vanished import VanishedGradParams
 from .errors import closest
-from .validate import Context, parse_fields, spec
+from .validate import Context, parse_fields, setting, spec
 
 Metric = Literal["loss", "learning_rate", "grad_norm", "throughput"]
 ALL_METRICS: tuple[str, ...] = ("loss", "learning_rate", "grad_norm", "throughput")
 
 
-def _field(default: Any, doc: str, **bounds: Any) -> Any:
-    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
-        proto = default
-        return dataclasses.field(default_factory=lambda: _copy(proto), metadata=spec(doc=doc, **bounds))
-    return dataclasses.field(default=default, metadata=spec(doc=doc, **bounds))
-
-
-def _copy(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value)
-    return type(value)(value)
+_field = setting
 
 
 @dataclasses.dataclass

@@ -34,6 +34,20 @@ def spec(
     return {"ge": ge, "gt": gt, "le": le, "parser": parser, "doc": doc}
 
 
+def setting(default: Any, doc: str, **bounds: Any) -> Any:
+    """A config field with a default (copied per instance when mutable), a description and bounds."""
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        proto = default
+        return dataclasses.field(default_factory=lambda: _copy(proto), metadata=spec(doc=doc, **bounds))
+    return dataclasses.field(default=default, metadata=spec(doc=doc, **bounds))
+
+
+def _copy(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value)
+    return type(value)(value)
+
+
 class Context:
     """Collects issues while a config is built, so a user sees all of them at once."""
 

@@ -1,0 +1,226 @@
+"""The HTTP service: versioned API (see docs/openapi.yaml), auth, limits, and the background tasks.
+
+Every malformed request gets a 4xx with a reason; a 5xx only ever means a bug (it is logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from notifier.wire import Envelope, Heartbeat, decode
+
+from .config import BotConfig
+from .dispatch import Dispatcher
+from .metrics import BotMetrics
+from .outbox import Outbox
+from .pipeline.ratelimit import RateLimiter
+from .receivers import Receiver
+from .receivers.console import ConsoleReceiver
+from .store import Store
+from .watchdog import Watchdog
+
+log = logging.getLogger("msmon.bot")
+
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+STORE = web.AppKey("store", Store)
+METRICS = web.AppKey("metrics", BotMetrics)
+OUTBOX = web.AppKey("outbox", Outbox)
+CONFIG = web.AppKey("config", BotConfig)
+TOKENS = web.AppKey("tokens", list)
+
+
+def _error(status: int, reason: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": reason, **extra}, status=status)
+
+
+def _job_tokens(cfg: BotConfig) -> list[tuple[str, bytes]]:
+    out = []
+    for t in cfg.tokens:
+        value = t.value()
+        if value:
+            out.append((t.project, value.encode()))
+        else:
+            log.warning("msmon bot: the token for project %s (%s) is empty or missing; its jobs will be refused",
+                        t.project, f"env {t.env}" if t.env else f"file {t.file}")
+    return out
+
+
+def _authenticate(request: web.Request) -> str | None:
+    """The project the request's bearer token belongs to, or None. Compared in constant time."""
+    header = request.headers.get("Authorization", "")
+    if not header.startswith("Bearer "):
+        return None
+    given = header[7:].strip().encode()
+    project = None
+    for proj, token in request.app[TOKENS]:
+        if hmac.compare_digest(given, token) and project is None:
+            project = proj
+    return project
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                ) -> web.StreamResponse:
+    endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
+    metrics = request.app[METRICS]
+    try:
+        if endpoint.startswith("/v1/"):
+            project = _authenticate(request)
+            if project is None:
+                resp: web.StreamResponse = _error(401, "missing or unknown bearer token (Authorization: Bearer ...)")
+                metrics.requests.labels(endpoint, "401").inc()
+                return resp
+            request["project"] = project
+        resp = await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        resp = _error(413, f"request body over the {request.app[CONFIG].max_request_bytes} byte limit; "
+                      "send smaller batches")
+    except web.HTTPException as exc:
+        resp = _error(exc.status, exc.reason)
+    except Exception:  # noqa: BLE001 - a bug: say so, keep serving
+        log.exception("msmon bot: internal error on %s", request.path)
+        resp = _error(500, "internal error (logged by the bot)")
+    metrics.requests.labels(endpoint, str(resp.status)).inc()
+    return resp
+
+
+async def _body(request: web.Request, type_: Any) -> Any:
+    if request.content_type != "application/json":
+        raise web.HTTPUnsupportedMediaType(reason=f"expected Content-Type application/json, got {request.content_type}")
+    raw = await request.read()
+    if not raw:
+        raise web.HTTPBadRequest(reason="empty body")
+    try:
+        return decode(raw, type_)
+    except msgspec.ValidationError as exc:  # a subclass of DecodeError: first
+        raise web.HTTPUnprocessableEntity(reason=f"does not match the schema: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise web.HTTPBadRequest(reason=f"body is not valid JSON: {exc}") from None
+
+
+def _check_project(request: web.Request, project: str) -> None:
+    allowed = request["project"]
+    if allowed != "*" and allowed != project:
+        raise web.HTTPForbidden(reason=f"this token is for project {allowed!r}, not {project!r}")
+
+
+async def ingest(request: web.Request) -> web.Response:
+    env: Envelope = await _body(request, Envelope)
+    _check_project(request, env.project)
+    if any(e.run_id != env.run_id for e in env.events) or any(s.run_id != env.run_id for s in env.samples):
+        raise web.HTTPUnprocessableEntity(reason="every event and sample must carry the envelope's run_id")
+    return web.json_response(request.app[DISPATCHER].ingest(env), status=202)
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    hb: Heartbeat = await _body(request, Heartbeat)
+    request.app[DISPATCHER].heartbeat(hb, request["project"])
+    return web.json_response({"ok": True}, status=202)
+
+
+async def runs(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    return web.json_response({"runs": [_run_view(request, r) for r in store.runs()
+                                       if request["project"] in ("*", r["project"])]})
+
+
+def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> dict[str, Any]:
+    store, disp = request.app[STORE], request.app[DISPATCHER]
+    firing = store.alerts(r["run_id"], "firing")
+    view = {k: r[k] for k in ("run_id", "project", "labels", "devices", "first_seen", "last_seen", "last_step",
+                              "last_heartbeat", "paused", "gone")}
+    view["firing"] = [{"rule": a["rule"], "device": a["device"], "severity": a["severity"],
+                       "since_step": a["first_step"], "acked_by": a["acked_by"]} for a in firing]
+    if detail:
+        view["latest"] = {dev: msgspec.to_builtins(s) for dev, s in disp.windows.latest(r["run_id"]).items()}
+        view["alerts"] = store.alerts(r["run_id"])
+        view["actions"] = [msgspec.to_builtins(a) for a in disp.windows.actions.get(r["run_id"], [])]
+    return _finite(view)
+
+
+def _finite(obj: Any) -> Any:
+    """JSON for humans and tools: non-finite floats as the wire's strings."""
+    if isinstance(obj, float) and obj != obj:
+        return "NaN"
+    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
+        return "Infinity" if obj > 0 else "-Infinity"
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+async def run_detail(request: web.Request) -> web.Response:
+    run_id = request.match_info["run_id"]
+    r = request.app[STORE].run(run_id)
+    if r is None or request["project"] not in ("*", r["project"]):
+        known = [x["run_id"] for x in request.app[STORE].runs()][:20]
+        return _error(404, f"no run {run_id!r}", known_runs=known)
+    return web.json_response(_run_view(request, r, detail=True))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True, "outbox_depth": request.app[STORE].depth()})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    m = request.app[METRICS]
+    m.outbox_depth.set(request.app[STORE].depth())
+    return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
+    receivers: dict[str, Receiver] = {
+        "console": ConsoleReceiver(cfg.console.charts_dir if cfg.console.charts else None)}
+    if any(r.receiver == "slack" for r in cfg.routes):
+        token = os.environ.get(cfg.slack.token_env)
+        if not token:
+            log.error("msmon bot: routes use slack but the environment variable %s is empty: Slack messages wait "
+                      "in the outbox until the bot runs with a token", cfg.slack.token_env)
+        from .receivers.slack import SlackReceiver
+
+        receivers["slack"] = SlackReceiver(token or "", cfg.slack.base_url, cfg.slack.max_retries, cfg.console.charts)
+    return receivers
+
+
+def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
+               receivers: dict[str, Receiver] | None = None) -> web.Application:
+    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard])
+    store = Store(cfg.state_path)
+    m = BotMetrics()
+    disp = Dispatcher(cfg, store, m, clock)
+    rl = cfg.rate_limit
+    outbox = Outbox(store, receivers or build_receivers(cfg),
+                    RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock)
+    disp.wake = outbox.wake
+    app[CONFIG], app[STORE], app[METRICS], app[DISPATCHER], app[OUTBOX] = cfg, store, m, disp, outbox
+    app[TOKENS] = _job_tokens(cfg)
+    app.router.add_post("/v1/ingest", ingest)
+    app.router.add_post("/v1/heartbeat", heartbeat)
+    app.router.add_get("/v1/runs", runs)
+    app.router.add_get("/v1/runs/{run_id}", run_detail)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    watchdog = Watchdog(cfg, store, disp, clock)
+
+    async def background(app: web.Application) -> Any:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(outbox.run(stop)), asyncio.create_task(watchdog.run(stop))]
+        yield
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        store.close()
+
+    app.cleanup_ctx.append(background)
+    return app

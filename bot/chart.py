@@ -1,0 +1,332 @@
+"""The metric snapshot posted with an alert: four stacked panels of the run's recent metrics.
+
+`render_chart(event)` returns PNG bytes. It uses matplotlib's object API with the Agg canvas only
+(a `Figure` of its own per call, no pyplot, no rcParams changes), so worker threads can call it
+side by side. The layout is computed here in pixels rather than by a layout engine: the panels'
+margins are known in advance, and skipping constrained/tight layout halves the render time.
+
+What is drawn follows the README's rule table:
+
+- every panel: the finite values as a line, a red 'x' near the top edge where a value was NaN/Inf,
+  "not reported" where the series is all None, and a dotted vertical line at the alert step;
+- the panel of the metric the rule watches (`event.metric`) gets a frame in the severity's colour
+  (`step_time` has no panel, so nothing is framed for its rules);
+- horizontal lines only where they are in the metric's own units: `grad_norm`'s absolute threshold;
+  the rolling median (`baseline`) of `loss_spike`, `grad_norm_spike` and `throughput_drop`, plus the
+  level it implies for the last two (baseline x threshold, baseline x (1 - threshold)). The other
+  rules' thresholds are in units of their own (sigmas, fractions, sample counts) and are not drawn.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import textwrap
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, FixedLocator, Formatter, FuncFormatter, MaxNLocator, NullLocator
+
+from notifier.wire import Event, Severity, Status, Window
+
+SEVERITY_COLOURS = {Severity.ERROR: "#d62728", Severity.WARNING: "#ff7f0e"}
+RESOLVED_COLOUR = "#2ca02c"
+NONFINITE_COLOUR = "#d62728"
+LINE_COLOUR = "#1f77b4"
+BASELINE_COLOUR = "#444444"
+TEXT_COLOUR = "#222222"
+MUTED_COLOUR = "#888888"
+
+DPI = 100
+ASPECT = 0.75  # height / width of the full chart (1200 x 900 at the default width)
+EMPTY_ASPECT = 0.25  # height / width of the "no recent metrics" image
+LOG_SPAN = 20.0  # grad norm on a log scale when its finite range spans more than this factor
+MESSAGE_LINES = 3  # the message is wrapped to at most this many lines
+
+# (event.metric, Window field, panel label)
+PANELS = (
+    ("loss", "loss", "loss"),
+    ("grad_norm", "grad_norm", "grad norm"),
+    ("learning_rate", "learning_rate", "learning rate"),
+    ("throughput", "tokens_per_s", "tokens/s"),
+)
+
+
+def chart_size(event: Event, width_px: int = 1200) -> tuple[int, int]:
+    """The (width, height) in pixels of the PNG that `render_chart` makes for `event`."""
+    aspect = ASPECT if _has_points(event.window) else EMPTY_ASPECT
+    return width_px, max(1, round(width_px * aspect))
+
+
+def render_chart(event: Event, *, width_px: int = 1200) -> bytes:
+    """PNG bytes of the metric snapshot for `event` (1200 x 900 px at the default width)."""
+    width, height = chart_size(event, width_px)
+    # A hair over the exact size: Agg truncates width_in * dpi to whole pixels.
+    fig = Figure(figsize=((width + 0.01) / DPI, (height + 0.01) / DPI), dpi=DPI, facecolor="white")
+    canvas = FigureCanvasAgg(fig)
+    g = _Geometry(width, height)
+    colour = _status_colour(event)
+
+    # Header: title, then the message wrapped to the figure's width.
+    title = _title(event)
+    title_pt = min(g.pt(17), _fit_pt(title, width - 2 * g.px(12), bold=True))
+    fig.text(g.fx(12), g.fy(10), title, color=colour, fontsize=title_pt, fontweight="bold", va="top")
+    y = g.px(10) + _line_px(title_pt) + g.px(4)
+    message_pt = g.pt(12.5)
+    message = _wrap(event.message, _chars_per_line(width - 2 * g.px(12), message_pt), MESSAGE_LINES)
+    fig.text(g.fx(12), g.fy(y), message, color=TEXT_COLOUR, fontsize=message_pt, va="top", linespacing=1.3)
+    y += message.count("\n") * _line_px(message_pt) * 1.3 + _line_px(message_pt)
+
+    window = event.window
+    if not _has_points(window):
+        fig.text(0.5, g.fy((y + height) / 2), "no recent metrics", ha="center", va="center", fontsize=g.pt(15),
+                 color=MUTED_COLOUR, style="italic")
+        return _png(canvas)
+    assert window is not None
+
+    legend_top = y + g.px(10)
+    top = legend_top + _line_px(g.pt(10.5)) + g.px(14)  # one legend row under the message
+    left, right, bottom, gap = g.px(108), g.px(18), g.px(52), g.px(12)
+    panel_h = (height - top - bottom - gap * (len(PANELS) - 1)) / len(PANELS)
+    panel_w = width - left - right
+
+    steps = [float(s) for s in window.steps]
+    n = len(steps)
+    axes: list[Any] = []
+    for i, (metric, field, label) in enumerate(PANELS):
+        panel_top = top + i * (panel_h + gap)
+        ax = fig.add_axes((left / width, 1 - (panel_top + panel_h) / height, panel_w / width, panel_h / height),
+                          sharex=axes[0] if axes else None)
+        axes.append(ax)
+        raw = list(getattr(window, field))[:n]
+        raw += [None] * (n - len(raw))
+        _panel(ax, event, steps, raw, label, metric, metric == event.metric, colour, g)
+        ax.yaxis.set_label_coords(-(left - g.px(28)) / panel_w, 0.5)  # labels aligned whatever the ticks
+        ax.axvline(event.step, color=colour, linewidth=g.pt(1.5), linestyle=":", zorder=3,
+                   label=f"alert at step {event.step}")
+        ax.tick_params(labelbottom=i == len(PANELS) - 1)
+    axes[-1].set_xlabel("step", fontsize=g.pt(12), labelpad=g.pt(3))
+    axes[-1].ticklabel_format(axis="x", useOffset=False, style="plain")
+
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    order = sorted(handles, key=lambda lab: (not lab.startswith("alert"), lab == "NaN/Inf"))
+    handles = {lab: handles[lab] for lab in order}
+    fig.legend(list(handles.values()), list(handles.keys()), loc="upper left", frameon=False,
+               bbox_to_anchor=(left / width, g.fy(legend_top)), borderaxespad=0, borderpad=0,
+               ncol=len(handles), fontsize=g.pt(10.5), handlelength=2.2, columnspacing=2.0)
+    return _png(canvas)
+
+
+class _Geometry:
+    """Pixel sizes at 1200 px wide, scaled to the width asked for; figure fractions from pixels."""
+
+    def __init__(self, width: int, height: int) -> None:
+        self.width, self.height = width, height
+        self.scale = width / 1200.0
+
+    def px(self, v: float) -> float:
+        return v * self.scale
+
+    def pt(self, v: float) -> float:
+        return v * self.scale
+
+    def fx(self, px: float) -> float:
+        return px / self.width
+
+    def fy(self, px_from_top: float) -> float:
+        return 1 - px_from_top / self.height
+
+
+def _line_px(pt: float) -> float:
+    """Height in pixels of one line of text at `pt` points."""
+    return pt * DPI / 72 * 1.2
+
+
+def _chars_per_line(width_px: float, pt: float) -> int:
+    """About how many characters of DejaVu Sans at `pt` points fit in `width_px` (0.58 em on average)."""
+    return max(20, int(width_px / (pt * DPI / 72 * 0.58)))
+
+
+def _fit_pt(text: str, width_px: float, *, bold: bool) -> float:
+    """The largest font size (points) at which `text` fits in `width_px` (by the average glyph width)."""
+    em = 0.66 if bold else 0.58
+    return width_px / (max(1, len(text)) * em * DPI / 72)
+
+
+def _status_colour(event: Event) -> str:
+    if event.status is Status.RESOLVED:
+        return RESOLVED_COLOUR
+    return SEVERITY_COLOURS.get(event.severity, SEVERITY_COLOURS[Severity.ERROR])
+
+
+def _title(event: Event) -> str:
+    state = " resolved" if event.status is Status.RESOLVED else (" (reminder)" if event.repeat else "")
+    run = event.run_id if len(event.run_id) <= 48 else event.run_id[:45] + "..."
+    return f"{event.severity.value} {event.rule}{state}  |  run {run}  |  device {event.device}  |  step {event.step}"
+
+
+def _wrap(text: str, width: int, max_lines: int) -> str:
+    lines = textwrap.wrap(" ".join(text.split()), width) or [""]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][: max(0, width - 3)].rstrip() + "..."
+    return "\n".join(lines)
+
+
+def _has_points(window: Window | None) -> bool:
+    return window is not None and len(window.steps) > 0
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _panel(ax: Any, event: Event, steps: list[float], raw: list[float | None], label: str, metric: str,
+           watched: bool, colour: str, g: _Geometry) -> None:
+    """One metric's panel: line, NaN/Inf marks, the rule's lines when it watches this metric."""
+    ax.set_facecolor("white")
+    ax.tick_params(labelsize=g.pt(10.5), length=g.px(4), width=g.pt(0.8), colors="#333333")
+    ax.grid(True, color="#e8e8e8", linewidth=g.pt(0.8))
+    ax.set_axisbelow(True)
+    ax.set_ylabel(label, fontsize=g.pt(12), fontweight="bold" if watched else "normal",
+                  color=colour if watched else TEXT_COLOUR)
+    for spine in ax.spines.values():
+        spine.set_edgecolor(colour if watched else "#aaaaaa")
+        spine.set_linewidth(g.pt(2.5) if watched else g.pt(0.8))
+
+    if all(v is None for v in raw):
+        ax.text(0.5, 0.5, "not reported", transform=ax.transAxes, ha="center", va="center",
+                fontsize=g.pt(14), color=MUTED_COLOUR, style="italic")
+        ax.set_yticks([])
+        return
+
+    x = np.asarray(steps, dtype=float)
+    y = np.array([v if _finite(v) else np.nan for v in raw], dtype=float)
+    finite = y[np.isfinite(y)]
+    ax.plot(x, y, color=LINE_COLOUR, linewidth=g.pt(1.6), marker="o" if len(finite) <= 40 else None,
+            markersize=g.pt(3.5), zorder=2)
+    if len(finite) == 0:
+        ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center",
+                fontsize=g.pt(14), color=MUTED_COLOUR, style="italic")
+        ax.set_yticks([])
+
+    if watched and event.status is not Status.RESOLVED and len(finite):
+        _rule_lines(ax, event, g, colour)
+
+    log = False
+    if metric == "grad_norm" and len(finite):
+        pos = finite[finite > 0]
+        if len(pos) and pos.max() / pos.min() > LOG_SPAN:
+            log = True
+            zeros = len(pos) < len(finite)
+            if zeros:  # vanished gradients: linear between 0 and the smallest value, log above
+                ax.set_yscale("symlog", linthresh=float(pos.min()))
+            else:
+                ax.set_yscale("log")
+            # Fixed 1-2-5 or decade ticks, thinned to fit, labelled in plain text: the default log
+            # locators label every decade (unreadable over 12 of them) and mathtext costs time.
+            ax.yaxis.set_major_locator(FixedLocator(_log_ticks(float(pos.min()), float(pos.max()), zeros)))
+            ax.yaxis.set_minor_locator(NullLocator())
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _log_label(v)))
+    if not log and len(finite):
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=5 if metric == "throughput" else 6, steps=[1, 2, 2.5, 5, 10],
+                                               min_n_ticks=3))
+        ax.yaxis.set_major_formatter(EngFormatter(sep="") if metric == "throughput" else _TickFormatter())
+
+    bad = [s for s, v in zip(steps, raw, strict=True) if v is not None and not math.isfinite(v)]
+    if bad:
+        if len(finite):  # headroom so the marks sit above the data, not on it
+            t = ax.yaxis.get_transform()
+            lo, hi = t.transform(np.array(ax.get_ylim()))
+            ax.set_ylim(top=float(t.inverted().transform(np.array([hi + 0.18 * (hi - lo)]))[0]))
+        ax.plot(bad, [0.93] * len(bad), linestyle="none", marker="x", color=NONFINITE_COLOUR,
+                markersize=g.pt(8), markeredgewidth=g.pt(2), transform=ax.get_xaxis_transform(),
+                zorder=4, label="NaN/Inf")
+
+
+class _TickFormatter(Formatter):
+    """Tick labels that need no offset text above the axis (it would collide with the panel above):
+    "2.85" for ordinary values, "2.85e-4" for very small or large ones, with as many decimals as
+    the ticks need to read distinctly and exactly."""
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return self.format_ticks([x])[0]
+
+    def format_ticks(self, values: Any) -> list[str]:
+        vals = [float(v) for v in values]
+        big = max((abs(v) for v in vals), default=0.0)
+        if big == 0.0 or not math.isfinite(big):
+            return [f"{v:g}" for v in vals]
+        exp = math.floor(math.log10(big))
+        exp = exp if exp <= -3 or exp >= 5 else 0
+        scaled = [v / 10.0**exp for v in vals]
+        diffs = [abs(b - a) for a, b in zip(scaled, scaled[1:], strict=False) if b != a]
+        tol = 1e-6 * (min(diffs) if diffs else big / 10.0**exp)
+        decimals = next((d for d in range(10) if all(abs(round(v, d) - v) <= tol for v in scaled)), 9)
+        out = []
+        for v in scaled:
+            text = f"{v:.{decimals}f}"
+            if float(text) == 0.0:
+                text = "0"
+            out.append(text if exp == 0 or text == "0" else f"{text}e{exp}")
+        return out
+
+
+def _log_ticks(lo: float, hi: float, zero: bool, most: int = 6) -> list[float]:
+    """Ticks for a log axis from `lo` to `hi` (> 0): 1-2-5 over a short range, else powers of ten,
+    every k-th so that at most `most` remain (plus 0 for a symlog axis)."""
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    if hi / lo < 150:
+        ticks = [m * 10.0**k for k in range(first, last + 1) for m in (1, 2, 5)]
+        ticks = [t for t in ticks if lo / 2 <= t <= hi * 2]
+    else:
+        stride = max(1, math.ceil((last - first + 1) / most))
+        ticks = [10.0**k for k in range(last, first - 1, -stride)]
+    return ([0.0] if zero else []) + sorted(ticks)
+
+
+def _log_label(v: float) -> str:
+    """ "0.02", "50", "1e-8": plain text, no mathtext."""
+    if v == 0 or 1e-3 <= abs(v) < 1e5:
+        return f"{v:g}"
+    mantissa, exp = f"{v:.0e}".split("e")
+    return f"{mantissa}e{int(exp)}"
+
+
+def _human(v: float, metric: str) -> str:
+    """A value for a legend label: "125k" tokens/s, "2.6" loss."""
+    return EngFormatter(sep="", places=None)(v) if metric == "throughput" else f"{v:.4g}"
+
+
+def _rule_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
+    """Threshold / baseline lines, only where they are in the panel's metric units."""
+    rule, thr, base = event.rule, event.threshold, event.baseline
+    lw = g.pt(1.6)
+    if rule == "grad_norm" and _finite(thr):
+        ax.axhline(thr, color=colour, linewidth=lw, linestyle="-.", zorder=3, label=f"threshold {thr:.4g}")
+        return
+    if rule not in ("loss_spike", "grad_norm_spike", "throughput_drop") or base is None or not _finite(base):
+        return
+    ax.axhline(base, color=BASELINE_COLOUR, linewidth=lw, linestyle="--", zorder=3,
+               label=f"baseline (rolling median) {_human(base, event.metric)}")
+    if not _finite(thr):
+        return
+    if rule == "grad_norm_spike":
+        level = base * thr
+        ax.axhline(level, color=colour, linewidth=lw, linestyle="-.", zorder=3,
+                   label=f"threshold {thr:.3g}x baseline = {_human(level, event.metric)}")
+    elif rule == "throughput_drop":
+        level = base * (1.0 - thr)
+        ax.axhline(level, color=colour, linewidth=lw, linestyle="-.", zorder=3,
+                   label=f"threshold {thr:.0%} below baseline = {_human(level, event.metric)}")
+
+
+def _png(canvas: Any) -> bytes:
+    buf = io.BytesIO()
+    canvas.print_png(buf)
+    return buf.getvalue()

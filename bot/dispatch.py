@@ -1,0 +1,118 @@
+"""The ingest side of the event path: state, dedup, inhibit, silence, route, then the durable outbox.
+
+Everything for one envelope happens in one SQLite transaction, so an event is either fully
+accepted (recorded and queued for delivery) or not at all; the job's 2xx comes after the commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+from notifier.wire import ActionResult, Envelope, Event, Heartbeat, Sample, Status, encode
+
+from .config import BotConfig
+from .metrics import BotMetrics
+from .pipeline import dedup, group, inhibit, route, silence
+from .pipeline.alert import fingerprint
+from .store import Store
+
+
+class Windows:
+    """Recent metric samples per run and device: bounded by configuration, not by run length."""
+
+    def __init__(self, per_device: int, max_runs: int) -> None:
+        self.per_device, self.max_runs = per_device, max_runs
+        self.runs: OrderedDict[str, dict[str, deque[Sample]]] = OrderedDict()
+        self.actions: OrderedDict[str, deque[ActionResult]] = OrderedDict()
+
+    def add(self, s: Sample) -> None:
+        run = self.runs.get(s.run_id)
+        if run is None:
+            run = self.runs[s.run_id] = {}
+            while len(self.runs) > self.max_runs:
+                self.runs.popitem(last=False)
+        else:
+            self.runs.move_to_end(s.run_id)
+        d = run.get(s.device)
+        if d is None:
+            d = run[s.device] = deque(maxlen=self.per_device)
+        d.append(s)
+
+    def add_action(self, a: ActionResult) -> None:
+        q = self.actions.get(a.run_id)
+        if q is None:
+            q = self.actions[a.run_id] = deque(maxlen=50)
+            while len(self.actions) > self.max_runs:
+                self.actions.popitem(last=False)
+        q.append(a)
+
+    def latest(self, run_id: str) -> dict[str, Sample]:
+        return {dev: q[-1] for dev, q in self.runs.get(run_id, {}).items() if q}
+
+
+class Dispatcher:
+    def __init__(self, cfg: BotConfig, store: Store, metrics: BotMetrics,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg, self.store, self.metrics, self.clock = cfg, store, metrics, clock
+        self.windows = Windows(cfg.window_samples, cfg.max_runs)
+        self.wake: Callable[[], None] = lambda: None  # the outbox worker's doorbell (set by the app)
+
+    def ingest(self, env: Envelope) -> dict[str, Any]:
+        now = self.clock()
+        queued = 0
+        steps = [s.step for s in env.samples] + [e.step for e in env.events]
+        steps += [h.step for h in env.heartbeats if h.step is not None]
+        with self.store.tx():
+            self.store.touch_run(env.run_id, env.project, env.labels, env.device, max(steps) if steps else None, now,
+                                 heartbeat=bool(env.heartbeats),
+                                 paused=env.heartbeats[-1].paused if env.heartbeats else None)
+            for s in env.samples:
+                self.windows.add(s)
+            for a in env.actions:
+                self.windows.add_action(a)
+            for ev in env.events:
+                queued += self.event(ev, env.project, env.labels, now)
+        self.metrics.samples_in.inc(len(env.samples))
+        if queued:
+            self.wake()
+        return {"accepted": {"events": len(env.events), "samples": len(env.samples), "actions": len(env.actions)},
+                "queued": queued, "commands": []}
+
+    def heartbeat(self, hb: Heartbeat, project: str = "default") -> None:
+        now = self.clock()
+        run = self.store.run(hb.run_id)
+        self.store.touch_run(hb.run_id, run["project"] if run else project, run["labels"] if run else {},
+                             hb.device, hb.step, now, heartbeat=True, paused=hb.paused)
+
+    def event(self, ev: Event, project: str, labels: dict[str, str], now: float) -> int:
+        """Run one event through dedup, inhibit, silence and route; 1 if it was queued for delivery."""
+        m = self.metrics
+        m.events_in.labels(ev.severity.value).inc()
+        fp = fingerprint(ev.run_id, ev.rule, ev.device)
+        resolved = ev.status is Status.RESOLVED
+        raw = encode(ev)
+        self.store.save_alert(fp, raw.decode(), ev.run_id, ev.rule, ev.device, ev.severity.value,
+                              "resolved" if resolved else "firing", ev.step, now)
+        state = self.store.notify_state(fp)
+        p = self.cfg.pipeline
+        if not dedup.decide(ev, state, now, p.repeat_interval):
+            m.suppressed.labels("dedup").inc()
+            return 0
+        if inhibit.inhibited(ev, self.store.error_firing(ev.run_id), p.inhibit_warnings):
+            m.suppressed.labels("inhibit").inc()
+            return 0
+        if silence.silenced_by(ev, self.store.silences(now), now) is not None:
+            m.suppressed.labels("silence").inc()
+            return 0
+        repeat = (not resolved and state.severity is ev.severity and not state.resolved)
+        self.store.record_sent(fp, dedup.record(ev, state, now))
+        r = route.route_for(project, labels, ev.severity, self.cfg.routes)
+        kind = "resolve" if resolved else "repeat" if repeat else "alert"
+        payload = b'{"project":%s,"labels":%s,"received_at":%r,"event":%s}' % (
+            encode(project), encode(labels), now, raw)
+        self.store.enqueue(r.receiver, r.channel, kind, group.group_key(ev), ev.run_id, payload, now,
+                           now + group.delay(ev, p.group_wait))
+        return 1

@@ -1,0 +1,53 @@
+"""Rate limits: token buckets per channel (Slack allows about 1 message/s), per run and in all."""
+
+from __future__ import annotations
+
+
+class TokenBucket:
+    __slots__ = ("rate", "burst", "tokens", "at")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate, self.burst, self.tokens, self.at = rate, burst, burst, now
+
+    def _refill(self, now: float) -> None:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+
+    def wait(self, now: float) -> float:
+        """Seconds until a token is free (0: now)."""
+        self._refill(now)
+        return 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / self.rate
+
+    def take(self, now: float) -> None:
+        self._refill(now)
+        self.tokens -= 1.0
+
+
+class RateLimiter:
+    """A message may go when its channel's, its run's and the global bucket all have a token."""
+
+    def __init__(self, per_channel: float, per_run: float, global_rate: float, burst: int,
+                 max_keys: int = 10_000) -> None:
+        self.per_channel, self.per_run, self.global_rate, self.burst = per_channel, per_run, global_rate, burst
+        self.max_keys = max_keys
+        self._buckets: dict[tuple[str, str], TokenBucket] = {}
+
+    def _bucket(self, kind: str, key: str, rate: float, now: float) -> TokenBucket:
+        b = self._buckets.get((kind, key))
+        if b is None:
+            if len(self._buckets) >= self.max_keys:  # bounded: forget the fullest (idlest) buckets
+                for k in [k for k, v in self._buckets.items() if v.wait(now) == 0.0][: self.max_keys // 10 or 1]:
+                    del self._buckets[k]
+            b = self._buckets[(kind, key)] = TokenBucket(rate, self.burst, now)
+        return b
+
+    def wait(self, channel: str, run_id: str, now: float) -> float:
+        """Seconds to wait before sending; 0 means send now (and the tokens are taken)."""
+        buckets = (self._bucket("channel", channel, self.per_channel, now),
+                   self._bucket("run", run_id, self.per_run, now),
+                   self._bucket("global", "", self.global_rate, now))
+        delay = max(b.wait(now) for b in buckets)
+        if delay == 0.0:
+            for b in buckets:
+                b.take(now)
+        return delay

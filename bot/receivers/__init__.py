@@ -1,0 +1,54 @@
+"""Where messages go. A receiver posts, updates and replies; it raises DeliveryError to be retried."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from notifier.wire import Event, Severity, Status
+
+
+class DeliveryError(Exception):
+    """A failed delivery; the outbox retries it later (after `retry_after` seconds if given)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclasses.dataclass
+class Message:
+    """What a receiver renders: one group of events (one per device), newest state."""
+
+    key: str
+    run_id: str
+    project: str
+    rule: str
+    severity: Severity
+    status: Status
+    events: list[Event]
+    repeat: bool = False
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({e.device for e in self.events}, key=lambda d: (len(d), d))
+
+    @property
+    def lead(self) -> Event:
+        return self.events[0]
+
+
+class Receiver(Protocol):
+    name: str
+
+    async def post(self, channel: str, msg: Message) -> str:
+        """Send a new message; returns a reference (Slack: its ts) for later updates and replies."""
+        ...
+
+    async def update(self, channel: str, ref: str, msg: Message) -> None:
+        """Rewrite the message `ref` (more devices joined; resolved)."""
+        ...
+
+    async def reply(self, channel: str, ref: str, msg: Message) -> None:
+        """Answer in the thread of `ref` (a reminder, a resolution, a WARNING under its run's alert)."""
+        ...

@@ -1,0 +1,105 @@
+"""Slack: Block Kit messages through slack-sdk's AsyncWebClient, with its 429 and 5xx retry
+handlers, a chart uploaded with files_upload_v2 in the alert's thread, updates on resolution."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+    AsyncServerErrorRetryHandler,
+)
+from slack_sdk.web.async_client import AsyncWebClient
+
+from notifier.wire import Severity, Status
+
+from . import DeliveryError, Message
+from .render import ICON, devices_text, metric_lines, text, title
+
+log = logging.getLogger("msmon.bot")
+
+
+def blocks(msg: Message) -> list[dict[str, Any]]:
+    ev = msg.lead
+    resolved = msg.status is Status.RESOLVED
+    icon = ":white_check_mark:" if resolved else ICON.get(msg.severity.value, "")
+    out: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": f"{title(msg)}"[:150]}},
+    ]
+    if resolved:
+        out.append({"type": "section", "text": {"type": "mrkdwn",
+                                                "text": f"{icon} back to normal on devices {devices_text(msg)}"}})
+        return out
+    out.append({"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} *{ev.message}*"}})
+    out.append({"type": "section", "fields": [
+        {"type": "mrkdwn", "text": f"*Run*\n`{msg.run_id}` ({msg.project})"},
+        {"type": "mrkdwn", "text": f"*Rule*\n`{msg.rule}` ({ev.phase} phase)"},
+        {"type": "mrkdwn", "text": f"*Step*\n{ev.step}"},
+        {"type": "mrkdwn", "text": f"*Value / threshold*\n{ev.value:.4g} / {ev.threshold:.4g}"},
+        {"type": "mrkdwn", "text": f"*Devices*\n{devices_text(msg)}"},
+        {"type": "mrkdwn", "text": f"*Severity*\n{msg.severity.value}"},
+    ]})
+    metrics = metric_lines(ev)
+    if metrics:
+        out.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(metrics)}]})
+    if ev.hint:
+        out.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*What to do:* {ev.hint}"}})
+    return out
+
+
+class SlackReceiver:
+    name = "slack"
+
+    def __init__(self, token: str, base_url: str | None = None, max_retries: int = 5, charts: bool = True) -> None:
+        kwargs: dict[str, Any] = {"token": token}
+        if base_url:
+            kwargs["base_url"] = base_url
+        self.client = AsyncWebClient(**kwargs)
+        self.client.retry_handlers = [
+            AsyncRateLimitErrorRetryHandler(max_retry_count=max_retries),
+            AsyncServerErrorRetryHandler(max_retry_count=max_retries),
+            AsyncConnectionErrorRetryHandler(max_retry_count=max_retries),
+        ]
+        self.charts = charts
+
+    async def _call(self, what: str, coro: Any) -> Any:
+        try:
+            return await coro
+        except SlackApiError as exc:
+            resp = exc.response
+            retry = resp.headers.get("Retry-After") if resp is not None and resp.headers else None
+            raise DeliveryError(f"Slack {what} failed: {resp.get('error') if resp else exc}",
+                                float(retry) if retry else None) from None
+        except (OSError, asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - aiohttp errors and friends
+            raise DeliveryError(f"Slack {what} failed: {type(exc).__name__}: {exc}") from None
+
+    async def post(self, channel: str, msg: Message) -> str:
+        resp = await self._call("chat.postMessage", self.client.chat_postMessage(
+            channel=channel, text=text(msg), blocks=blocks(msg), unfurl_links=False))
+        ts = str(resp["ts"])
+        if self.charts and msg.severity is Severity.ERROR and msg.status is Status.FIRING:
+            await self._chart(resp.get("channel") or channel, ts, msg)
+        return ts
+
+    async def _chart(self, channel: str, ts: str, msg: Message) -> None:
+        from ..chart import render_chart
+
+        try:
+            png = await asyncio.get_running_loop().run_in_executor(None, render_chart, msg.lead)
+            await self._call("files_upload_v2", self.client.files_upload_v2(
+                channel=channel, content=png, filename=f"{msg.run_id}-{msg.rule}-step{msg.lead.step}.png",
+                title=f"{msg.rule} at step {msg.lead.step}", thread_ts=ts))
+        except DeliveryError as exc:  # the alert itself is out; a missing chart is not worth a re-post
+            log.warning("msmon bot: chart upload for run %s failed: %s", msg.run_id, exc)
+
+    async def update(self, channel: str, ref: str, msg: Message) -> None:
+        await self._call("chat.update", self.client.chat_update(channel=channel, ts=ref, text=text(msg),
+                                                                 blocks=blocks(msg)))
+
+    async def reply(self, channel: str, ref: str, msg: Message) -> None:
+        await self._call("chat.postMessage", self.client.chat_postMessage(
+            channel=channel, thread_ts=ref, text=text(msg), blocks=blocks(msg)))

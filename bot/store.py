@@ -1,0 +1,221 @@
+"""All durable state in one SQLite file (WAL): runs, alerts and what was sent for them, the outbox,
+the messages that can be updated, silences. Synchronous and quick; called from the event loop."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any
+
+from notifier.wire import Severity
+
+from .pipeline.dedup import NotifyState
+from .pipeline.silence import Silence
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, project TEXT, labels TEXT, devices TEXT, first_seen REAL, last_seen REAL,
+    last_step INTEGER, last_heartbeat REAL, last_progress REAL, paused INTEGER DEFAULT 0, gone INTEGER DEFAULT 0);
+CREATE TABLE IF NOT EXISTS alerts (
+    fingerprint TEXT PRIMARY KEY, run_id TEXT, rule TEXT, device TEXT, severity TEXT, status TEXT,
+    first_step INTEGER, last_step INTEGER, updated_at REAL, event TEXT,
+    sent_severity TEXT, sent_at REAL, sent_resolved INTEGER DEFAULT 0, acked_by TEXT);
+CREATE INDEX IF NOT EXISTS alerts_run ON alerts(run_id, status, severity);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, created_at REAL, receiver TEXT, channel TEXT, kind TEXT,
+    key TEXT, run_id TEXT, payload TEXT, attempts INTEGER DEFAULT 0, next_at REAL, delivered_at REAL,
+    error TEXT);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox(delivered_at, next_at);
+CREATE TABLE IF NOT EXISTS messages (
+    key TEXT PRIMARY KEY, receiver TEXT, channel TEXT, ts TEXT, created_at REAL);
+CREATE TABLE IF NOT EXISTS silences (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, expires_at REAL, run_id TEXT, rule TEXT, device TEXT,
+    severity TEXT, created_by TEXT, comment TEXT);
+"""
+
+
+class Store:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process kill
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def tx(self) -> _Tx:
+        return _Tx(self.db)
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    def touch_run(self, run_id: str, project: str, labels: dict[str, str], device: str, step: int | None,
+                  now: float, heartbeat: bool = False, paused: bool | None = None) -> None:
+        row = self.db.execute("SELECT devices, last_step FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        if row is None:
+            self.db.execute(
+                "INSERT INTO runs(run_id, project, labels, devices, first_seen, last_seen, last_step, last_heartbeat,"
+                " last_progress, paused) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                (run_id, project, json.dumps(labels), json.dumps([device]), now, now, step,
+                 now if heartbeat else None, now, int(bool(paused))))
+            return
+        devices = json.loads(row["devices"])
+        if device not in devices:
+            devices.append(device)
+        progressed = step is not None and (row["last_step"] is None or step > row["last_step"])
+        self.db.execute(
+            "UPDATE runs SET project=?, labels=?, devices=?, last_seen=?, gone=0,"
+            " last_step=CASE WHEN ? THEN ? ELSE last_step END,"
+            " last_progress=CASE WHEN ? THEN ? ELSE last_progress END,"
+            " last_heartbeat=CASE WHEN ? THEN ? ELSE last_heartbeat END,"
+            " paused=COALESCE(?, paused) WHERE run_id=?",
+            (project, json.dumps(labels), json.dumps(devices), now, progressed, step, progressed, now,
+             heartbeat, now, None if paused is None else int(paused), run_id))
+
+    def runs(self) -> list[dict[str, Any]]:
+        return [self._run(r) for r in self.db.execute("SELECT * FROM runs ORDER BY last_seen DESC")]
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        r = self.db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        return None if r is None else self._run(r)
+
+    @staticmethod
+    def _run(r: sqlite3.Row) -> dict[str, Any]:
+        d = dict(r)
+        d["labels"] = json.loads(d["labels"] or "{}")
+        d["devices"] = json.loads(d["devices"] or "[]")
+        d["paused"], d["gone"] = bool(d["paused"]), bool(d["gone"])
+        return d
+
+    def mark_gone(self, run_id: str, gone: bool) -> None:
+        self.db.execute("UPDATE runs SET gone=? WHERE run_id=?", (int(gone), run_id))
+
+    # -- alerts and what was sent for them (the notification log) -------------------------------
+
+    def save_alert(self, fp: str, ev_json: str, run_id: str, rule: str, device: str, severity: str, status: str,
+                   step: int, now: float) -> None:
+        self.db.execute(
+            "INSERT INTO alerts(fingerprint, run_id, rule, device, severity, status, first_step, last_step,"
+            " updated_at, event) VALUES(?,?,?,?,?,?,?,?,?,?) ON CONFLICT(fingerprint) DO UPDATE SET"
+            " severity=excluded.severity, status=excluded.status, last_step=excluded.last_step,"
+            " updated_at=excluded.updated_at, event=excluded.event,"
+            " first_step=CASE WHEN alerts.status='resolved' THEN excluded.first_step ELSE alerts.first_step END,"
+            " acked_by=CASE WHEN alerts.status='resolved' THEN NULL ELSE alerts.acked_by END",
+            (fp, run_id, rule, device, severity, status, step, step, now, ev_json))
+
+    def notify_state(self, fp: str) -> NotifyState:
+        r = self.db.execute("SELECT sent_severity, sent_at, sent_resolved FROM alerts WHERE fingerprint=?",
+                            (fp,)).fetchone()
+        if r is None or r["sent_severity"] is None:
+            return NotifyState()
+        return NotifyState(Severity(r["sent_severity"]), r["sent_at"], bool(r["sent_resolved"]))
+
+    def record_sent(self, fp: str, state: NotifyState) -> None:
+        self.db.execute("UPDATE alerts SET sent_severity=?, sent_at=?, sent_resolved=? WHERE fingerprint=?",
+                        (None if state.severity is None else state.severity.value, state.sent_at,
+                         int(state.resolved), fp))
+
+    def error_firing(self, run_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM alerts WHERE run_id=? AND status='firing' AND severity='ERROR'"
+                               " LIMIT 1", (run_id,)).fetchone() is not None
+
+    def alerts(self, run_id: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        q, args = "SELECT * FROM alerts WHERE 1=1", []
+        if run_id is not None:
+            q += " AND run_id=?"
+            args.append(run_id)
+        if status is not None:
+            q += " AND status=?"
+            args.append(status)
+        out = []
+        for r in self.db.execute(q + " ORDER BY updated_at DESC", args):
+            d = dict(r)
+            d.pop("event", None)
+            out.append(d)
+        return out
+
+    # -- outbox ---------------------------------------------------------------------------------
+
+    def enqueue(self, receiver: str, channel: str, kind: str, key: str, run_id: str, payload: bytes,
+                now: float, due_at: float) -> int:
+        cur = self.db.execute(
+            "INSERT INTO outbox(created_at, receiver, channel, kind, key, run_id, payload, next_at)"
+            " VALUES(?,?,?,?,?,?,?,?)", (now, receiver, channel, kind, key, run_id, payload.decode(), due_at))
+        return int(cur.lastrowid or 0)
+
+    def pending(self, receiver: str, channel: str, key: str, kind: str) -> list[dict[str, Any]]:
+        """Undelivered rows of one group, whatever their due time (they are sent together)."""
+        rows = self.db.execute("SELECT * FROM outbox WHERE delivered_at IS NULL AND receiver=? AND channel=? AND key=?"
+                               " AND kind=? ORDER BY id", (receiver, channel, key, kind))
+        return [dict(r) for r in rows]
+
+    def delivered_since(self, receiver: str, channel: str, key: str, kind: str, since: float) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM outbox WHERE delivered_at IS NOT NULL AND receiver=? AND channel=?"
+                               " AND key=? AND kind=? AND delivered_at>=? ORDER BY id",
+                               (receiver, channel, key, kind, since))
+        return [dict(r) for r in rows]
+
+    def due(self, now: float, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM outbox WHERE delivered_at IS NULL AND next_at<=? ORDER BY id LIMIT ?",
+                               (now, limit))
+        return [dict(r) for r in rows]
+
+    def next_due_at(self) -> float | None:
+        r = self.db.execute("SELECT MIN(next_at) AS t FROM outbox WHERE delivered_at IS NULL").fetchone()
+        return None if r is None else r["t"]
+
+    def delivered(self, ids: list[int], now: float) -> None:
+        self.db.executemany("UPDATE outbox SET delivered_at=?, error=NULL WHERE id=?", [(now, i) for i in ids])
+
+    def retry_later(self, ids: list[int], next_at: float, error: str, count_attempt: bool = True) -> None:
+        self.db.executemany("UPDATE outbox SET attempts=attempts+?, next_at=?, error=? WHERE id=?",
+                            [(int(count_attempt), next_at, error[:500], i) for i in ids])
+
+    def depth(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
+
+    # -- messages that can be updated or answered in their thread -------------------------------
+
+    def save_message(self, key: str, receiver: str, channel: str, ts: str, now: float) -> None:
+        self.db.execute("INSERT OR REPLACE INTO messages(key, receiver, channel, ts, created_at) VALUES(?,?,?,?,?)",
+                        (key, receiver, channel, ts, now))
+
+    def message(self, key: str) -> dict[str, Any] | None:
+        r = self.db.execute("SELECT * FROM messages WHERE key=?", (key,)).fetchone()
+        return None if r is None else dict(r)
+
+    def retire_message(self, key: str, now: float) -> None:
+        """The episode is over: the next firing posts a new message."""
+        self.db.execute("UPDATE messages SET key=? WHERE key=?", (f"{key}|closed@{now}", key))
+
+    # -- silences -------------------------------------------------------------------------------
+
+    def add_silence(self, s: Silence) -> int:
+        cur = self.db.execute(
+            "INSERT INTO silences(expires_at, run_id, rule, device, severity, created_by, comment)"
+            " VALUES(?,?,?,?,?,?,?)", (s.expires_at, s.run_id, s.rule, s.device, s.severity, s.created_by, s.comment))
+        return int(cur.lastrowid or 0)
+
+    def silences(self, now: float | None = None) -> list[Silence]:
+        now = time.time() if now is None else now
+        rows = self.db.execute("SELECT * FROM silences WHERE expires_at>?", (now,))
+        return [Silence(id=r["id"], expires_at=r["expires_at"], run_id=r["run_id"], rule=r["rule"],
+                        device=r["device"], severity=r["severity"], created_by=r["created_by"] or "",
+                        comment=r["comment"] or "") for r in rows]
+
+
+class _Tx:
+    """`with store.tx():` one transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

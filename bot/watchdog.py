@@ -1,0 +1,77 @@
+"""Tells "process dead" from "alive but not stepping", from the jobs' heartbeats, and raises it
+through the same event path as any other alert (rules `job_gone` and `job_stalled`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from notifier.wire import Event, Severity, Status
+
+from .config import BotConfig
+from .dispatch import Dispatcher
+from .store import Store
+
+HINTS = {
+    "job_gone": "No heartbeat: the process died or its host is unreachable. Check the scheduler and the node; "
+                "restart from the last checkpoint.",
+    "job_stalled": "The process is alive but not stepping: a hung collective, a dead data loader or a deadlock. "
+                   "Look at the ranks' stacks (py-spy dump) before killing it.",
+}
+
+
+def verdicts(run: dict[str, Any], now: float, heartbeat_timeout: float, stall_timeout: float) -> dict[str, float]:
+    """Pure: rule -> seconds of silence, for the conditions that hold for this run now."""
+    out: dict[str, float] = {}
+    hb = run.get("last_heartbeat")
+    if hb is None:
+        return out  # never sent a heartbeat (a replay, an old notifier): nothing to judge
+    if now - hb > heartbeat_timeout:
+        out["job_gone"] = now - hb
+    elif not run.get("paused") and run.get("last_progress") is not None and now - run["last_progress"] > stall_timeout:
+        out["job_stalled"] = now - run["last_progress"]
+    return out
+
+
+class Watchdog:
+    def __init__(self, cfg: BotConfig, store: Store, dispatcher: Dispatcher, clock: Callable[[], float] = time.time,
+                 period: float = 2.0) -> None:
+        self.cfg, self.store, self.dispatcher, self.clock, self.period = cfg, store, dispatcher, clock, period
+        self.firing: dict[tuple[str, str], bool] = {}
+
+    def check(self) -> int:
+        now = self.clock()
+        p = self.cfg.pipeline
+        queued = 0
+        for run in self.store.runs():
+            found = verdicts(run, now, p.heartbeat_timeout, p.stall_timeout)
+            for rule in ("job_gone", "job_stalled"):
+                key = (run["run_id"], rule)
+                if rule in found and not self.firing.get(key):
+                    self.firing[key] = True
+                    queued += self._raise(run, rule, Status.FIRING, found[rule], now)
+                elif rule not in found and self.firing.get(key):
+                    self.firing[key] = False
+                    queued += self._raise(run, rule, Status.RESOLVED, 0.0, now)
+        if queued:
+            self.dispatcher.wake()
+        return queued
+
+    def _raise(self, run: dict[str, Any], rule: str, status: Status, silent: float, now: float) -> int:
+        limit = self.cfg.pipeline.heartbeat_timeout if rule == "job_gone" else self.cfg.pipeline.stall_timeout
+        what = "no heartbeat" if rule == "job_gone" else f"no step progress past step {run['last_step']}"
+        ev = Event(run_id=run["run_id"], device="*", step=run["last_step"] or 0, time=now, rule=rule,
+                   severity=Severity.ERROR, status=status, value=silent, threshold=limit,
+                   message=f"{what} for {silent:.0f} s (limit {limit:.0f} s)" if status is Status.FIRING else
+                   f"{rule} cleared", hint=HINTS[rule] if status is Status.FIRING else "")
+        with self.store.tx():
+            return self.dispatcher.event(ev, run["project"], run["labels"], now)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.check()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.period)

@@ -1,0 +1,196 @@
+"""The bot on loopback, with slack-sdk's real client talking to a local Slack-API server."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from notifier.transport import BotTransport
+from notifier.wire import Envelope, Event, Sample, Severity, Status, Window, encode
+from tests.bot_server import BotServer, wait_for
+from tests.slack_api import SlackAPIServer
+
+pytest.importorskip("aiohttp")
+
+
+def event(run="run-42", rule="grad_norm", device="0", sev=Severity.ERROR, status=Status.FIRING, step=100,
+          value=12.0) -> Event:
+    w = Window(steps=list(range(step - 5, step + 1)), loss=[2.0, 2.1, 2.0, 2.2, math.nan, 2.4],
+               learning_rate=[1e-4] * 6, grad_norm=[1.0, 1.2, 2.0, 4.0, 8.0, value], tokens_per_s=[1500.0] * 6)
+    return Event(run_id=run, device=device, step=step, time=time.time(), rule=rule, severity=sev, status=status,
+                 value=value, threshold=10.0, message=f"grad norm {value} is over the threshold 10", metric="grad_norm",
+                 hint="Save a checkpoint now.", window=w)
+
+
+def envelope(events, run="run-42", project="llm", samples=()) -> bytes:
+    return encode(Envelope(run_id=run, device="0", sent_at=time.time(), project=project, events=list(events),
+                           samples=list(samples)))
+
+
+@pytest.fixture
+def slack():
+    with SlackAPIServer() as s:
+        yield s
+
+
+def config(tmp_path, slack=None, **pipeline):
+    routes = [{"receiver": "slack", "channel": "C0ALERTS"}] if slack else []
+    return {"bot": {
+        "port": 0, "state_path": str(tmp_path / "bot.sqlite"), "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
+        "routes": routes, "slack": {"base_url": slack.base_url if slack else None, "max_retries": 3},
+        "pipeline": {"group_wait": 0.5, **pipeline}, "rate_limit": {"per_channel": 50, "per_run": 50, "burst": 20},
+        "console": {"charts_dir": str(tmp_path / "charts")}}}
+
+
+@pytest.fixture
+def bot(tmp_path, slack, monkeypatch):
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
+    b = BotServer(config(tmp_path, slack))
+    yield b
+    b.stop()
+
+
+def test_1000_identical_warnings_are_one_message_and_an_error_after_them_is_posted(bot, slack):
+    warn = event(sev=Severity.WARNING, value=6.0)
+    for i in range(10):
+        status, answer = bot.request("POST", "/v1/ingest", envelope([warn] * 100))
+        assert status == 202, answer
+    assert wait_for(lambda: len(slack.messages()) == 1)
+    time.sleep(1.0)
+    assert len(slack.messages()) == 1
+    status, _ = bot.request("POST", "/v1/ingest", envelope([event()]))
+    assert status == 202
+    assert wait_for(lambda: len(slack.messages()) == 2)
+    err = slack.messages()[1]
+    assert err["text"].startswith("ERROR grad_norm: run run-42, device 0, step 100")
+    header = err["blocks"][0]["text"]["text"]
+    assert "ERROR grad_norm" in header
+    assert wait_for(lambda: len(slack.uploads()) == 1)  # the chart, in the alert's thread
+    up = slack.uploads()[0]
+    assert up["thread_ts"] == err["ts"] and up["size"] > 10_000 and up["content"][:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_16_devices_hitting_one_rule_are_one_grouped_message(bot, slack):
+    errors = [event(device=str(d)) for d in range(16)]
+    status, _ = bot.request("POST", "/v1/ingest", envelope(errors[:1]))
+    bot.request("POST", "/v1/ingest", envelope(errors[1:]))
+    assert wait_for(lambda: any("16 devices" in slack.message(m["ts"])["text"] for m in slack.messages()))
+    assert len(slack.messages()) == 1  # posted once (device 0 at once), then updated to list all 16
+    msg = slack.message(slack.messages()[0]["ts"])
+    assert "devices 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15" in msg["text"]
+    warns = [event(run="run-43", rule="throughput_drop", device=str(d), sev=Severity.WARNING, value=0.4)
+             for d in range(16)]
+    bot.request("POST", "/v1/ingest", envelope(warns, run="run-43"))
+    assert wait_for(lambda: len(slack.messages()) == 2)
+    time.sleep(0.8)
+    assert len(slack.messages()) == 2 and "16 devices" in slack.messages()[1]["text"]
+
+
+@pytest.mark.parametrize("status", [429, 500])
+def test_429_and_500_are_retried_and_nothing_is_lost(bot, slack, status):
+    slack.fail("chat.postMessage", status=status, times=2, retry_after=1)
+    errs = [event(run=f"run-{i}") for i in range(3)]
+    for e in errs:
+        bot.request("POST", "/v1/ingest", envelope([e], run=e.run_id))
+    assert wait_for(lambda: len(slack.messages()) == 3, timeout=20)
+    assert sorted(m["text"].split(",")[0] for m in slack.messages()) == [
+        "ERROR grad_norm: run run-0", "ERROR grad_norm: run run-1", "ERROR grad_norm: run run-2"]
+    assert len([c for c in slack.calls_to("chat.postMessage") if c.failed]) == 2
+
+
+def test_when_slack_retries_run_out_the_outbox_keeps_the_alert(bot, slack):
+    slack.fail("chat.postMessage", status=500, times=6)  # beyond slack-sdk's 3 retries
+    bot.request("POST", "/v1/ingest", envelope([event()]))
+    assert wait_for(lambda: len(slack.messages()) == 1, timeout=30)
+    assert wait_for(lambda: bot.store.depth() == 0)
+    time.sleep(0.5)
+    assert len(slack.messages()) == 1
+
+
+def test_resolution_updates_the_alert_message_and_answers_in_its_thread(bot, slack):
+    bot.request("POST", "/v1/ingest", envelope([event()]))
+    assert wait_for(lambda: len(slack.messages()) == 1)
+    ts = slack.messages()[0]["ts"]
+    bot.request("POST", "/v1/ingest", envelope([event(status=Status.RESOLVED, step=130)]))
+    assert wait_for(lambda: slack.message(ts)["text"].startswith("RESOLVED grad_norm"))
+    replies = [m for m in slack.messages() if m.get("thread_ts") == ts]
+    assert replies and "back to normal" in replies[0]["text"]
+
+
+def test_inhibit_and_silence_stages(bot, slack):
+    bot.request("POST", "/v1/ingest", envelope([event()]))
+    assert wait_for(lambda: len(slack.messages()) == 1)
+    bot.request("POST", "/v1/ingest", envelope([event(rule="loss_spike", sev=Severity.WARNING, value=4.0)]))
+    time.sleep(1.0)
+    assert len(slack.messages()) == 1  # a WARNING of a run with an ERROR firing is held back
+    _, metrics = bot.request("GET", "/metrics", token=None)
+    assert 'msmon_suppressed_total{stage="inhibit"} 1.0' in metrics
+
+
+def test_runs_api_and_metrics(bot, slack):
+    samples = [Sample(run_id="run-42", device="0", step=i, time=float(i), loss=2.0, grad_norm=math.nan)
+               for i in range(5)]
+    bot.request("POST", "/v1/ingest", envelope([event()], samples=samples))
+    status, runs = bot.request("GET", "/v1/runs")
+    assert status == 200 and [r["run_id"] for r in runs["runs"]] == ["run-42"]
+    status, run = bot.request("GET", "/v1/runs/run-42")
+    assert status == 200 and run["last_step"] == 100 and run["firing"][0]["rule"] == "grad_norm"
+    assert run["latest"]["0"]["grad_norm"] == "NaN"
+    status, body = bot.request("GET", "/v1/runs/run-x")
+    assert status == 404 and body["error"] == "no run 'run-x'" and body["known_runs"] == ["run-42"]
+    status, health = bot.request("GET", "/healthz", token=None)
+    assert status == 200 and health["ok"] is True
+    _, metrics = bot.request("GET", "/metrics", token=None)
+    assert 'msmon_events_in_total{severity="ERROR"} 1.0' in metrics and "msmon_outbox_depth" in metrics
+
+
+@pytest.mark.parametrize(("body", "kwargs", "status", "reason"), [
+    (b'{"run_id": "r"', {}, 400, "body is not valid JSON"),
+    (b'{"run_id": 5, "device": "0", "sent_at": 1}', {}, 422, "Expected `str`, got `int` - at `$.run_id`"),
+    (b'{"device": "0", "sent_at": 1}', {}, 422, "Object missing required field `run_id`"),
+    (b"[]", {}, 422, "does not match the schema"),
+    (b'{"run_id": "r", "device": "0", "sent_at": 1}', {"token": None}, 401, "missing or unknown bearer token"),
+    (b'{"run_id": "r", "device": "0", "sent_at": 1}', {"token": "wrong"}, 401, "missing or unknown bearer token"),
+    (b'{"run_id": "r", "device": "0", "sent_at": 1}', {"content_type": "text/plain"}, 415, "expected Content-Type"),
+    (b'{"run_id": "r", "device": "0", "sent_at": 1, "project": "other"}', {}, 403, "this token is for project 'llm'"),
+    (b"", {}, 400, "empty body"),
+])
+def test_bad_requests_get_the_right_4xx_with_a_reason(bot, body, kwargs, status, reason):
+    got, answer = bot.request("POST", "/v1/ingest", body, **kwargs)
+    assert got == status, answer
+    assert reason in answer["error"]
+
+
+def test_oversized_requests_get_413(bot):
+    big = b'{"run_id": "r", "device": "0", "sent_at": 1, "labels": {"x": "' + b"a" * (5 << 20) + b'"}}'
+    status, answer = bot.request("POST", "/v1/ingest", big)
+    assert status == 413 and "byte limit" in answer["error"]
+
+
+def test_the_job_trains_on_while_the_bot_is_down_then_its_spool_arrives(tmp_path, slack, monkeypatch):
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
+    first = BotServer(config(tmp_path, slack))
+    port = first.port
+    first.stop()  # the bot is down
+    t = BotTransport(f"http://127.0.0.1:{port}", "run-7", "0", token="job-token", project="llm",
+                     spool_dir=str(tmp_path / "spool"), flush_interval=0.05, backoff=(0.05, 0.2))
+    start = time.monotonic()
+    for i in range(20_000):
+        t.sample(Sample(run_id="run-7", device="0", step=i, time=float(i), loss=2.0))
+    for r in range(5):
+        t.event(event(run="run-7", rule=f"rule{r}"))
+    assert time.monotonic() - start < 5.0  # enqueueing never waited for the missing bot
+    assert wait_for(lambda: not t.spool.empty())
+    cfg = config(tmp_path, slack)
+    cfg["bot"]["port"] = port
+    second = BotServer(cfg)
+    try:
+        assert wait_for(lambda: len(slack.messages()) == 5, timeout=20)
+        t.close()
+        assert sorted(m["text"].split(":")[0] for m in slack.messages()) == [f"ERROR rule{r}" for r in range(5)]
+    finally:
+        second.stop()
