@@ -38,7 +38,8 @@ def slack():
 def config(tmp_path, slack=None, **pipeline):
     routes = [{"receiver": "slack", "channel": "C0ALERTS"}] if slack else []
     return {"bot": {
-        "port": 0, "state_path": str(tmp_path / "bot.sqlite"), "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
+        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+        "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "routes": routes, "slack": {"base_url": slack.base_url if slack else None, "max_retries": 3},
         "pipeline": {"group_wait": 0.5, **pipeline}, "rate_limit": {"per_channel": 50, "per_run": 50, "burst": 20},
         "console": {"charts_dir": str(tmp_path / "charts")}}}
@@ -55,7 +56,7 @@ def bot(tmp_path, slack, monkeypatch):
 
 def test_1000_identical_warnings_are_one_message_and_an_error_after_them_is_posted(bot, slack):
     warn = event(sev=Severity.WARNING, value=6.0)
-    for i in range(10):
+    for _ in range(10):
         status, answer = bot.request("POST", "/v1/ingest", envelope([warn] * 100))
         assert status == 202, answer
     assert wait_for(lambda: len(slack.messages()) == 1)
