@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+HASH   := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(HASH)
+DEMO   := $(VENV)/.demo-$(HASH)
 
 .PHONY: demo test lint typecheck unit slow bench clean
 
@@ -13,7 +15,14 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-demo: $(STAMP)
+$(DEMO): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[bot]'
+	rm -f $(VENV)/.demo-*
+	touch $@
+
+demo: $(DEMO)
 	$(BIN)/msmon demo
 
 test: lint typecheck unit

@@ -145,7 +145,8 @@ def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> 
         view["latest"] = {dev: msgspec.to_builtins(s) for dev, s in disp.windows.latest(r["run_id"]).items()}
         view["alerts"] = store.alerts(r["run_id"])
         view["actions"] = [msgspec.to_builtins(a) for a in disp.windows.actions.get(r["run_id"], [])]
-    return _finite(view)
+    finite: dict[str, Any] = _finite(view)
+    return finite
 
 
 def _finite(obj: Any) -> Any:

@@ -55,6 +55,10 @@ class Outbox:
         self.doorbell.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        waiting = self.store.depth()
+        if waiting:
+            self.store.due_now(self.clock())
+            log.info("msmon bot: %d undelivered messages in the outbox from before; delivering them now", waiting)
         while not stop.is_set():
             try:
                 await self.deliver_due()

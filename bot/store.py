@@ -174,6 +174,12 @@ class Store:
         self.db.executemany("UPDATE outbox SET attempts=attempts+?, next_at=?, error=? WHERE id=?",
                             [(int(count_attempt), next_at, error[:500], i) for i in ids])
 
+    def due_now(self, now: float) -> int:
+        """After a restart: what waited for a retry is due at once (the outage may be long over)."""
+        cur = self.db.execute("UPDATE outbox SET next_at=? WHERE delivered_at IS NULL AND next_at>? AND attempts>0",
+                              (now, now))
+        return cur.rowcount
+
     def depth(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
 

@@ -86,14 +86,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
     trace = make_trace(os.path.join(out, "incident-13b.csv"))
     print(f"msmon demo: a 13B fine-tune; the grad norm starts creeping at step {CREEP_START}, the loss jumps "
           f"from 1.82 to 6.47 at step {SPIKE_STEP} ({STEP_SECONDS:.0f} s per step).")
-    print(f"Replaying {trace} through {args.config} (the same Monitor a live job runs):\n")
     try:
-        events = _run_replay(trace, args.config, "demo-13b")
+        from bot.demo import run_demo
+
+        have_bot = True
+    except ImportError:  # msmon without the [bot] extra
+        have_bot = False
+    try:
+        if not have_bot or args.no_bot:
+            print(f"Replaying {trace} through {args.config} (the same Monitor a live job runs):\n")
+            events = _run_replay(trace, args.config, "demo-13b")
+            for e in events:
+                print(_alert_line(e))
+        else:
+            print(f"Starting the msmon bot (SQLite state and chart PNGs in {out}/, console receiver) and replaying "
+                  f"{trace} through {args.config}, reporting to the bot as a training job would. The bot's console "
+                  "receiver prints what it delivers:\n", flush=True)
+            events, bot = run_demo(trace, args.config, out)
+            runs = bot.store.runs()
+            firing = bot.store.alerts("demo-13b", "firing")
+            bot.stop()
+            print(f"\nThe bot now holds run demo-13b at step {runs[0]['last_step'] if runs else '?'} with "
+                  f"{len(firing)} alert(s) firing: {', '.join(sorted({a['rule'] for a in firing}))}.")
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    for e in events:
-        print(_alert_line(e))
     first = next((e for e in events if e.status is Status.FIRING), None)
     if first is None:
         print("\nno alert was raised: the detectors missed the incident", file=sys.stderr)
@@ -129,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--config", default="config/monitor.yaml")
     d.add_argument("--out", default="demo-out")
     d.add_argument("-v", "--verbose", action="store_true", help="also print msmon's log lines")
+    d.add_argument("--no-bot", action="store_true", help="only replay through the detectors")
     d.set_defaults(func=cmd_demo)
     sv = sub.add_parser("serve", help="run the msmon bot service")
     sv.add_argument("--config", default=None, help="bot.yaml (default: built-in defaults, console receiver)")

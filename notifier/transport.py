@@ -197,7 +197,9 @@ class BotTransport:
         return batch
 
     def _envelope(self, batch: dict[str, list[Any]], heartbeat: bool = False) -> Envelope:
-        events = [x for x in batch["high"] + batch["mid"] if isinstance(x, Event)]
+        # Sent by priority, but listed in the order they happened: the bot's inhibit stage must see a
+        # WARNING that came first before the ERROR that followed it.
+        events = sorted((x for x in batch["high"] + batch["mid"] if isinstance(x, Event)), key=lambda e: e.step)
         actions = [x for x in batch["high"] if isinstance(x, ActionResult)]
         env = Envelope(run_id=self.run_id, device=self.device, sent_at=self._clock(), project=self.project,
                        labels=self.labels, events=events, samples=list(batch["low"]), actions=actions,

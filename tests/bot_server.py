@@ -1,56 +1,20 @@
-"""The real bot (bot.app.create_app) served on loopback from a thread with its own event loop."""
+"""The real bot served on loopback from a thread (bot.server.BotThread), plus request helpers."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
-from aiohttp import web
-
-from bot.app import STORE, create_app
 from bot.config import load_bot_config
+from bot.server import BotThread
 
 
-class BotServer:
+class BotServer(BotThread):
     def __init__(self, config: dict[str, Any]) -> None:
-        self.cfg = load_bot_config(config)
-        self.loop = asyncio.new_event_loop()
-        self.app = create_app(self.cfg)
-        self._ready = threading.Event()
-        self.port = 0
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("bot did not start")
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(self.app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", self.cfg.port)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._ready.set()
-        self.loop.run_forever()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def store(self) -> Any:
-        return self.app[STORE]
-
-    def stop(self) -> None:
-        fut = asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop)
-        fut.result(20)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        super().__init__(load_bot_config(config))
 
     def request(self, method: str, path: str, body: bytes | None = None, token: str | None = "job-token",
                 content_type: str = "application/json") -> tuple[int, Any]:

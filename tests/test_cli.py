@@ -16,16 +16,27 @@ def msmon(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([MSMON, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def test_demo_catches_the_incident_before_the_loss_spike(tmp_path):
+def test_demo_runs_the_bot_and_catches_the_incident_before_the_loss_spike(tmp_path):
+    """The README's main command: the bot starts, the incident is replayed into it as a job would send
+    it, and the console receiver prints the alerts in the order they happened, with charts."""
     p = msmon("demo", "--out", os.fspath(tmp_path), "--config", os.fspath(ROOT / "config" / "monitor.yaml"))
     assert p.returncode == 0, p.stderr
-    out = p.stdout
-    assert "WARNING  grad_norm_creep" in out
-    assert "ERROR    loss_spike" in out
-    first = [line for line in out.splitlines() if line.startswith("First alert:")][0]
-    assert first.startswith("First alert: WARNING grad_norm_creep at step 22")
-    assert "before the loss spike" in first
-    assert (tmp_path / "incident-13b.csv").exists()
+    delivered = [line for line in p.stdout.splitlines() if line.startswith("[msmon] WARNING")
+                 or line.startswith("[msmon] ERROR")]
+    assert delivered[0] == "[msmon] WARNING grad_norm_creep: run demo-13b, device 0, step 2240"
+    assert "[msmon] ERROR loss_spike: run demo-13b, device 0, step 2420" in delivered
+    charts = sorted((tmp_path / "charts").glob("*.png"))
+    assert len(charts) == sum(line.startswith("[msmon] ERROR") for line in delivered) >= 3
+    first = [line for line in p.stdout.splitlines() if line.startswith("First alert:")][0]
+    assert first.startswith("First alert: WARNING grad_norm_creep at step 2240, 160 steps (27 minutes)")
+    assert "The bot now holds run demo-13b at step 2590" in p.stdout
+
+
+def test_demo_without_the_bot(tmp_path):
+    p = msmon("demo", "--no-bot", "--out", os.fspath(tmp_path), "--config",
+              os.fspath(ROOT / "config" / "monitor.yaml"))
+    assert p.returncode == 0, p.stderr
+    assert "WARNING  grad_norm_creep" in p.stdout and "ERROR    loss_spike" in p.stdout
 
 
 def test_replay_prints_alerts(tmp_path):
