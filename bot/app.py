@@ -37,6 +37,7 @@ METRICS = web.AppKey("metrics", BotMetrics)
 OUTBOX = web.AppKey("outbox", Outbox)
 CONFIG = web.AppKey("config", BotConfig)
 TOKENS = web.AppKey("tokens", list)
+PROJECT = web.RequestKey("project", str)
 
 
 def _error(status: int, reason: str, **extra: Any) -> web.Response:
@@ -80,7 +81,7 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
                 resp: web.StreamResponse = _error(401, "missing or unknown bearer token (Authorization: Bearer ...)")
                 metrics.requests.labels(endpoint, "401").inc()
                 return resp
-            request["project"] = project
+            request[PROJECT] = project
         resp = await handler(request)
     except web.HTTPRequestEntityTooLarge:
         resp = _error(413, f"request body over the {request.app[CONFIG].max_request_bytes} byte limit; "
@@ -109,7 +110,7 @@ async def _body(request: web.Request, type_: Any) -> Any:
 
 
 def _check_project(request: web.Request, project: str) -> None:
-    allowed = request["project"]
+    allowed = request[PROJECT]
     if allowed != "*" and allowed != project:
         raise web.HTTPForbidden(reason=f"this token is for project {allowed!r}, not {project!r}")
 
@@ -124,14 +125,14 @@ async def ingest(request: web.Request) -> web.Response:
 
 async def heartbeat(request: web.Request) -> web.Response:
     hb: Heartbeat = await _body(request, Heartbeat)
-    request.app[DISPATCHER].heartbeat(hb, request["project"])
+    request.app[DISPATCHER].heartbeat(hb, request[PROJECT])
     return web.json_response({"ok": True}, status=202)
 
 
 async def runs(request: web.Request) -> web.Response:
     store = request.app[STORE]
     return web.json_response({"runs": [_run_view(request, r) for r in store.runs()
-                                       if request["project"] in ("*", r["project"])]})
+                                       if request[PROJECT] in ("*", r["project"])]})
 
 
 def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> dict[str, Any]:
@@ -165,7 +166,7 @@ def _finite(obj: Any) -> Any:
 async def run_detail(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
     r = request.app[STORE].run(run_id)
-    if r is None or request["project"] not in ("*", r["project"]):
+    if r is None or request[PROJECT] not in ("*", r["project"]):
         known = [x["run_id"] for x in request.app[STORE].runs()][:20]
         return _error(404, f"no run {run_id!r}", known_runs=known)
     return web.json_response(_run_view(request, r, detail=True))

@@ -195,3 +195,47 @@ def test_the_job_trains_on_while_the_bot_is_down_then_its_spool_arrives(tmp_path
         assert sorted(m["text"].split(":")[0] for m in slack.messages()) == [f"ERROR rule{r}" for r in range(5)]
     finally:
         second.stop()
+
+
+def test_shipped_bot_config_loads_and_bad_keys_are_named():
+    from bot.config import load_bot_config
+    from notifier.config import ConfigError
+    from tests.conftest import ROOT
+
+    cfg = load_bot_config(ROOT / "config" / "bot.yaml")
+    assert cfg.port == 8080 and cfg.tokens[0].env == "MSMON_TOKEN" and cfg.routes == []
+    with pytest.raises(ConfigError) as info:
+        load_bot_config({"bot": {"pipline": {}, "routes": [{"receiver": "slak", "channel": "C1"}]}})
+    msg = str(info.value)
+    assert "bot.pipline: unknown key; did you mean pipeline?" in msg
+    assert "bot.routes[0].receiver: unknown receiver 'slak'; receivers are console, slack" in msg
+
+
+def test_docker_image_recipe_is_bot_only_and_checks_health():
+    from tests.conftest import ROOT
+
+    text = (ROOT / "Dockerfile").read_text()
+    installs = [line for line in text.splitlines() if "pip install" in line]
+    assert installs == ["RUN pip install --no-cache-dir '.[bot]'"]  # the bot's dependencies, not MindSpore
+    assert "USER msmon" in text and "HEALTHCHECK" in text and "/healthz" in text
+
+
+def test_openapi_spec_names_every_route_and_the_wire_fields():
+    """docs/openapi.yaml is the API's description: every route the app serves, every wire field."""
+    import msgspec
+    import yaml
+
+    from bot.app import create_app
+    from bot.config import load_bot_config
+    from notifier.wire import ActionResult, Heartbeat
+    from tests.conftest import ROOT
+
+    spec = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
+    app = create_app(load_bot_config({"bot": {"state_path": ":memory:"}}))
+    served = {r.resource.canonical for r in app.router.routes()}
+    assert served == set(spec["paths"])
+    schemas = spec["components"]["schemas"]
+    for name, struct in (("Envelope", Envelope), ("Event", Event), ("Sample", Sample), ("Window", Window),
+                         ("Heartbeat", Heartbeat), ("ActionResult", ActionResult)):
+        fields = {f.encode_name for f in msgspec.inspect.type_info(struct).fields}
+        assert set(schemas[name]["properties"]) == fields, name
