@@ -53,6 +53,17 @@ class Windows:
         return {dev: q[-1] for dev, q in self.runs.get(run_id, {}).items() if q}
 
 
+class _Batch:
+    """What the events of one envelope share, looked up or encoded once."""
+
+    __slots__ = ("silences", "error_firing", "head")
+
+    def __init__(self, silences: list[silence.Silence], error_firing: bool, project: str,
+                 labels: dict[str, str]) -> None:
+        self.silences, self.error_firing = silences, error_firing
+        self.head = b'{"project":%s,"labels":%s' % (encode(project), encode(labels))
+
+
 class Dispatcher:
     def __init__(self, cfg: BotConfig, store: Store, metrics: BotMetrics,
                  clock: Callable[[], float] = time.time) -> None:
@@ -73,8 +84,10 @@ class Dispatcher:
                 self.windows.add(s)
             for a in env.actions:
                 self.windows.add_action(a)
-            for ev in env.events:
-                queued += self.event(ev, env.project, env.labels, now)
+            if env.events:
+                ctx = _Batch(self.store.silences(now), self.store.error_firing(env.run_id), env.project, env.labels)
+                for ev in env.events:
+                    queued += self.event(ev, env.project, env.labels, now, ctx)
         self.metrics.samples_in.inc(len(env.samples))
         if queued:
             self.wake()
@@ -87,8 +100,11 @@ class Dispatcher:
         self.store.touch_run(hb.run_id, run["project"] if run else project, run["labels"] if run else {},
                              hb.device, hb.step, now, heartbeat=True, paused=hb.paused)
 
-    def event(self, ev: Event, project: str, labels: dict[str, str], now: float) -> int:
-        """Run one event through dedup, inhibit, silence and route; 1 if it was queued for delivery."""
+    def event(self, ev: Event, project: str, labels: dict[str, str], now: float, batch: _Batch | None = None) -> int:
+        """Run one event through dedup, inhibit, silence and route; 1 if it was queued for delivery.
+        `batch` carries what one envelope's events share (silences; whether the run has an ERROR firing)."""
+        if batch is None:
+            batch = _Batch(self.store.silences(now), self.store.error_firing(ev.run_id), project, labels)
         m = self.metrics
         m.events_in.labels(ev.severity.value).inc()
         fp = fingerprint(ev.run_id, ev.rule, ev.device)
@@ -101,18 +117,21 @@ class Dispatcher:
         if not dedup.decide(ev, state, now, p.repeat_interval):
             m.suppressed.labels("dedup").inc()
             return 0
-        if inhibit.inhibited(ev, self.store.error_firing(ev.run_id), p.inhibit_warnings):
+        if ev.severity.value == "ERROR" and not resolved:
+            batch.error_firing = True
+        if inhibit.inhibited(ev, batch.error_firing, p.inhibit_warnings):
             m.suppressed.labels("inhibit").inc()
             return 0
-        if silence.silenced_by(ev, self.store.silences(now), now) is not None:
+        if silence.silenced_by(ev, batch.silences, now) is not None:
             m.suppressed.labels("silence").inc()
             return 0
         repeat = (not resolved and state.severity is ev.severity and not state.resolved)
         self.store.record_sent(fp, dedup.record(ev, state, now))
         r = route.route_for(project, labels, ev.severity, self.cfg.routes)
         kind = "resolve" if resolved else "repeat" if repeat else "alert"
-        payload = b'{"project":%s,"labels":%s,"received_at":%r,"event":%s}' % (
-            encode(project), encode(labels), now, raw)
+        thread = ev.severity.value == "WARNING" and r.warnings == "thread"  # under the run's first message
+        payload = batch.head + b',"received_at":%r,"thread":%s,"event":%s}' % (
+            now, b"true" if thread else b"false", raw)
         self.store.enqueue(r.receiver, r.channel, kind, group.group_key(ev), ev.run_id, payload, now,
                            now + group.delay(ev, p.group_wait))
         return 1

@@ -135,8 +135,18 @@ class Outbox:
         ref = self.store.message(key)
         if ref is None:
             msg = _message(key, rows)
+            root_key = f"{msg.run_id}|root|{receiver.name}|{channel}"
+            root = self.store.message(root_key)
+            if json.loads(rows[0]["payload"]).get("thread") and root is not None:
+                # A WARNING goes in the thread of the run's first message in this channel.
+                await receiver.reply(channel, root["ts"], msg)
+                self.store.save_message(key, receiver.name, channel, root["ts"], self.clock())
+                return
             ts = await receiver.post(channel, msg)
-            self.store.save_message(key, receiver.name, channel, ts, self.clock())
+            now = self.clock()
+            self.store.save_message(key, receiver.name, channel, ts, now)
+            if root is None:
+                self.store.save_message(root_key, receiver.name, channel, ts, now)
             return
         # More devices joined the group: rewrite the message with all of them.
         earlier = self.store.delivered_since(receiver.name, channel, key, "alert", ref["created_at"])

@@ -239,3 +239,16 @@ def test_openapi_spec_names_every_route_and_the_wire_fields():
                          ("Heartbeat", Heartbeat), ("ActionResult", ActionResult)):
         fields = {f.encode_name for f in msgspec.inspect.type_info(struct).fields}
         assert set(schemas[name]["properties"]) == fields, name
+
+
+def test_warnings_go_in_the_thread_of_the_runs_message(bot, slack):
+    bot.request("POST", "/v1/ingest", envelope([event(rule="loss_spike", sev=Severity.WARNING, value=4.0)]))
+    assert wait_for(lambda: len(slack.messages()) == 1)
+    root = slack.messages()[0]
+    assert "thread_ts" not in root or root["thread_ts"] is None  # the run's first message is top level
+    bot.request("POST", "/v1/ingest", envelope([event(rule="throughput_drop", sev=Severity.WARNING, value=0.4)]))
+    assert wait_for(lambda: len(slack.messages()) == 2)
+    assert slack.messages()[1]["thread_ts"] == root["ts"]
+    bot.request("POST", "/v1/ingest", envelope([event()]))  # an ERROR is always top level
+    assert wait_for(lambda: len(slack.messages()) == 3)
+    assert not slack.messages()[2].get("thread_ts")
