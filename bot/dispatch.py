@@ -53,6 +53,9 @@ class Windows:
         return {dev: q[-1] for dev, q in self.runs.get(run_id, {}).items() if q}
 
 
+_NEVER = dedup.NotifyState()
+
+
 class _Batch:
     """What the events of one envelope share, looked up or encoded once."""
 
@@ -86,8 +89,7 @@ class Dispatcher:
                 self.windows.add_action(a)
             if env.events:
                 ctx = _Batch(self.store.silences(now), self.store.error_firing(env.run_id), env.project, env.labels)
-                for ev in env.events:
-                    queued += self.event(ev, env.project, env.labels, now, ctx)
+                queued = self.events(env.events, env.project, env.labels, now, ctx)
         self.metrics.samples_in.inc(len(env.samples))
         if queued:
             self.wake()
@@ -100,38 +102,60 @@ class Dispatcher:
         self.store.touch_run(hb.run_id, run["project"] if run else project, run["labels"] if run else {},
                              hb.device, hb.step, now, heartbeat=True, paused=hb.paused)
 
-    def event(self, ev: Event, project: str, labels: dict[str, str], now: float, batch: _Batch | None = None) -> int:
-        """Run one event through dedup, inhibit, silence and route; 1 if it was queued for delivery.
-        `batch` carries what one envelope's events share (silences; whether the run has an ERROR firing)."""
-        if batch is None:
-            batch = _Batch(self.store.silences(now), self.store.error_firing(ev.run_id), project, labels)
-        m = self.metrics
-        m.events_in.labels(ev.severity.value).inc()
-        fp = fingerprint(ev.run_id, ev.rule, ev.device)
-        resolved = ev.status is Status.RESOLVED
-        raw = encode(ev)
-        self.store.save_alert(fp, raw.decode(), ev.run_id, ev.rule, ev.device, ev.severity.value,
-                              "resolved" if resolved else "firing", ev.step, now)
-        state = self.store.notify_state(fp)
-        p = self.cfg.pipeline
-        if not dedup.decide(ev, state, now, p.repeat_interval):
-            m.suppressed.labels("dedup").inc()
-            return 0
-        if ev.severity.value == "ERROR" and not resolved:
-            batch.error_firing = True
-        if inhibit.inhibited(ev, batch.error_firing, p.inhibit_warnings):
-            m.suppressed.labels("inhibit").inc()
-            return 0
-        if silence.silenced_by(ev, batch.silences, now) is not None:
-            m.suppressed.labels("silence").inc()
-            return 0
-        repeat = (not resolved and state.severity is ev.severity and not state.resolved)
-        self.store.record_sent(fp, dedup.record(ev, state, now))
-        r = route.route_for(project, labels, ev.severity, self.cfg.routes)
-        kind = "resolve" if resolved else "repeat" if repeat else "alert"
-        thread = ev.severity.value == "WARNING" and r.warnings == "thread"  # under the run's first message
-        payload = batch.head + b',"received_at":%r,"thread":%s,"event":%s}' % (
-            now, b"true" if thread else b"false", raw)
-        self.store.enqueue(r.receiver, r.channel, kind, group.group_key(ev), ev.run_id, payload, now,
-                           now + group.delay(ev, p.group_wait))
-        return 1
+    def event(self, ev: Event, project: str, labels: dict[str, str], now: float) -> int:
+        """One event (the watchdog's) through the same path; 1 if it was queued for delivery."""
+        batch = _Batch(self.store.silences(now), self.store.error_firing(ev.run_id), project, labels)
+        return self.events([ev], project, labels, now, batch)
+
+    def events(self, evs: list[Event], project: str, labels: dict[str, str], now: float, batch: _Batch) -> int:
+        """Run a batch of events through dedup, inhibit, silence and route, then write the alert state
+        and the outbox rows with one statement each; returns how many were queued for delivery."""
+        m, p = self.metrics, self.cfg.pipeline
+        fps = [fingerprint(ev.run_id, ev.rule, ev.device) for ev in evs]
+        states = self.store.notify_states(fps)
+        alerts: list[tuple[Any, ...]] = []
+        outbox: list[tuple[Any, ...]] = []
+        counts: dict[str, int] = {}
+        suppressed: dict[str, int] = {}
+        for ev, fp in zip(evs, fps, strict=True):
+            sev = ev.severity.value
+            counts[sev] = counts.get(sev, 0) + 1
+            resolved = ev.status is Status.RESOLVED
+            status = "resolved" if resolved else "firing"
+            state = states.get(fp, _NEVER)
+            stage = None
+            if not dedup.decide(ev, state, now, p.repeat_interval):
+                stage = "dedup"
+            else:
+                if sev == "ERROR" and not resolved:
+                    batch.error_firing = True
+                if inhibit.inhibited(ev, batch.error_firing, p.inhibit_warnings):
+                    stage = "inhibit"
+                elif silence.silenced_by(ev, batch.silences, now) is not None:
+                    stage = "silence"
+            if stage is not None:
+                suppressed[stage] = suppressed.get(stage, 0) + 1
+                alerts.append((fp, ev.run_id, ev.rule, ev.device, sev, status, ev.step, now, None, False, None, None,
+                               0))
+                continue
+            new = dedup.record(ev, state, now)
+            states[fp] = new
+            raw = encode(ev)
+            alerts.append((fp, ev.run_id, ev.rule, ev.device, sev, status, ev.step, now, raw.decode(), True,
+                           None if new.severity is None else new.severity.value, new.sent_at, int(new.resolved)))
+            repeat = not resolved and state.severity is ev.severity and not state.resolved
+            r = route.route_for(project, labels, ev.severity, self.cfg.routes)
+            kind = "resolve" if resolved else "repeat" if repeat else "alert"
+            thread = sev == "WARNING" and r.warnings == "thread"  # under the run's first message
+            payload = batch.head + b',"received_at":%r,"thread":%s,"event":%s}' % (
+                now, b"true" if thread else b"false", raw)
+            outbox.append((now, r.receiver, r.channel, kind, group.group_key(ev), ev.run_id, payload.decode(),
+                           now + group.delay(ev, p.group_wait)))
+        self.store.save_alerts(alerts)
+        if outbox:
+            self.store.enqueue_many(outbox)
+        for sev, n in counts.items():
+            m.events_in.labels(sev).inc(n)
+        for stage, n in suppressed.items():
+            m.suppressed.labels(stage).inc(n)
+        return len(outbox)

@@ -106,6 +106,42 @@ class Store:
             " acked_by=CASE WHEN alerts.status='resolved' THEN NULL ELSE alerts.acked_by END",
             (fp, run_id, rule, device, severity, status, step, step, now, ev_json))
 
+    def notify_states(self, fps: list[str]) -> dict[str, NotifyState]:
+        """What was sent for each fingerprint (one query per 500)."""
+        out: dict[str, NotifyState] = {}
+        uniq = list(dict.fromkeys(fps))
+        for i in range(0, len(uniq), 500):
+            chunk = uniq[i:i + 500]
+            rows = self.db.execute("SELECT fingerprint, sent_severity, sent_at, sent_resolved FROM alerts WHERE"
+                                   f" fingerprint IN ({','.join('?' * len(chunk))})", chunk)
+            for r in rows:
+                if r["sent_severity"] is not None:
+                    out[r["fingerprint"]] = NotifyState(Severity(r["sent_severity"]), r["sent_at"],
+                                                        bool(r["sent_resolved"]))
+        return out
+
+    def save_alerts(self, rows: list[tuple[Any, ...]]) -> None:
+        """Upsert alerts: (fp, run, rule, device, severity, status, step, now, event json or None,
+        sent: bool, sent_severity, sent_at, sent_resolved). Unsent rows keep their last event JSON."""
+        self.db.executemany(
+            "INSERT INTO alerts(fingerprint, run_id, rule, device, severity, status, first_step, last_step,"
+            " updated_at, event, sent_severity, sent_at, sent_resolved)"
+            " VALUES(?1,?2,?3,?4,?5,?6,?7,?7,?8,?9,CASE WHEN ?10 THEN ?11 END,CASE WHEN ?10 THEN ?12 END,"
+            " CASE WHEN ?10 THEN ?13 ELSE 0 END)"
+            " ON CONFLICT(fingerprint) DO UPDATE SET severity=excluded.severity, status=excluded.status,"
+            " last_step=excluded.last_step, updated_at=excluded.updated_at,"
+            " event=COALESCE(excluded.event, alerts.event),"
+            " first_step=CASE WHEN alerts.status='resolved' THEN excluded.first_step ELSE alerts.first_step END,"
+            " acked_by=CASE WHEN alerts.status='resolved' THEN NULL ELSE alerts.acked_by END,"
+            " sent_severity=CASE WHEN ?10 THEN ?11 ELSE alerts.sent_severity END,"
+            " sent_at=CASE WHEN ?10 THEN ?12 ELSE alerts.sent_at END,"
+            " sent_resolved=CASE WHEN ?10 THEN ?13 ELSE alerts.sent_resolved END", rows)
+
+    def enqueue_many(self, rows: list[tuple[Any, ...]]) -> None:
+        """Outbox rows: (created_at, receiver, channel, kind, key, run_id, payload, next_at)."""
+        self.db.executemany("INSERT INTO outbox(created_at, receiver, channel, kind, key, run_id, payload, next_at)"
+                            " VALUES(?,?,?,?,?,?,?,?)", rows)
+
     def notify_state(self, fp: str) -> NotifyState:
         r = self.db.execute("SELECT sent_severity, sent_at, sent_resolved FROM alerts WHERE fingerprint=?",
                             (fp,)).fetchone()

@@ -155,8 +155,26 @@ def _tag(obj: Any) -> Any:
     return obj
 
 
+def _finite(obj: Any) -> bool:
+    """No NaN or Inf anywhere in `obj` (Structs, lists, dicts, scalars)."""
+    t = type(obj)
+    if t is float:
+        return bool(obj - obj == 0.0)  # False for NaN and +-Inf
+    if t is str or t is int or obj is None or t is bool:
+        return True
+    if isinstance(obj, msgspec.Struct):
+        return all(_finite(getattr(obj, f)) for f in obj.__struct_fields__)
+    if t is list or t is tuple:
+        return all(_finite(x) for x in obj)
+    if t is dict:
+        return all(_finite(x) for x in obj.values())
+    return True
+
+
 def encode(obj: Any) -> bytes:
     """JSON bytes for a wire Struct (or a list of them), non-finite floats as strings."""
+    if _finite(obj):
+        return msgspec.json.encode(obj)  # the common case: msgspec's own encoder, nothing to tag
     return msgspec.json.encode(_tag(msgspec.to_builtins(obj)))
 
 
@@ -194,7 +212,10 @@ _INFO: dict[Any, Any] = {}
 def decode(raw: bytes | str, type: type[T]) -> T:  # noqa: A002 - msgspec's own name for it
     """Parse and validate wire JSON into `type`; raises msgspec.ValidationError / DecodeError with
     the path of what is wrong (the bot turns those into 4xx answers)."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    if b'"NaN"' not in data and b'Infinity"' not in data:
+        return msgspec.json.decode(data, type=type)  # nothing tagged: msgspec's own fast, strict path
     info = _INFO.get(type)
     if info is None:
         info = _INFO[type] = msgspec.inspect.type_info(type)
-    return msgspec.convert(_untag(msgspec.json.decode(raw), info), type)
+    return msgspec.convert(_untag(msgspec.json.decode(data), info), type)
