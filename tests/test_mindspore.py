@@ -329,7 +329,9 @@ def test_custom_loop_example_catches_an_lr_jump():
     assert p.returncode == 0, p.stderr[-2000:]
     alerts = [line for line in p.stdout.splitlines() if line.startswith("ALERT")]
     assert alerts and any("grad_norm" in a for a in alerts), p.stdout
-    assert all(int(a.split()[2]) > 300 for a in alerts)
+    # (timing rules may flag a hiccup of this shared machine on 5 ms steps; the training rules may not)
+    training = [a for a in alerts if a.split()[4].rstrip(":").startswith(("grad_norm", "loss", "nonfinite"))]
+    assert training and all(int(a.split()[2]) > 300 for a in training), alerts
     assert "[step 50] loss:" in p.stderr and "samples/s" in p.stderr
 
 
