@@ -16,12 +16,16 @@ class StepStallParams(RuleParams):
     """Levels are the slowest step since the last sample, as a multiple of the median step time.
 
     The slowest step is timed on every step (a clock read), so a stall between two samples is
-    seen. A job that stops stepping altogether is seen by the bot's heartbeat watchdog instead.
+    seen; it must also last `min_seconds` (a 20 ms scheduler hiccup in a job of 2 ms steps is 10x
+    the median, and nobody's business). A job that stops stepping altogether is seen by the bot's
+    heartbeat watchdog instead.
     """
 
     warning: float | None = dataclasses.field(default=10.0, metadata=spec(gt=1, doc="x the median step time"))
     error: float | None = dataclasses.field(default=None, metadata=spec(gt=1, doc="x the median step time"))
     window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples in the rolling baseline"))
+    min_seconds: float = dataclasses.field(
+        default=1.0, metadata=spec(ge=0, doc="a step shorter than this is never a stall, whatever the ratio"))
 
 
 class StepStall(BaselineRule):
@@ -34,11 +38,14 @@ class StepStall(BaselineRule):
     def __init__(self, p: StepStallParams, ctx: DetectorContext) -> None:
         super().__init__(p.window)
         self.worst = 0.0
+        self.min_seconds = p.min_seconds
 
     def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
         # The window learns mean step times; the score is the slowest single step against them.
         med = w.median()
-        return (self.worst / med if med > 0.0 else 0.0), med
+        if med <= 0.0 or self.worst < self.min_seconds:
+            return 0.0, med
+        return self.worst / med, med
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         mean, worst = s.step_time, s.max_step_time
