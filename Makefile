@@ -5,22 +5,24 @@ BIN    := $(VENV)/bin
 HASH   := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STAMP  := $(VENV)/.installed-$(HASH)
 DEMO   := $(VENV)/.demo-$(HASH)
+comma  := ,
 
 .PHONY: demo test lint typecheck unit slow bench clean
 
-$(STAMP): pyproject.toml
+# $(call install,EXTRAS,STAMP-PREFIX): a venv with msmon and those extras, redone when pyproject.toml changes
+define install
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,mindspore]'
-	rm -f $(VENV)/.installed-*
+	$(BIN)/python -m pip install -q -e '.[$(1)]'
+	rm -f $(VENV)/$(2)-*
 	touch $@
+endef
+
+$(STAMP): pyproject.toml
+	$(call install,dev$(comma)mindspore,.installed)
 
 $(DEMO): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[bot]'
-	rm -f $(VENV)/.demo-*
-	touch $@
+	$(call install,bot,.demo)
 
 demo: $(DEMO)
 	$(BIN)/msmon demo

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 from bot.config import load_bot_config
 from bot.server import BotThread
+from tests.helpers import wait_for
+
+__all__ = ["BotServer", "wait_for"]
 
 
 class BotServer(BotThread):
@@ -30,12 +32,3 @@ class BotServer(BotThread):
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             return exc.code, json.loads(raw) if raw.startswith(b"{") else raw.decode()
-
-
-def wait_for(cond: Any, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from typing import Any
 
 from notifier import Monitor
@@ -67,3 +68,13 @@ def run(mon: Monitor, steps: range, make, clock: FakeClock | None = None, dt: fl
             clock.advance(dt)
         events.extend(mon.step(step, **make(step)))
     return events
+
+
+def wait_for(cond: Any, timeout: float = 30.0) -> bool:
+    """Poll `cond()` until it is true (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from notifier.wire import Envelope, Heartbeat, decode
+from tests.helpers import wait_for
 
 
 class RecordingBot:
@@ -87,9 +87,4 @@ class RecordingBot:
         return [a for env in self.envelopes for a in env.actions]
 
     def wait_for(self, cond: Any, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cond():
-                return True
-            time.sleep(0.02)
-        return False
+        return wait_for(cond, timeout)

@@ -150,8 +150,8 @@ class SlidingFit:
         n = self.n
         return n >= 3 and n * self._sxy - self._sx * self._sy > 0.0
 
-    def _moments(self) -> tuple[int, float, float, float, float, float] | None:
-        """(n, mean x, mean y, Sxx, Sxy, Syy) about the means; None when no line can be fitted."""
+    def _line(self) -> tuple[int, float, float, float, float, float] | None:
+        """(n, mean x, mean y, Sxx, slope, residual variance per point); None when no line fits."""
         n = self.n
         if n < 3:
             return None
@@ -160,36 +160,31 @@ class SlidingFit:
         sxx = self._sxx - n * mx * mx
         if sxx <= 0.0:
             return None
-        return n, mx, my, sxx, self._sxy - n * mx * my, self._syy - n * my * my
+        sxy = self._sxy - n * mx * my
+        slope = sxy / sxx
+        resid = max(self._syy - n * my * my - slope * sxy, 0.0) / (n - 2)
+        return n, mx, my, sxx, slope, resid
 
     def fit(self) -> tuple[float, float, float] | None:
         """(slope, value of the line at the newest x, t-statistic of the slope); None if degenerate."""
-        m = self._moments()
-        if m is None:
+        line = self._line()
+        if line is None:
             return None
-        n, mx, my, sxx, sxy, syy = m
-        slope = sxy / sxx
-        resid = max(syy - slope * sxy, 0.0) / (n - 2)
+        _, mx, my, sxx, slope, resid = line
         se = math.sqrt(resid / sxx)
         t = slope / se if se > 0.0 else math.copysign(math.inf, slope) if slope else 0.0
-        at_end = my + slope * ((self._xs[-1] - self._x0) - mx)
-        return slope, at_end, t
+        return slope, my + slope * ((self._xs[-1] - self._x0) - mx), t
 
     def noise(self) -> tuple[float, float] | None:
         """(residual variance per point, sum of squared x deviations) of the current fit."""
-        m = self._moments()
-        if m is None:
-            return None
-        n, _, _, sxx, sxy, syy = m
-        return max(syy - sxy * sxy / sxx, 0.0) / (n - 2), sxx
+        line = self._line()
+        return None if line is None else (line[5], line[3])
 
     def predict(self, x: float) -> tuple[float, float] | None:
         """The line's value at `x` and its standard error; None if degenerate."""
-        m = self._moments()
-        if m is None:
+        line = self._line()
+        if line is None:
             return None
-        n, mx, my, sxx, sxy, syy = m
-        slope = sxy / sxx
-        resid = max(syy - slope * sxy, 0.0) / (n - 2)
+        n, mx, my, sxx, slope, resid = line
         dx = (x - self._x0) - mx
         return my + slope * dx, math.sqrt(resid * (1.0 / n + dx * dx / sxx))
