@@ -74,7 +74,9 @@ class Dispatcher:
         self.windows = Windows(cfg.window_samples, cfg.max_runs)
         self.wake: Callable[[], None] = lambda: None  # the outbox worker's doorbell (set by the app)
 
-    def ingest(self, env: Envelope) -> dict[str, Any]:
+    def ingest(self, env: Envelope, raws: list[bytes] | None = None) -> dict[str, Any]:
+        """Record one envelope and queue what passes the stages. `raws`: the events' JSON as received
+        (saves re-encoding them); encoded here when not given."""
         now = self.clock()
         queued = 0
         steps = [s.step for s in env.samples] + [e.step for e in env.events]
@@ -89,7 +91,7 @@ class Dispatcher:
                 self.windows.add_action(a)
             if env.events:
                 ctx = _Batch(self.store.silences(now), self.store.error_firing(env.run_id), env.project, env.labels)
-                queued = self.events(env.events, env.project, env.labels, now, ctx)
+                queued = self.events(env.events, env.project, env.labels, now, ctx, raws)
         self.metrics.samples_in.inc(len(env.samples))
         if queued:
             self.wake()
@@ -107,7 +109,8 @@ class Dispatcher:
         batch = _Batch(self.store.silences(now), self.store.error_firing(ev.run_id), project, labels)
         return self.events([ev], project, labels, now, batch)
 
-    def events(self, evs: list[Event], project: str, labels: dict[str, str], now: float, batch: _Batch) -> int:
+    def events(self, evs: list[Event], project: str, labels: dict[str, str], now: float, batch: _Batch,
+               raws: list[bytes] | None = None) -> int:
         """Run a batch of events through dedup, inhibit, silence and route, then write the alert state
         and the outbox rows with one statement each; returns how many were queued for delivery."""
         m, p = self.metrics, self.cfg.pipeline
@@ -117,7 +120,7 @@ class Dispatcher:
         outbox: list[tuple[Any, ...]] = []
         counts: dict[str, int] = {}
         suppressed: dict[str, int] = {}
-        for ev, fp in zip(evs, fps, strict=True):
+        for i, (ev, fp) in enumerate(zip(evs, fps, strict=True)):
             sev = ev.severity.value
             counts[sev] = counts.get(sev, 0) + 1
             resolved = ev.status is Status.RESOLVED
@@ -140,7 +143,7 @@ class Dispatcher:
                 continue
             new = dedup.record(ev, state, now)
             states[fp] = new
-            raw = encode(ev)
+            raw = raws[i] if raws is not None else encode(ev)
             alerts.append((fp, ev.run_id, ev.rule, ev.device, sev, status, ev.step, now, raw.decode(), True,
                            None if new.severity is None else new.severity.value, new.sent_at, int(new.resolved)))
             repeat = not resolved and state.severity is ev.severity and not state.resolved
