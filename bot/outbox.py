@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from notifier.wire import Event, Severity, Status, decode
+from notifier.wire import Event, Status, decode
 
 from .metrics import BotMetrics
 from .pipeline.group import firing_key
@@ -169,5 +169,3 @@ class Outbox:
             await receiver.update(channel, ref["ts"], view)
             self.store.retire_message(fkey, self.clock())
 
-
-__all__ = ["Outbox", "Severity"]

@@ -95,17 +95,6 @@ class Store:
 
     # -- alerts and what was sent for them (the notification log) -------------------------------
 
-    def save_alert(self, fp: str, ev_json: str, run_id: str, rule: str, device: str, severity: str, status: str,
-                   step: int, now: float) -> None:
-        self.db.execute(
-            "INSERT INTO alerts(fingerprint, run_id, rule, device, severity, status, first_step, last_step,"
-            " updated_at, event) VALUES(?,?,?,?,?,?,?,?,?,?) ON CONFLICT(fingerprint) DO UPDATE SET"
-            " severity=excluded.severity, status=excluded.status, last_step=excluded.last_step,"
-            " updated_at=excluded.updated_at, event=excluded.event,"
-            " first_step=CASE WHEN alerts.status='resolved' THEN excluded.first_step ELSE alerts.first_step END,"
-            " acked_by=CASE WHEN alerts.status='resolved' THEN NULL ELSE alerts.acked_by END",
-            (fp, run_id, rule, device, severity, status, step, step, now, ev_json))
-
     def notify_states(self, fps: list[str]) -> dict[str, NotifyState]:
         """What was sent for each fingerprint (one query per 500)."""
         out: dict[str, NotifyState] = {}
@@ -142,18 +131,6 @@ class Store:
         self.db.executemany("INSERT INTO outbox(created_at, receiver, channel, kind, key, run_id, payload, next_at)"
                             " VALUES(?,?,?,?,?,?,?,?)", rows)
 
-    def notify_state(self, fp: str) -> NotifyState:
-        r = self.db.execute("SELECT sent_severity, sent_at, sent_resolved FROM alerts WHERE fingerprint=?",
-                            (fp,)).fetchone()
-        if r is None or r["sent_severity"] is None:
-            return NotifyState()
-        return NotifyState(Severity(r["sent_severity"]), r["sent_at"], bool(r["sent_resolved"]))
-
-    def record_sent(self, fp: str, state: NotifyState) -> None:
-        self.db.execute("UPDATE alerts SET sent_severity=?, sent_at=?, sent_resolved=? WHERE fingerprint=?",
-                        (None if state.severity is None else state.severity.value, state.sent_at,
-                         int(state.resolved), fp))
-
     def error_firing(self, run_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM alerts WHERE run_id=? AND status='firing' AND severity='ERROR'"
                                " LIMIT 1", (run_id,)).fetchone() is not None
@@ -174,13 +151,6 @@ class Store:
         return out
 
     # -- outbox ---------------------------------------------------------------------------------
-
-    def enqueue(self, receiver: str, channel: str, kind: str, key: str, run_id: str, payload: bytes,
-                now: float, due_at: float) -> int:
-        cur = self.db.execute(
-            "INSERT INTO outbox(created_at, receiver, channel, kind, key, run_id, payload, next_at)"
-            " VALUES(?,?,?,?,?,?,?,?)", (now, receiver, channel, kind, key, run_id, payload.decode(), due_at))
-        return int(cur.lastrowid or 0)
 
     def pending(self, receiver: str, channel: str, key: str, kind: str) -> list[dict[str, Any]]:
         """Undelivered rows of one group, whatever their due time (they are sent together)."""

@@ -53,6 +53,8 @@ class Watchdog:
                 if rule in found and not self.firing.get(key):
                     self.firing[key] = True
                     queued += self._raise(run, rule, Status.FIRING, found[rule], now)
+                    if rule == "job_gone":
+                        self.store.mark_gone(run["run_id"], True)
                 elif rule not in found and self.firing.get(key):
                     self.firing[key] = False
                     queued += self._raise(run, rule, Status.RESOLVED, 0.0, now)

@@ -252,3 +252,55 @@ def test_warnings_go_in_the_thread_of_the_runs_message(bot, slack):
     bot.request("POST", "/v1/ingest", envelope([event()]))  # an ERROR is always top level
     assert wait_for(lambda: len(slack.messages()) == 3)
     assert not slack.messages()[2].get("thread_ts")
+
+
+def test_a_silence_holds_back_matching_alerts_until_it_expires(bot, slack):
+    from bot.pipeline.silence import Silence
+
+    bot.store.add_silence(Silence(id=0, expires_at=time.time() + 3600, run_id="run-42", rule="grad_norm",
+                                  created_by="@oncall", comment="known, fixing"))
+    bot.request("POST", "/v1/ingest", envelope([event()]))
+    bot.request("POST", "/v1/ingest", envelope([event(rule="loss_spike")]))
+    assert wait_for(lambda: len(slack.messages()) == 1)
+    time.sleep(0.8)
+    assert [m["text"].split(":")[0] for m in slack.messages()] == ["ERROR loss_spike"]
+    _, metrics = bot.request("GET", "/metrics", token=None)
+    assert 'msmon_suppressed_total{stage="silence"} 1.0' in metrics
+
+
+def test_watchdog_tells_gone_from_stalled():
+    from bot.watchdog import verdicts
+
+    base = {"last_heartbeat": 100.0, "last_progress": 100.0, "paused": False}
+    assert verdicts(base, 150.0, 60, 600) == {}
+    assert verdicts(base, 161.0, 60, 600) == {"job_gone": 61.0}
+    alive_stuck = {**base, "last_heartbeat": 800.0}
+    assert verdicts(alive_stuck, 801.0, 60, 600) == {"job_stalled": 701.0}
+    assert verdicts({**alive_stuck, "paused": True}, 801.0, 60, 600) == {}  # paused on purpose
+    assert verdicts({"last_heartbeat": None}, 1e9, 60, 600) == {}  # never sent one: nothing to judge
+
+
+def test_a_job_that_stops_sending_heartbeats_is_reported_gone(tmp_path, slack, monkeypatch):
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
+    cfg = config(tmp_path, slack, heartbeat_timeout=0.5)
+    b = BotServer(cfg)
+    try:
+        from notifier.wire import Heartbeat
+
+        hb = Heartbeat(run_id="run-9", device="0", time=time.time(), step=1234)
+        assert b.request("POST", "/v1/heartbeat", encode(hb))[0] == 202
+        assert wait_for(lambda: any(m["text"].startswith("ERROR job_gone: run run-9") for m in slack.messages()),
+                        timeout=15)
+        assert b.request("GET", "/v1/runs/run-9")[1]["gone"] is True
+        ts = slack.messages()[0]["ts"]
+
+        def beating_again() -> bool:  # it is back: heartbeats every 0.1 s
+            b.request("POST", "/v1/heartbeat", encode(hb))
+            time.sleep(0.1)
+            return slack.message(ts)["text"].startswith("RESOLVED job_gone")
+
+        assert wait_for(beating_again, timeout=15)
+        assert b.request("GET", "/v1/runs/run-9")[1]["gone"] is False
+    finally:
+        b.stop()

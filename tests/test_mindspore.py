@@ -259,27 +259,35 @@ def test_step_numbers_and_throughput_in_sink_and_non_sink_mode(sink):
         assert s.step_time == pytest.approx(times[s.step] - times[s.step - 1], rel=0.5, abs=2e-3)
 
 
+def drive_callback(batch, calls, seconds_per_call, steps_per_call=1, sink=False):
+    """Run a MonitorCallback through MindSpore's own RunContext with a given first batch, `calls` step
+    ends `seconds_per_call` apart (a fake clock), `steps_per_call` steps each; returns the samples."""
+    sink_ = ListSink()
+    clock = [1000.0]
+    mon = Monitor(cfg(), "driven", sinks=[sink_], clock=lambda: clock[0])
+    cb = MonitorCallback(None, monitor=mon)
+    params = InternalCallbackParam()
+    params.update(cur_step_num=0, batch_num=steps_per_call, dataset_sink_mode=sink, optimizer=None,
+                  train_network=None, train_dataset=None, train_dataset_element=[batch], initial_step=0,
+                  net_outputs=ms.Tensor(2.0))
+    ctx = RunContext(params)
+    cb.on_train_begin(ctx)
+    for k in range(1, calls + 1):
+        clock[0] += seconds_per_call
+        params["cur_step_num"] = steps_per_call * k
+        cb.on_train_step_end(ctx)
+    mon.close()
+    return sink_.samples
+
+
 def test_real_sink_mode_callbacks_once_per_sink():
     """Where sink mode is real (Ascend/GPU) the callback fires once per sink of `batch_num` steps. Driven
     here through MindSpore's own RunContext: the step counter jumps by the sink size, throughput and
     step time are per step, and the slowest step is estimated per sink."""
-    sink_ = ListSink()
-    mon = Monitor(cfg(), "sink", sinks=[sink_], clock=lambda: clock[0])
-    clock = [1000.0]
-    cb = MonitorCallback(None, monitor=mon)
-    x = ms.Tensor(np.zeros((32, 8), np.float32))
-    params = InternalCallbackParam()
-    params.update(cur_step_num=0, batch_num=50, dataset_sink_mode=True, optimizer=None, train_network=None,
-                  train_dataset=None, train_dataset_element=[x], initial_step=0, net_outputs=ms.Tensor(2.0))
-    ctx = RunContext(params)
-    cb.on_train_begin(ctx)
-    for k in range(1, 7):
-        clock[0] += 50 * 0.2  # 50 steps of 0.2 s
-        params["cur_step_num"] = 50 * k
-        cb.on_train_step_end(ctx)
-    mon.close()
-    assert [s.step for s in sink_.samples] == [50, 100, 150, 200, 250, 300]
-    s = sink_.samples[-1]
+    samples = drive_callback(ms.Tensor(np.zeros((32, 8), np.float32)), calls=6, seconds_per_call=50 * 0.2,
+                             steps_per_call=50, sink=True)  # 50 steps of 0.2 s per callback
+    assert [s.step for s in samples] == [50, 100, 150, 200, 250, 300]
+    s = samples[-1]
     assert s.step_time == pytest.approx(0.2)
     assert s.samples_per_s == pytest.approx(32 / 0.2)
     assert s.max_step_time == pytest.approx(0.2)
@@ -360,22 +368,7 @@ def test_lr_is_read_from_the_optimizer_when_the_train_cell_does_not_return_it(fo
 
 def test_tokens_per_second_from_an_integer_token_batch():
     """Token ids (batch, sequence): tokens/s = samples/s x sequence length, with no config needed."""
-    sink_ = ListSink()
-    clock = [0.0]
-    mon = Monitor(cfg(), "tok", sinks=[sink_], clock=lambda: clock[0])
-    cb = MonitorCallback(None, monitor=mon)
-    tokens = ms.Tensor(np.zeros((8, 128), np.int32))
-    params = InternalCallbackParam()
-    params.update(cur_step_num=0, batch_num=1, dataset_sink_mode=False, optimizer=None, train_network=None,
-                  train_dataset=None, train_dataset_element=[tokens], initial_step=0, net_outputs=ms.Tensor(2.0))
-    ctx = RunContext(params)
-    cb.on_train_begin(ctx)
-    for k in range(1, 4):
-        clock[0] += 0.5
-        params["cur_step_num"] = k
-        cb.on_train_step_end(ctx)
-    mon.close()
-    s = sink_.samples[-1]
+    s = drive_callback(ms.Tensor(np.zeros((8, 128), np.int32)), calls=3, seconds_per_call=0.5)[-1]
     assert s.samples_per_s == pytest.approx(16.0)
     assert s.tokens_per_s == pytest.approx(16.0 * 128)
 
