@@ -7,51 +7,17 @@ accepted (recorded and queued for delivery) or not at all; the job's 2xx comes a
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from notifier.wire import ActionResult, Envelope, Event, Heartbeat, Sample, Status, encode
+from notifier.wire import Envelope, Event, Heartbeat, Status, encode
 
 from .config import BotConfig
 from .metrics import BotMetrics
 from .pipeline import dedup, group, inhibit, route, silence
 from .pipeline.alert import fingerprint
 from .store import Store
-
-
-class Windows:
-    """Recent metric samples per run and device: bounded by configuration, not by run length."""
-
-    def __init__(self, per_device: int, max_runs: int) -> None:
-        self.per_device, self.max_runs = per_device, max_runs
-        self.runs: OrderedDict[str, dict[str, deque[Sample]]] = OrderedDict()
-        self.actions: OrderedDict[str, deque[ActionResult]] = OrderedDict()
-
-    def add(self, s: Sample) -> None:
-        run = self.runs.get(s.run_id)
-        if run is None:
-            run = self.runs[s.run_id] = {}
-            while len(self.runs) > self.max_runs:
-                self.runs.popitem(last=False)
-        else:
-            self.runs.move_to_end(s.run_id)
-        d = run.get(s.device)
-        if d is None:
-            d = run[s.device] = deque(maxlen=self.per_device)
-        d.append(s)
-
-    def add_action(self, a: ActionResult) -> None:
-        q = self.actions.get(a.run_id)
-        if q is None:
-            q = self.actions[a.run_id] = deque(maxlen=50)
-            while len(self.actions) > self.max_runs:
-                self.actions.popitem(last=False)
-        q.append(a)
-
-    def latest(self, run_id: str) -> dict[str, Sample]:
-        return {dev: q[-1] for dev, q in self.runs.get(run_id, {}).items() if q}
-
+from .windows import Windows
 
 _NEVER = dedup.NotifyState()
 

@@ -80,3 +80,23 @@ def test_token_buckets_per_channel_run_and_global():
     assert rl.wait("C3", "r3", 0.02) == 0.0  # r3's burst used up now ...
     assert rl.wait("C4", "r3", 0.03) == pytest.approx(1.98)  # ... so its own bucket (0.5/s) holds the next one
     assert rl.wait("C1", "r1", 1.0) == 0.0
+
+
+def test_metric_windows_are_fixed_size_rings_that_keep_none_and_nan_apart():
+    import math
+
+    from bot.windows import Windows
+    from notifier.wire import Sample
+
+    w = Windows(per_device=3, max_runs=2)
+    for step in range(5):
+        w.add(Sample(run_id="r", device="0", step=step, time=float(step), loss=math.nan if step == 4 else 2.0,
+                     grad_norm=None if step == 3 else 1.5))
+    hist = w.history("r", "0")
+    assert [s.step for s in hist] == [2, 3, 4]  # the last 3 only
+    assert hist[1].grad_norm is None and hist[2].grad_norm == 1.5
+    assert math.isnan(hist[2].loss) and hist[0].learning_rate is None
+    assert w.latest("r")["0"].step == 4
+    for run in ("a", "b"):
+        w.add(Sample(run_id=run, device="0", step=0, time=0.0))
+    assert list(w.runs) == ["a", "b"]  # max_runs: the least recently seen run went first

@@ -1,0 +1,92 @@
+"""Recent metrics per run and device, in fixed-size numeric rings: memory is bounded by
+configuration (runs x devices x samples x 9 numbers), never by how long a run has been going."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import OrderedDict, deque
+
+from notifier.wire import ActionResult, Sample
+
+FIELDS = ("loss", "learning_rate", "grad_norm", "samples_per_s", "tokens_per_s", "step_time", "max_step_time",
+          "time")
+_NONE = math.nan  # a missing value; NaN that was measured is kept apart by the `missing` bit set
+_BITS = {f: 1 << i for i, f in enumerate(FIELDS)}
+
+
+class Ring:
+    """The last `size` samples of one device: one array per field (8 bytes a number)."""
+
+    __slots__ = ("size", "n", "head", "steps", "cols", "missing", "run_id", "device")
+
+    def __init__(self, size: int, run_id: str, device: str) -> None:
+        self.size, self.n, self.head = size, 0, 0
+        self.run_id, self.device = run_id, device
+        self.steps = array("q", bytes(8 * size))
+        self.cols = {f: array("d", bytes(8 * size)) for f in FIELDS}
+        self.missing = array("H", bytes(2 * size))  # which fields were None, one bit each
+
+    def add(self, s: Sample) -> None:
+        i = self.head
+        self.steps[i] = s.step
+        mask = 0
+        for f in FIELDS:
+            v = getattr(s, f)
+            if v is None:
+                mask |= _BITS[f]
+                v = _NONE
+            self.cols[f][i] = v
+        self.missing[i] = mask
+        self.head = (i + 1) % self.size
+        self.n = min(self.n + 1, self.size)
+
+    def sample(self, back: int = 0) -> Sample:
+        """The sample `back` places before the newest (0: the newest)."""
+        i = (self.head - 1 - back) % self.size
+        mask = self.missing[i]
+        vals = {f: None if mask & _BITS[f] else self.cols[f][i] for f in FIELDS}
+        t = vals.pop("time")
+        return Sample(run_id=self.run_id, device=self.device, step=self.steps[i], time=t or 0.0, **vals)
+
+    def samples(self) -> list[Sample]:
+        """Oldest first."""
+        return [self.sample(k) for k in range(self.n - 1, -1, -1)]
+
+
+class Windows:
+    """Rings per run and device (the least recently seen runs forgotten past `max_runs`), and the
+    last job actions of each run."""
+
+    def __init__(self, per_device: int, max_runs: int) -> None:
+        self.per_device, self.max_runs = per_device, max_runs
+        self.runs: OrderedDict[str, dict[str, Ring]] = OrderedDict()
+        self.actions: OrderedDict[str, deque[ActionResult]] = OrderedDict()
+
+    def add(self, s: Sample) -> None:
+        run = self.runs.get(s.run_id)
+        if run is None:
+            run = self.runs[s.run_id] = {}
+            while len(self.runs) > self.max_runs:
+                self.runs.popitem(last=False)
+        else:
+            self.runs.move_to_end(s.run_id)
+        ring = run.get(s.device)
+        if ring is None:
+            ring = run[s.device] = Ring(self.per_device, s.run_id, s.device)
+        ring.add(s)
+
+    def add_action(self, a: ActionResult) -> None:
+        q = self.actions.get(a.run_id)
+        if q is None:
+            q = self.actions[a.run_id] = deque(maxlen=50)
+            while len(self.actions) > self.max_runs:
+                self.actions.popitem(last=False)
+        q.append(a)
+
+    def latest(self, run_id: str) -> dict[str, Sample]:
+        return {dev: ring.sample() for dev, ring in self.runs.get(run_id, {}).items() if ring.n}
+
+    def history(self, run_id: str, device: str) -> list[Sample]:
+        ring = self.runs.get(run_id, {}).get(device)
+        return [] if ring is None else ring.samples()
