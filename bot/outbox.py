@@ -9,13 +9,14 @@ OK and the commit right after it (a window of one SQLite write).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from notifier.wire import Event, Status, decode
+import msgspec
+
+from notifier.wire import Event, Severity, Status, decode
 
 from .metrics import BotMetrics
 from .pipeline.group import firing_key
@@ -28,11 +29,25 @@ log = logging.getLogger("msmon.bot")
 BACKOFF = (1.0, 300.0)
 
 
+class Payload(msgspec.Struct):
+    """An outbox row's payload, as `bot.dispatch` writes it."""
+
+    event: Event
+    project: str = "default"
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    received_at: float | None = None
+    thread: bool = False
+
+
+def _payload(row: dict[str, Any]) -> Payload:
+    return decode(row["payload"], Payload)
+
+
 def _events(rows: list[dict[str, Any]]) -> list[Event]:
     """Latest event per device, in order of arrival."""
     by_device: dict[str, Event] = {}
     for r in rows:
-        ev = decode(json.dumps(json.loads(r["payload"])["event"]), Event)
+        ev = _payload(r).event
         by_device[ev.device] = ev
     return list(by_device.values())
 
@@ -40,8 +55,7 @@ def _events(rows: list[dict[str, Any]]) -> list[Event]:
 def _message(key: str, rows: list[dict[str, Any]], repeat: bool = False) -> Message:
     events = _events(rows)
     lead = events[0]
-    payload = json.loads(rows[0]["payload"])
-    return Message(key=key, run_id=lead.run_id, project=payload.get("project", "default"), rule=lead.rule,
+    return Message(key=key, run_id=lead.run_id, project=_payload(rows[0]).project, rule=lead.rule,
                    severity=lead.severity, status=lead.status, events=events, repeat=repeat)
 
 
@@ -124,11 +138,11 @@ class Outbox:
         now = self.clock()
         self.store.delivered(ids, now)
         self.metrics.sent.labels(receiver.name, kind).inc()
-        for r in rows:
-            if kind == "alert" and '"severity":"ERROR"' in r["payload"]:
-                received = json.loads(r["payload"]).get("received_at")
-                if received is not None:
-                    self.metrics.error_latency.observe(max(now - received, 0.0))
+        if kind == "alert":
+            for r in rows:
+                p = _payload(r)
+                if p.event.severity is Severity.ERROR and p.received_at is not None:
+                    self.metrics.error_latency.observe(max(now - p.received_at, 0.0))
         return True
 
     async def _alert(self, receiver: Receiver, channel: str, key: str, rows: list[dict[str, Any]]) -> None:
@@ -137,7 +151,7 @@ class Outbox:
             msg = _message(key, rows)
             root_key = f"{msg.run_id}|root|{receiver.name}|{channel}"
             root = self.store.message(root_key)
-            if json.loads(rows[0]["payload"]).get("thread") and root is not None:
+            if _payload(rows[0]).thread and root is not None:
                 # A WARNING goes in the thread of the run's first message in this channel.
                 await receiver.reply(channel, root["ts"], msg)
                 self.store.save_message(key, receiver.name, channel, root["ts"], self.clock())
