@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .config import ConfigError, MonitorConfig, load_config
+from .config import MonitorConfig, load_config
 from .config.model import ActionConfig
 from .detectors import RULES, DetectorContext, Finding, RuleParams
 from .detectors.base import SKIP
@@ -133,7 +133,8 @@ class Monitor:
         if not self.enabled:
             log.info("msmon: monitoring is off for run %s (monitor_config.monitor_on is %s); set "
                      "monitor_on: true to enable it", self.run_id,
-                     "false" if "monitor_on" in _given_keys(config) else "not set and defaults to false")
+                     "not set and defaults to false" if cfg.given is not None and "monitor_on" not in cfg.given
+                     else "false")
             return
         if sinks is None:
             sinks = self._default_sinks(cfg)
@@ -506,24 +507,6 @@ def _log_event(ev: Event) -> None:
     if ev.actions:
         acts = " Automatic actions: " + ", ".join(str(a["action"]) for a in ev.actions) + "."
     log.log(level, "%s %s %s%s: %s. %s%s", where, ev.severity.value, ev.rule, again, ev.message, ev.hint, acts)
-
-
-def _given_keys(source: object) -> set[str]:
-    if isinstance(source, Mapping):
-        section = source.get("monitor_config", source)
-        return set(section) if isinstance(section, Mapping) else set()
-    return {"monitor_on"} if isinstance(source, MonitorConfig) else _keys_in_file(source)
-
-
-def _keys_in_file(source: object) -> set[str]:
-    try:
-        from .config.loader import _locate
-        from .config.yamlio import load_yaml
-
-        section = _locate(load_yaml(os.fspath(source)), None)  # type: ignore[call-overload]
-        return set(section)
-    except (ConfigError, TypeError):
-        return set()
 
 
 def describe(cfg: MonitorConfig, run_id: str) -> list[str]:

@@ -105,6 +105,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
     section = _locate(data, name)
     ctx = Context()
     cfg = build(MonitorConfig, section, SECTION, ctx)
+    cfg.given = frozenset(map(str, section))
     if not ctx.issues:
         _apply_legacy_thresholds(cfg, section, ctx)
     if not ctx.issues:

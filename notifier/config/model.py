@@ -188,6 +188,10 @@ class BotConfig:
 @dataclasses.dataclass
 class MonitorConfig:
     monitor_on: bool = _field(False, "master switch; off by default")
+    # The keys the file or mapping set (None: built in code). Not a setting; lets messages say
+    # "not set, defaults to ..." rather than guess.
+    given: frozenset[str] | None = dataclasses.field(
+        default=None, init=False, compare=False, repr=False, metadata={"internal": True})
     step_interval: int = _field(1, "sample every Nth step", ge=1)
     log_interval: int = _field(100, "log line every Nth step (0: none)", ge=0)
     metrics: list[Metric] = _field(list(ALL_METRICS), "metrics to sample")
