@@ -180,8 +180,6 @@ class MonitorCallback(Callback):  # type: ignore[misc]
     def _dispatch(self, ev: Event) -> None:
         for act in ev.actions:
             params = {k: v for k, v in act.items() if k != "action"}
-            if act["action"] == "pause" and "timeout" not in params:
-                params["timeout"] = None
             self.control.request(str(act["action"]), source=f"rule {ev.rule} {ev.severity.value}", **params)
         if self.on_event is not None:
             try:
