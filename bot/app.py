@@ -6,6 +6,7 @@ Every malformed request gets a 4xx with a reason; a 5xx only ever means a bug (i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
@@ -115,20 +116,12 @@ def _check_project(request: web.Request, project: str) -> None:
         raise web.HTTPForbidden(reason=f"this token is for project {allowed!r}, not {project!r}")
 
 
-class _RawEvents(msgspec.Struct):
-    """The events of an envelope as the job encoded them (kept as is: no re-encoding in the bot)."""
-
-    events: list[msgspec.Raw] = msgspec.field(default_factory=list)
-
-
 async def ingest(request: web.Request) -> web.Response:
     env: Envelope = await _body(request, Envelope)
     _check_project(request, env.project)
     if any(e.run_id != env.run_id for e in env.events) or any(s.run_id != env.run_id for s in env.samples):
         raise web.HTTPUnprocessableEntity(reason="every event and sample must carry the envelope's run_id")
-    raws = [bytes(r) for r in msgspec.json.decode(await request.read(), type=_RawEvents).events] \
-        if env.events else None
-    return web.json_response(request.app[DISPATCHER].ingest(env, raws), status=202)
+    return web.json_response(request.app[DISPATCHER].ingest(env, await request.read()), status=202)
 
 
 async def heartbeat(request: web.Request) -> web.Response:
@@ -139,6 +132,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 async def runs(request: web.Request) -> web.Response:
     store = request.app[STORE]
+    request.app[DISPATCHER].flush()
     return web.json_response({"runs": [_run_view(request, r) for r in store.runs()
                                        if request[PROJECT] in ("*", r["project"])]})
 
@@ -173,6 +167,7 @@ def _finite(obj: Any) -> Any:
 
 async def run_detail(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
+    request.app[DISPATCHER].flush()
     r = request.app[STORE].run(run_id)
     if r is None or request[PROJECT] not in ("*", r["project"]):
         known = [x["run_id"] for x in request.app[STORE].runs()][:20]
@@ -204,6 +199,16 @@ def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
     return receivers
 
 
+async def _every(period: float, fn: Callable[[], None], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), period)
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - a failed flush is retried next period; the bot keeps serving
+            log.exception("msmon bot: %s failed; retrying in %.0f s", getattr(fn, "__name__", fn), period)
+
+
 def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                receivers: dict[str, Receiver] | None = None) -> web.Application:
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard])
@@ -226,10 +231,12 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
 
     async def background(app: web.Application) -> Any:
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(outbox.run(stop)), asyncio.create_task(watchdog.run(stop))]
+        tasks = [asyncio.create_task(outbox.run(stop)), asyncio.create_task(watchdog.run(stop)),
+                 asyncio.create_task(_every(1.0, disp.flush, stop))]
         yield
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        disp.flush()
         store.close()
 
     app.cleanup_ctx.append(background)

@@ -6,12 +6,16 @@ accepted (recorded and queued for delivery) or not at all; the job's 2xx comes a
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import msgspec
 
 from notifier.wire import Envelope, Event, Heartbeat, Status, encode
 
+from .alertindex import AlertIndex
 from .config import BotConfig
 from .metrics import BotMetrics
 from .pipeline import dedup, group, inhibit, route, silence
@@ -22,15 +26,32 @@ from .windows import Windows
 _NEVER = dedup.NotifyState()
 
 
+class _RawEvents(msgspec.Struct):
+    """The events of an envelope as the job encoded them (kept as is: no re-encoding in the bot)."""
+
+    events: list[msgspec.Raw] = msgspec.field(default_factory=list)
+
+
 class _Batch:
     """What the events of one envelope share, looked up or encoded once."""
 
-    __slots__ = ("silences", "error_firing", "head")
+    __slots__ = ("silences", "error_firing", "head", "body", "_raws")
 
     def __init__(self, silences: list[silence.Silence], error_firing: bool, project: str,
-                 labels: dict[str, str]) -> None:
+                 labels: dict[str, str], body: bytes | None = None) -> None:
         self.silences, self.error_firing = silences, error_firing
         self.head = b'{"project":%s,"labels":%s' % (encode(project), encode(labels))
+        self.body = body
+        self._raws: list[msgspec.Raw] | None = None
+
+    def raw(self, i: int, ev: Event) -> bytes:
+        """Event `i`'s JSON: as received when the envelope's body is at hand (decoded on first need:
+        most events of a storm are suppressed and never need it), else encoded."""
+        if self.body is None:
+            return encode(ev)
+        if self._raws is None:
+            self._raws = msgspec.json.decode(self.body, type=_RawEvents).events
+        return bytes(self._raws[i])
 
 
 class Dispatcher:
@@ -38,16 +59,34 @@ class Dispatcher:
                  clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.store, self.metrics, self.clock = cfg, store, metrics, clock
         self.windows = Windows(cfg.window_samples, cfg.max_runs)
+        self.index = AlertIndex(store)
         self.wake: Callable[[], None] = lambda: None  # the outbox worker's doorbell (set by the app)
 
-    def ingest(self, env: Envelope, raws: list[bytes] | None = None) -> dict[str, Any]:
-        """Record one envelope and queue what passes the stages. `raws`: the events' JSON as received
-        (saves re-encoding them); encoded here when not given."""
+    @contextlib.contextmanager
+    def tx(self) -> Iterator[None]:
+        """One SQLite transaction; the in-memory alert index follows it (applied on commit, dropped on error)."""
+        try:
+            with self.store.tx():
+                yield
+        except BaseException:
+            self.index.discard()
+            raise
+        self.index.commit()
+
+    def flush(self) -> None:
+        """Write the alerts' held last steps (see AlertIndex); before reading alert rows."""
+        if self.index.touches:
+            with self.store.tx():
+                self.index.flush()
+
+    def ingest(self, env: Envelope, body: bytes | None = None) -> dict[str, Any]:
+        """Record one envelope and queue what passes the stages. `body`: the envelope as received, whose
+        events' JSON is stored as is (saves re-encoding them)."""
         now = self.clock()
         queued = 0
         steps = [s.step for s in env.samples] + [e.step for e in env.events]
         steps += [h.step for h in env.heartbeats if h.step is not None]
-        with self.store.tx():
+        with self.tx():
             self.store.touch_run(env.run_id, env.project, env.labels, env.device, max(steps) if steps else None, now,
                                  heartbeat=bool(env.heartbeats),
                                  paused=env.heartbeats[-1].paused if env.heartbeats else None)
@@ -56,8 +95,9 @@ class Dispatcher:
             for a in env.actions:
                 self.windows.add_action(a)
             if env.events:
-                ctx = _Batch(self.store.silences(now), self.store.error_firing(env.run_id), env.project, env.labels)
-                queued = self.events(env.events, env.project, env.labels, now, ctx, raws)
+                ctx = _Batch(self.store.silences(now), self.store.error_firing(env.run_id), env.project, env.labels,
+                             body)
+                queued = self.events(env.events, env.project, env.labels, now, ctx)
         self.metrics.samples_in.inc(len(env.samples))
         if queued:
             self.wake()
@@ -75,13 +115,13 @@ class Dispatcher:
         batch = _Batch(self.store.silences(now), self.store.error_firing(ev.run_id), project, labels)
         return self.events([ev], project, labels, now, batch)
 
-    def events(self, evs: list[Event], project: str, labels: dict[str, str], now: float, batch: _Batch,
-               raws: list[bytes] | None = None) -> int:
+    def events(self, evs: list[Event], project: str, labels: dict[str, str], now: float, batch: _Batch) -> int:
         """Run a batch of events through dedup, inhibit, silence and route, then write the alert state
         and the outbox rows with one statement each; returns how many were queued for delivery."""
         m, p = self.metrics, self.cfg.pipeline
         fps = [fingerprint(ev.run_id, ev.rule, ev.device) for ev in evs]
-        states = self.store.notify_states(fps)
+        index = self.index
+        entries = index.get(fps)
         alerts: list[tuple[Any, ...]] = []
         outbox: list[tuple[Any, ...]] = []
         counts: dict[str, int] = {}
@@ -91,7 +131,8 @@ class Dispatcher:
             counts[sev] = counts.get(sev, 0) + 1
             resolved = ev.status is Status.RESOLVED
             status = "resolved" if resolved else "firing"
-            state = states.get(fp, _NEVER)
+            entry = entries.get(fp)
+            state = entry.notify if entry is not None else _NEVER
             stage = None
             if not dedup.decide(ev, state, now, p.repeat_interval):
                 stage = "dedup"
@@ -104,12 +145,18 @@ class Dispatcher:
                     stage = "silence"
             if stage is not None:
                 suppressed[stage] = suppressed.get(stage, 0) + 1
+                if entry is not None and entry.severity == sev and entry.status == status:
+                    index.touch(fp, ev.step, now)  # only the last step moved: written by flush()
+                    continue
                 alerts.append((fp, ev.run_id, ev.rule, ev.device, sev, status, ev.step, now, None, False, None, None,
                                0))
+                index.stage(fp, None, sev, status)
+                entries[fp] = index.staged[fp]
                 continue
             new = dedup.record(ev, state, now)
-            states[fp] = new
-            raw = raws[i] if raws is not None else encode(ev)
+            index.stage(fp, new, sev, status)
+            entries[fp] = index.staged[fp]
+            raw = batch.raw(i, ev)
             alerts.append((fp, ev.run_id, ev.rule, ev.device, sev, status, ev.step, now, raw.decode(), True,
                            None if new.severity is None else new.severity.value, new.sent_at, int(new.resolved)))
             repeat = not resolved and state.severity is ev.severity and not state.resolved
@@ -120,7 +167,8 @@ class Dispatcher:
                 now, b"true" if thread else b"false", raw)
             outbox.append((now, r.receiver, r.channel, kind, group.group_key(ev), ev.run_id, payload.decode(),
                            now + group.delay(ev, p.group_wait)))
-        self.store.save_alerts(alerts)
+        if alerts:
+            self.store.save_alerts(alerts)
         if outbox:
             self.store.enqueue_many(outbox)
         for sev, n in counts.items():

@@ -95,19 +95,24 @@ class Store:
 
     # -- alerts and what was sent for them (the notification log) -------------------------------
 
-    def notify_states(self, fps: list[str]) -> dict[str, NotifyState]:
-        """What was sent for each fingerprint (one query per 500)."""
-        out: dict[str, NotifyState] = {}
+    def alert_states(self, fps: list[str]) -> dict[str, tuple[NotifyState, str | None, str | None]]:
+        """For each fingerprint with a row: what was sent for it, its severity and status (one query per 500)."""
+        out: dict[str, tuple[NotifyState, str | None, str | None]] = {}
         uniq = list(dict.fromkeys(fps))
         for i in range(0, len(uniq), 500):
             chunk = uniq[i:i + 500]
-            rows = self.db.execute("SELECT fingerprint, sent_severity, sent_at, sent_resolved FROM alerts WHERE"
-                                   f" fingerprint IN ({','.join('?' * len(chunk))})", chunk)
+            rows = self.db.execute("SELECT fingerprint, severity, status, sent_severity, sent_at, sent_resolved"
+                                   f" FROM alerts WHERE fingerprint IN ({','.join('?' * len(chunk))})", chunk)
             for r in rows:
-                if r["sent_severity"] is not None:
-                    out[r["fingerprint"]] = NotifyState(Severity(r["sent_severity"]), r["sent_at"],
-                                                        bool(r["sent_resolved"]))
+                sent = r["sent_severity"]
+                notify = NotifyState() if sent is None else NotifyState(Severity(sent), r["sent_at"],
+                                                                        bool(r["sent_resolved"]))
+                out[r["fingerprint"]] = (notify, r["severity"], r["status"])
         return out
+
+    def touch_alerts(self, rows: list[tuple[int, float, str]]) -> None:
+        """(last step, updated at, fingerprint): a suppressed repeat moved the alert's last step."""
+        self.db.executemany("UPDATE alerts SET last_step=?, updated_at=? WHERE fingerprint=?", rows)
 
     def save_alerts(self, rows: list[tuple[Any, ...]]) -> None:
         """Upsert alerts: (fp, run, rule, device, severity, status, step, now, event json or None,

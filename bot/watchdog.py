@@ -69,7 +69,7 @@ class Watchdog:
                    severity=Severity.ERROR, status=status, value=silent, threshold=limit,
                    message=f"{what} for {silent:.0f} s (limit {limit:.0f} s)" if status is Status.FIRING else
                    f"{rule} cleared", hint=HINTS[rule] if status is Status.FIRING else "")
-        with self.store.tx():
+        with self.dispatcher.tx():
             return self.dispatcher.event(ev, run["project"], run["labels"], now)
 
     async def run(self, stop: asyncio.Event) -> None:

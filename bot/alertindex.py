@@ -1,0 +1,86 @@
+"""The alerts' stored state, kept in memory in front of SQLite.
+
+The dispatcher is the only writer of alert rows, so a write-through copy of each fingerprint's row
+(what was sent for it, its severity and status) stays exact and saves a query per event. A
+suppressed repeat that changes neither severity nor status only moves the row's last step: those
+touches are held here and written in one statement by `flush()` (the app calls it every second and
+before any read of the alerts), instead of one upsert per event of a storm.
+
+Changes are staged during a transaction and applied when it commits (`commit()`), or dropped with
+it (`discard()`), so a rolled-back envelope leaves the copy as it was. Bounded: past `max_entries`
+the least recently used entries are forgotten (and read back from SQLite when needed).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from .pipeline.dedup import NotifyState
+from .store import Store
+
+
+class Entry:
+    __slots__ = ("notify", "severity", "status")
+
+    def __init__(self, notify: NotifyState, severity: str | None, status: str | None) -> None:
+        self.notify, self.severity, self.status = notify, severity, status
+
+
+_NEVER = NotifyState()
+
+
+class AlertIndex:
+    def __init__(self, store: Store, max_entries: int = 100_000) -> None:
+        self.store, self.max_entries = store, max_entries
+        self.entries: OrderedDict[str, Entry] = OrderedDict()
+        self.staged: dict[str, Entry] = {}
+        self.touches: dict[str, tuple[int, float]] = {}  # fingerprint -> (last step, time): not yet written
+
+    def get(self, fps: Iterable[str]) -> dict[str, Entry]:
+        """The entry of every fingerprint that has a row (staged changes first, then memory, then SQLite)."""
+        out: dict[str, Entry] = {}
+        missing: list[str] = []
+        for fp in fps:
+            e = self.staged.get(fp) or self.entries.get(fp)
+            if e is None:
+                missing.append(fp)
+            else:
+                out[fp] = e
+        if missing:
+            for fp, (notify, severity, status) in self.store.alert_states(missing).items():
+                out[fp] = self.entries[fp] = Entry(notify, severity, status)
+            self._trim()
+        return out
+
+    def stage(self, fp: str, notify: NotifyState | None, severity: str, status: str) -> None:
+        """A row written in the current transaction (`notify` None: what was sent is unchanged)."""
+        old = self.staged.get(fp) or self.entries.get(fp)
+        self.touches.pop(fp, None)  # the row's own write carries a newer step
+        self.staged[fp] = Entry(notify or (old.notify if old else _NEVER), severity, status)
+
+    def touch(self, fp: str, step: int, now: float) -> None:
+        self.touches[fp] = (step, now)
+
+    def commit(self) -> None:
+        for fp, e in self.staged.items():
+            self.entries[fp] = e
+            self.entries.move_to_end(fp)
+        self.staged.clear()
+        self._trim()
+
+    def discard(self) -> None:
+        self.staged.clear()
+
+    def flush(self) -> int:
+        """Write the held touches (call inside a transaction); how many rows."""
+        if not self.touches:
+            return 0
+        rows = [(step, t, fp) for fp, (step, t) in self.touches.items()]
+        self.touches.clear()
+        self.store.touch_alerts(rows)
+        return len(rows)
+
+    def _trim(self) -> None:
+        while len(self.entries) > self.max_entries:
+            self.entries.popitem(last=False)
