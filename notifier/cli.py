@@ -6,22 +6,12 @@ import argparse
 import logging
 import os
 import sys
-import time
 from collections.abc import Sequence
 
 from .config import ConfigError, load_config
-from .monitor import Monitor, describe
-from .replay import ReplayError, read_csv, replay
-from .wire import Event, Severity, Status
-
-
-def _alert_line(e: Event) -> str:
-    state = "RESOLVED" if e.status is Status.RESOLVED else e.severity.value
-    if e.status is Status.RESOLVED:
-        return f"step {e.step:>7}  {state:<8} {e.rule:<16} device {e.device}"
-    again = " (still firing)" if e.repeat else ""
-    return (f"step {e.step:>7}  {state:<8} {e.rule:<16} device {e.device}  value {e.value:.4g} "
-            f"threshold {e.threshold:.4g}{again}\n{'':>15}{e.message}")
+from .monitor import describe
+from .replay import alert_line, run_replay
+from .wire import Status
 
 
 def _quiet_logging(verbose: bool) -> None:
@@ -55,29 +45,6 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_replay(path: str, config: str, run_id: str) -> list[Event]:
-    rows = list(read_csv(path))
-    has_time = any(r.time is not None for r in rows)
-    # Without timestamps in the log, timing rules must not read the replay's own (fast) clock.
-    mon = Monitor(config, run_id, clock=time.time if has_time else (lambda: 0.0))
-    return replay(rows, mon)
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    _quiet_logging(args.verbose)
-    try:
-        events = _run_replay(args.log, args.config, args.run_id)
-    except (ConfigError, ReplayError, OSError) as exc:
-        print(f"msmon replay: {exc}", file=sys.stderr)
-        return 2
-    for e in events:
-        print(_alert_line(e))
-    firing = [e for e in events if e.status is Status.FIRING and not e.repeat]
-    print(f"{len(firing)} alert(s): {sum(e.severity is Severity.ERROR for e in firing)} ERROR, "
-          f"{sum(e.severity is Severity.WARNING for e in firing)} WARNING")
-    return 0
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import CREEP_START, SPIKE_STEP, STEP_SECONDS, make_trace
 
@@ -95,9 +62,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         if not have_bot or args.no_bot:
             print(f"Replaying {trace} through {args.config} (the same Monitor a live job runs):\n")
-            events = _run_replay(trace, args.config, "demo-13b")
+            events = run_replay(trace, args.config, "demo-13b").events
             for e in events:
-                print(_alert_line(e))
+                print(alert_line(e))
         else:
             print(f"Starting the msmon bot (SQLite state and chart PNGs in {out}/, console receiver) and replaying "
                   f"{trace} through {args.config}, reporting to the bot as a training job would. The bot's console "
@@ -136,12 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check-config", help="validate a training YAML's monitor_config and say what it monitors")
     c.add_argument("file")
     c.set_defaults(func=cmd_check_config)
-    r = sub.add_parser("replay", help="run a metrics log (CSV) through the detectors and print the alerts")
-    r.add_argument("log")
-    r.add_argument("--config", default="config/monitor.yaml")
-    r.add_argument("--run-id", default="replay")
-    r.add_argument("-v", "--verbose", action="store_true", help="also print msmon's log lines")
-    r.set_defaults(func=cmd_replay)
+    from .cli_analysis import register as register_analysis  # replay, calibrate
+
+    register_analysis(sub)
     d = sub.add_parser("demo", help="replay a built-in incident trace and print the alerts")
     d.add_argument("--config", default="config/monitor.yaml")
     d.add_argument("--out", default="demo-out")

@@ -1,0 +1,96 @@
+"""`msmon replay` and `msmon calibrate`: offline analysis of recorded logs with the live detectors."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from typing import Any
+
+from .config import ConfigError
+from .readers import FORMATS, ReplayError, parse_columns
+from .replay import Progress, Replayed, alert_json, alert_line, run_replay
+from .trend import NOT_ENOUGH
+
+_COLUMNS_HELP = ("FIELD=NAME,...: the log's column names (CSV), keys (JSONL) or tags (TensorBoard) for step, loss, lr, "
+                 "grad_norm, throughput, time, time_ms, device; unmapped fields are found by their usual names")
+
+
+def _quiet(verbose: bool) -> None:
+    from .cli import _quiet_logging  # the cli module imports this one lazily, so no cycle at import time
+
+    _quiet_logging(verbose)
+
+
+def _want_progress(args: argparse.Namespace) -> bool:
+    if args.progress is not None:
+        return bool(args.progress)
+    return sys.stderr.isatty()
+
+
+def _print_trend(result: Replayed, args: argparse.Namespace, out: Any) -> None:
+    summary = result.trend(args.total_steps, args.target_loss, args.trend_window)
+    for line in summary.describe() if summary is not None else [NOT_ENOUGH]:
+        print(line if line.startswith("trend") else f"trend: {line}", file=out)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    _quiet(args.verbose)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print("msmon replay: --plot needs matplotlib: pip install 'msmon[bot]' (or pip install matplotlib)",
+              file=sys.stderr)
+        return 2
+    progress = Progress(f"replaying {args.log}") if _want_progress(args) else None
+    try:
+        result = run_replay(args.log, args.config, args.run_id, columns=parse_columns(args.columns), fmt=args.format_in,
+                            progress=progress)
+    except (ConfigError, ReplayError, OSError) as exc:
+        if progress is not None and progress.drawn:
+            print(file=sys.stderr)
+        print(f"msmon replay: {exc}", file=sys.stderr)
+        return 2
+    json_mode = args.format == "json"
+    for e in result.events:
+        print(alert_json(e) if json_mode else alert_line(e))
+    summary_out = sys.stderr if json_mode else sys.stdout  # stdout stays pure JSON lines in json mode
+    if not args.no_trend:
+        _print_trend(result, args, summary_out)
+    if args.plot:
+        from .plot import plot_replay
+
+        plot_replay(result, args.plot, title=f"{args.log} through {args.config}")
+        print(f"plot: {args.plot}", file=summary_out)
+    print(f"{result.counts()} in {result.rows:,} rows ({result.format})", file=summary_out)
+    return 0
+
+
+def _add_replay(sub: Any) -> None:
+    r = sub.add_parser("replay", help="run a metrics log (CSV, JSONL, TensorBoard) through the detectors; print the "
+                       "alerts and the loss trend",
+                       description="Replays LOG through the same Monitor a live job runs and prints every alert. "
+                       "Writes no CSV/TensorBoard output and sends nothing to a bot.")
+    r.add_argument("log", help="msmon CSV, any CSV, JSONL, a TensorBoard event file or a folder of them")
+    r.add_argument("--config", default="config/monitor.yaml", help="monitor_config YAML (default: %(default)s)")
+    r.add_argument("--run-id", default="replay")
+    r.add_argument("--columns", default=None, metavar="MAPPING", help=_COLUMNS_HELP)
+    r.add_argument("--input-format", dest="format_in", choices=FORMATS, default=None,
+                   help="the log's format (default: from its name, else its content)")
+    r.add_argument("--format", choices=("text", "json"), default="text",
+                   help="json: one JSON object per alert per line on stdout, nothing else (summary on stderr)")
+    r.add_argument("--plot", default=None, metavar="OUT.png", help="draw the curves with the alerts marked")
+    r.add_argument("--total-steps", type=int, default=None, help="planned last step, for the loss forecast "
+                   "(default: training.total_steps of the config)")
+    r.add_argument("--target-loss", type=float, default=None, help="loss to reach, for the ETA "
+                   "(default: training.target_loss of the config)")
+    r.add_argument("--trend-window", type=int, default=None, metavar="STEPS",
+                   help="steps per trend window (default: a fifth of the steps run, at least 1000)")
+    r.add_argument("--no-trend", action="store_true", help="do not print the loss trend")
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    r.add_argument("-v", "--verbose", action="store_true", help="also print msmon's log lines (stderr)")
+    r.set_defaults(func=cmd_replay)
+
+
+def register(sub: Any) -> None:
+    """Add the `replay` and `calibrate` subcommands to msmon's subparsers."""
+    _add_replay(sub)
