@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from .config import ConfigError
-from .readers import FORMATS, ReplayError, parse_columns
+from .readers import FORMATS, ReplayError, parse_columns, read_log
 from .replay import Progress, Replayed, alert_json, alert_line, run_replay
 from .trend import NOT_ENOUGH
 
@@ -91,6 +91,60 @@ def _add_replay(sub: Any) -> None:
     r.set_defaults(func=cmd_replay)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import CalibrationError, calibrate
+    from .config import load_config
+
+    _quiet(args.verbose)
+    try:
+        base = load_config(args.config) if args.config else None
+        rows = read_log(args.baseline, parse_columns(args.columns), args.format_in)
+        result = calibrate(rows, steps=args.steps, start=args.start, base=base, source=args.baseline)
+    except (ConfigError, ReplayError, OSError) as exc:
+        print(f"msmon calibrate: {exc}", file=sys.stderr)
+        return 2
+    except CalibrationError as exc:
+        print(f"msmon calibrate: cannot calibrate from {exc}", file=sys.stderr)
+        return 1
+    text = result.to_yaml()
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {args.out}:")
+        for line in result.header:
+            print(f"  {line}")
+        print(f"Use it: msmon replay LOG --config {args.out}, or paste its alert: and training: sections into your "
+              "monitor_config.")
+    else:
+        sys.stdout.write(text)
+    if result.alerts_on_baseline:
+        raised = "; ".join(result.alerts_on_baseline)
+        print(f"msmon calibrate: the baseline itself raises alerts through these levels ({raised}): review them "
+              "before use", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_calibrate(sub: Any) -> None:
+    c = sub.add_parser("calibrate", help="measure a healthy baseline log and write thresholds (a monitor_config "
+                       "fragment with a note on every number)",
+                       description="Measures the loss's normal fluctuation, the typical grad norm and the stable "
+                       "throughput over the first --steps steps of BASELINE with the live detectors' own scores, and "
+                       "writes levels a margin above what the baseline reached (looser during warmup). Exit 1, with "
+                       "the reason, when the baseline is too short or too noisy.")
+    c.add_argument("baseline", help="a log of a healthy run (any format msmon replay reads)")
+    c.add_argument("--steps", type=int, default=1000, help="baseline length in steps (default: %(default)s)")
+    c.add_argument("--start", type=int, default=None, help="first step of the baseline (default: the log's first)")
+    c.add_argument("--out", default=None, metavar="thresholds.yaml", help="write the fragment here (default: stdout)")
+    c.add_argument("--config", default=None, help="the monitor_config the levels are for: its step_interval and "
+                   "rule windows are used (default: msmon's defaults, every step sampled)")
+    c.add_argument("--columns", default=None, metavar="MAPPING", help=_COLUMNS_HELP)
+    c.add_argument("--input-format", dest="format_in", choices=FORMATS, default=None)
+    c.add_argument("-v", "--verbose", action="store_true", help="also print msmon's log lines (stderr)")
+    c.set_defaults(func=cmd_calibrate)
+
+
 def register(sub: Any) -> None:
     """Add the `replay` and `calibrate` subcommands to msmon's subparsers."""
     _add_replay(sub)
+    _add_calibrate(sub)
