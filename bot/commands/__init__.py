@@ -1,0 +1,1 @@
+"""Chat and CLI commands: one language (`parse.py`) shared by Slack's `/msmon ...`, `msmon cmd "..."` and later IMs."""

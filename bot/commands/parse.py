@@ -1,0 +1,370 @@
+"""The msmon command language: text in, a `Parsed` command (or a `CommandError` to show the user) out.
+
+Pure code: no I/O, no clock. Grammar (verbs are case-insensitive; run ids keep their case)::
+
+    status <run>                 step, loss/lr/grad norm/throughput vs baseline, firing alerts, ETA, chart
+    runs                         the runs the bot knows
+    pause <run>
+    resume <run>
+    save-checkpoint <run>
+    loosen-threshold <run> <rule> <value|xFACTOR> [for <duration>]
+    scale-lr <run> <factor>
+    stop <run> [confirm]         checkpoint, then stop; without `confirm` the bot asks for confirmation
+    ack <run>/<rule>[/<device>]  (`ack <run> <rule> [<device>]` is read the same way)
+    silence <run> [rule] <duration>
+    help [command]
+
+Tokens:
+  * text is split on whitespace (U+00A0 counts as a space); backticks and quotes (" “ ” ' ‘ ’) are dropped,
+    so Slack rich text parses like plain text; a leading `/msmon` or `msmon` is ignored; empty text is `help`.
+  * aliases: checkpoint/save/ckpt -> save-checkpoint, loosen/threshold -> loosen-threshold, lr -> scale-lr,
+    acknowledge -> ack, mute -> silence, list -> runs, unpause/continue -> resume; `_` may stand for `-`.
+  * <run>, <device>: `[A-Za-z0-9._:@+-]+` (no `/`). <rule>: `[a-z_][a-z0-9_]*`, lower-cased (not checked
+    against the job's rules here).
+  * <value>: a finite number > 0 (an absolute threshold level). xFACTOR: `x1.5`, `×1.5` or `*1.5`, finite > 0.
+    scale-lr's <factor>: a number (an `x` prefix is allowed) in (0, 100].
+  * <duration>: number+unit parts, `90s`, `15m`, `1h`, `2d`, `1h30m`, `1.5h` (units s, m, h, d, also
+    sec/min/hr/hour/day and plurals); a unit is required; > 0 and at most 30 days; stored in seconds
+    (rounded to the millisecond). `loosen-threshold` takes it after `for` (a bare duration is accepted too).
+
+`Parsed.text()` is the canonical text of a command; it parses back to an equal `Parsed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from collections.abc import Callable, Sequence
+
+VERBS: tuple[str, ...] = ("status", "runs", "pause", "resume", "save-checkpoint", "loosen-threshold",
+                          "scale-lr", "stop", "ack", "silence", "help")
+DESTRUCTIVE: frozenset[str] = frozenset({"pause", "resume", "stop", "scale-lr", "loosen-threshold",
+                                         "save-checkpoint"})
+USAGE: dict[str, str] = {
+    "status": "status <run>",
+    "runs": "runs",
+    "pause": "pause <run>",
+    "resume": "resume <run>",
+    "save-checkpoint": "save-checkpoint <run>",
+    "loosen-threshold": "loosen-threshold <run> <rule> <value|xFACTOR> [for <duration>]",
+    "scale-lr": "scale-lr <run> <factor>",
+    "stop": "stop <run> [confirm]",
+    "ack": "ack <run>/<rule>[/<device>]",
+    "silence": "silence <run> [rule] <duration>",
+    "help": "help [command]",
+}
+SUMMARY: dict[str, str] = {
+    "status": "step, loss/lr/grad norm/throughput vs baseline, firing alerts, ETA and a chart",
+    "runs": "the runs the bot knows",
+    "pause": "pause training (resume continues it)",
+    "resume": "resume a paused run",
+    "save-checkpoint": "save a checkpoint now",
+    "loosen-threshold": "raise a rule's threshold to a level or by a factor (xFACTOR), optionally for a while",
+    "scale-lr": "multiply the learning rate by a factor in (0, 100]",
+    "stop": "checkpoint, then stop; asks for confirmation (`stop <run> confirm` confirms)",
+    "ack": "acknowledge a firing alert, on all devices or on one",
+    "silence": "mute a run's alerts (or one rule's) for a while",
+    "help": "all commands, or one command's usage with an example",
+}
+EXAMPLE: dict[str, str] = {
+    "status": "status run-42",
+    "runs": "runs",
+    "pause": "pause run-42",
+    "resume": "resume run-42",
+    "save-checkpoint": "save-checkpoint run-42",
+    "loosen-threshold": "loosen-threshold run-42 grad_norm x1.5 for 2h",
+    "scale-lr": "scale-lr run-42 0.5",
+    "stop": "stop run-42 confirm",
+    "ack": "ack run-42/loss_spike/npu3",
+    "silence": "silence run-42 loss_spike 30m",
+    "help": "help loosen-threshold",
+}
+ALIASES: dict[str, str] = {
+    "checkpoint": "save-checkpoint", "save": "save-checkpoint", "ckpt": "save-checkpoint",
+    "loosen": "loosen-threshold", "threshold": "loosen-threshold", "lr": "scale-lr",
+    "acknowledge": "ack", "mute": "silence", "list": "runs", "unpause": "resume", "continue": "resume",
+}
+
+MAX_DURATION_S = 30 * 86400.0
+MAX_LR_FACTOR = 100.0
+_ID = re.compile(r"[A-Za-z0-9._:@+-]+")
+_RULE = re.compile(r"[a-z_][a-z0-9_]*")
+_PLAIN_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([a-z]+)")
+_UNITS: dict[str, float] = {
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600.0),
+    **dict.fromkeys(("d", "day", "days"), 86400.0),
+}
+_DURATION_FORMS = "90s, 15m, 1h30m, 2d"
+_FACTOR_PREFIXES = ("x", "X", "×", "*")
+_DROPPED = str.maketrans({c: None for c in "`\"'“”‘’"} | {"\u00a0": " "})
+_PREFIXES = ("/msmon", "msmon")
+
+
+class CommandError(ValueError):
+    """A command that cannot be run; `str(exc)` is the whole answer to show the user."""
+
+    def __init__(self, message: str, verb: str | None = None) -> None:
+        super().__init__(message)
+        self.verb = verb
+
+
+@dataclasses.dataclass(frozen=True)
+class Parsed:
+    verb: str
+    run: str | None = None
+    rule: str | None = None
+    device: str | None = None
+    value: float | None = None
+    factor: float | None = None
+    duration: float | None = None
+    confirmed: bool = False
+    topic: str | None = None
+
+    @property
+    def destructive(self) -> bool:
+        return self.verb in DESTRUCTIVE
+
+    def text(self) -> str:
+        """The canonical command text; `parse(p.text()) == p`."""
+        loosen = self.verb == "loosen-threshold"
+        parts: list[str | None]
+        if self.verb == "ack":
+            parts = [self.verb, "/".join(p for p in (self.run, self.rule, self.device) if p)]
+        else:
+            parts = [self.verb, self.topic, self.run, self.rule]
+        if self.value is not None:
+            parts.append(format_number(self.value))
+        if self.factor is not None:
+            parts.append(("x" if loosen else "") + format_number(self.factor))
+        if self.duration is not None:
+            parts += ["for" if loosen else None, format_duration(self.duration)]
+        if self.confirmed:
+            parts.append("confirm")
+        return " ".join(p for p in parts if p)
+
+
+# --- tokens -------------------------------------------------------------------------------------------------------
+
+def format_number(x: float) -> str:
+    """Shortest text that reads back as exactly `x` (`2`, not `2.0`)."""
+    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
+
+
+def format_duration(seconds: float) -> str:
+    """`5400` -> `1h30m`; reads back through `parse_duration` to the same value."""
+    rest, frac = int(seconds), round(seconds - int(seconds), 3)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        n, rest = divmod(rest, size)
+        if n:
+            parts.append(f"{n}{unit}")
+    if rest or frac or not parts:
+        parts.append(f"{format_number(rest + frac)}s")
+    return "".join(parts)
+
+
+def parse_duration(text: str) -> float:
+    """`90s`, `15m`, `1h`, `2d`, `1h30m`, `1.5h` -> seconds. A unit is required; > 0 and at most 30 days."""
+    s = text.strip().lower()
+    if _PLAIN_NUMBER.fullmatch(s):
+        raise CommandError(f"'{text}' needs a unit: s, m, h or d (e.g. {_DURATION_FORMS})")
+    total, pos = 0.0, 0
+    if not s:
+        raise CommandError(f"'{text}' is not a duration (e.g. {_DURATION_FORMS})")
+    while pos < len(s):
+        m = _DURATION_PART.match(s, pos)
+        if m is None or m.group(2) not in _UNITS:
+            raise CommandError(f"'{text}' is not a duration (e.g. {_DURATION_FORMS})")
+        total, pos = total + float(m.group(1)) * _UNITS[m.group(2)], m.end()
+    total = round(total, 3)
+    if total <= 0:
+        raise CommandError(f"duration '{text}' must be longer than 0")
+    if total > MAX_DURATION_S:
+        raise CommandError(f"duration '{text}' is longer than the 30-day maximum")
+    return total
+
+
+def _number(token: str, body: str | None = None) -> float:
+    try:
+        x = float(token if body is None else body)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x):
+        raise CommandError(f"'{token}' is not a number")
+    return x
+
+
+def _positive(token: str, what: str, body: str | None = None, maximum: float = math.inf) -> float:
+    x = _number(token, body)
+    if not 0 < x <= maximum:
+        bound = "> 0" if maximum == math.inf else f"in (0, {format_number(maximum)}]"
+        raise CommandError(f"{what} must be {bound}, got '{token}'")
+    return x
+
+
+def _strip_factor_prefix(token: str) -> str | None:
+    """`x1.5`/`×1.5`/`*1.5` -> `1.5`; None when the token has no factor prefix."""
+    return token[1:] if token.startswith(_FACTOR_PREFIXES) else None
+
+
+def _factor(token: str, maximum: float = math.inf) -> float:
+    return _positive(token, "factor", _strip_factor_prefix(token), maximum)
+
+
+def _ident(token: str, what: str) -> str:
+    if "/" in token:
+        raise CommandError(f"{what} ids have no '/': '{token}'")
+    if not _ID.fullmatch(token):
+        raise CommandError(f"'{token}' is not a {what} id (letters, digits and . _ : @ + -)")
+    return token
+
+
+def _run(token: str) -> str:
+    return _ident(token, "run")
+
+
+def _rule(token: str) -> str:
+    rule = token.lower()
+    if not _RULE.fullmatch(rule):
+        raise CommandError(f"'{token}' is not a rule name (letters, digits and _, not starting with a digit)")
+    return rule
+
+
+def _arity(args: Sequence[str], required: Sequence[str], most: int) -> None:
+    if len(args) < len(required):
+        raise CommandError("missing " + " ".join(required[len(args):]))
+    extra = args[most:]
+    if extra:
+        raise CommandError(f"unexpected extra argument{'s' if len(extra) > 1 else ''} '{' '.join(extra)}'")
+
+
+# --- verbs --------------------------------------------------------------------------------------------------------
+
+def _no_args(verb: str, args: Sequence[str]) -> Parsed:
+    _arity(args, (), 0)
+    return Parsed(verb)
+
+
+def _run_only(verb: str, args: Sequence[str]) -> Parsed:
+    _arity(args, ("<run>",), 1)
+    return Parsed(verb, run=_run(args[0]))
+
+
+def _stop(verb: str, args: Sequence[str]) -> Parsed:
+    _arity(args, ("<run>",), 2)
+    run = _run(args[0])
+    if len(args) == 2 and args[1].lower() != "confirm":
+        raise CommandError(f"unexpected '{args[1]}'; to confirm, send `stop {run} confirm`")
+    return Parsed(verb, run=run, confirmed=len(args) == 2)
+
+
+def _scale_lr(verb: str, args: Sequence[str]) -> Parsed:
+    _arity(args, ("<run>", "<factor>"), 2)
+    return Parsed(verb, run=_run(args[0]), factor=_factor(args[1], MAX_LR_FACTOR))
+
+
+def _loosen(verb: str, args: Sequence[str]) -> Parsed:
+    fors = [i for i, a in enumerate(args) if i >= 2 and a.lower() == "for"]
+    head, tail = (args[:fors[0]], args[fors[0] + 1:]) if fors else (args[:3], args[3:])
+    _arity(head, ("<run>", "<rule>", "<value|xFACTOR>"), 3)
+    if fors:
+        _arity(tail, ("<duration> after 'for'",), 1)
+    else:
+        _arity(tail, (), 1)
+    level = head[2]
+    factor_body = _strip_factor_prefix(level)
+    return Parsed(verb, run=_run(head[0]), rule=_rule(head[1]),
+                  value=None if factor_body is not None else _positive(level, "threshold"),
+                  factor=None if factor_body is None else _factor(level),
+                  duration=parse_duration(tail[0]) if tail else None)
+
+
+def _ack(verb: str, args: Sequence[str]) -> Parsed:
+    _arity(args, ("<run>/<rule>",), 3)
+    alert = "/".join(args)
+    parts = alert.split("/")
+    if not 2 <= len(parts) <= 3 or not all(parts):
+        raise CommandError(f"'{alert}' is not an alert: use <run>/<rule> or <run>/<rule>/<device>")
+    device = _ident(parts[2], "device") if len(parts) == 3 else None
+    return Parsed(verb, run=_run(parts[0]), rule=_rule(parts[1]), device=device)
+
+
+def _silence(verb: str, args: Sequence[str]) -> Parsed:
+    _arity(args, ("<run>", "<duration>"), 3)
+    rule = _rule(args[1]) if len(args) == 3 else None
+    return Parsed(verb, run=_run(args[0]), rule=rule, duration=parse_duration(args[-1]))
+
+
+def _help(verb: str, args: Sequence[str]) -> Parsed:
+    _arity(args, (), 1)
+    return Parsed(verb, topic=_resolve(args[0], verb) if args else None)
+
+
+_PARSERS: dict[str, Callable[[str, Sequence[str]], Parsed]] = {
+    "status": _run_only, "runs": _no_args, "pause": _run_only, "resume": _run_only,
+    "save-checkpoint": _run_only, "loosen-threshold": _loosen, "scale-lr": _scale_lr, "stop": _stop,
+    "ack": _ack, "silence": _silence, "help": _help,
+}
+
+
+# --- entry points -------------------------------------------------------------------------------------------------
+
+def _usage_hint(verb: str) -> str:
+    return f"Usage: {USAGE[verb]} (e.g. {EXAMPLE[verb]})"
+
+
+def _canonical(word: str) -> str | None:
+    w = word.lower().replace("_", "-")
+    return w if w in USAGE else ALIASES.get(w)
+
+
+def _resolve(word: str, context: str | None = None) -> str:
+    """The canonical verb for `word`, or a CommandError naming the closest verb (or all of them)."""
+    verb = _canonical(word)
+    if verb is not None:
+        return verb
+    close = difflib.get_close_matches(word.lower().replace("_", "-"), [*VERBS, *ALIASES], n=1, cutoff=0.6)
+    if close:
+        guess = _canonical(close[0]) or close[0]
+        raise CommandError(f"unknown command '{word}'; did you mean `{guess}`? {_usage_hint(guess)}", context)
+    raise CommandError(f"unknown command '{word}'. Commands: {', '.join(VERBS)}. Try `help`.", context)
+
+
+def _tokens(text: str) -> list[str]:
+    tokens = text.translate(_DROPPED).split()
+    if tokens and tokens[0].lower() in _PREFIXES:
+        tokens = tokens[1:]
+    return tokens
+
+
+def parse(text: str) -> Parsed:
+    """Parse one command; raises CommandError (its text is the answer for the user)."""
+    tokens = _tokens(text)
+    if not tokens:
+        return Parsed("help")
+    verb = _resolve(tokens[0])
+    try:
+        return _PARSERS[verb](verb, tokens[1:])
+    except CommandError as exc:
+        if exc.verb is not None:
+            raise
+        raise CommandError(f"{verb}: {exc}. {_usage_hint(verb)}", verb) from None
+
+
+def help_text(verb: str | None = None) -> str:
+    """All commands (usage and summary), or one command's usage, summary, example and aliases."""
+    if verb is None:
+        width = max(map(len, USAGE.values()))
+        lines = [f"{USAGE[v]:<{width}}  {SUMMARY[v]}" for v in VERBS]
+        return "\n".join([*lines, f"Durations: {_DURATION_FORMS} (at most 30d). `help <command>` for more."])
+    v = _resolve(verb, "help")
+    aliases = sorted(a for a, target in ALIASES.items() if target == v)
+    lines = [USAGE[v], f"  {SUMMARY[v]}", f"  e.g. {EXAMPLE[v]}"]
+    if aliases:
+        lines.append(f"  aliases: {', '.join(aliases)}")
+    return "\n".join(lines)
