@@ -262,7 +262,7 @@ def _json_objects(path: str, lines: _Lines) -> Iterator[tuple[int, dict[str, Any
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)  # NaN / Infinity literals are accepted: they are data
+            obj = json.loads(text.strip())  # NaN / Infinity literals are accepted: they are data
         except json.JSONDecodeError as exc:
             raise ReplayError(f"{path}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); a JSONL log has one "
                               "JSON object per line") from None
