@@ -21,10 +21,10 @@ from .store import Store
 
 
 class Entry:
-    __slots__ = ("notify", "severity", "status")
+    __slots__ = ("notify", "severity", "status", "acked")
 
-    def __init__(self, notify: NotifyState, severity: str | None, status: str | None) -> None:
-        self.notify, self.severity, self.status = notify, severity, status
+    def __init__(self, notify: NotifyState, severity: str | None, status: str | None, acked: bool = False) -> None:
+        self.notify, self.severity, self.status, self.acked = notify, severity, status, acked
 
 
 _NEVER = NotifyState()
@@ -48,8 +48,8 @@ class AlertIndex:
             else:
                 out[fp] = e
         if missing:
-            for fp, (notify, severity, status) in self.store.alert_states(missing).items():
-                out[fp] = self.entries[fp] = Entry(notify, severity, status)
+            for fp, (notify, severity, status, acked) in self.store.alert_states(missing).items():
+                out[fp] = self.entries[fp] = Entry(notify, severity, status, acked)
             self._trim()
         return out
 
@@ -57,7 +57,15 @@ class AlertIndex:
         """A row written in the current transaction (`notify` None: what was sent is unchanged)."""
         old = self.staged.get(fp) or self.entries.get(fp)
         self.touches.pop(fp, None)  # the row's own write carries a newer step
-        self.staged[fp] = Entry(notify or (old.notify if old else _NEVER), severity, status)
+        acked = old is not None and old.acked and old.status != "resolved" and status != "resolved"
+        self.staged[fp] = Entry(notify or (old.notify if old else _NEVER), severity, status, acked)
+
+    def acked(self, fps: Iterable[str]) -> None:
+        """Someone acknowledged these alerts (already written to SQLite)."""
+        for fp in fps:
+            e = self.entries.get(fp)
+            if e is not None:
+                e.acked = True
 
     def touch(self, fp: str, step: int, now: float) -> None:
         self.touches[fp] = (step, now)

@@ -18,8 +18,9 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from notifier.wire import Envelope, Heartbeat, decode
+from notifier.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode
 
+from .commands.service import Answer, CommandService, Origin, view
 from .config import BotConfig
 from .dispatch import Dispatcher
 from .metrics import BotMetrics
@@ -27,6 +28,7 @@ from .outbox import Outbox
 from .pipeline.ratelimit import RateLimiter
 from .receivers import Receiver
 from .receivers.console import ConsoleReceiver
+from .slack_inbound import add_slack_routes
 from .store import Store
 from .watchdog import Watchdog
 
@@ -38,36 +40,54 @@ METRICS = web.AppKey("metrics", BotMetrics)
 OUTBOX = web.AppKey("outbox", Outbox)
 CONFIG = web.AppKey("config", BotConfig)
 TOKENS = web.AppKey("tokens", list)
+COMMANDS = web.AppKey("commands", CommandService)
 PROJECT = web.RequestKey("project", str)
+OPERATOR = web.RequestKey("operator", str)  # the operator's name; "" for a job's token
 
 
 def _error(status: int, reason: str, **extra: Any) -> web.Response:
     return web.json_response({"error": reason, **extra}, status=status)
 
 
-def _job_tokens(cfg: BotConfig) -> list[tuple[str, bytes]]:
+def _tokens(cfg: BotConfig) -> list[tuple[str, str, bytes]]:
+    """(project, operator name or "", token) for every job and operator token configured."""
     out = []
-    for t in cfg.tokens:
-        value = t.value()
+    for secret, project, operator in [(t, t.project, "") for t in cfg.tokens] + \
+            [(o, "*", o.user) for o in cfg.commands.operators]:
+        value = secret.value()
         if value:
-            out.append((t.project, value.encode()))
+            out.append((project, operator, value.encode()))
         else:
-            log.warning("msmon bot: the token for project %s (%s) is empty or missing; its jobs will be refused",
-                        t.project, f"env {t.env}" if t.env else f"file {t.file}")
+            whose = f"operator {operator}" if operator else f"the jobs of project {project}"
+            log.warning("msmon bot: the token of %s (%s) is empty or missing; it will be refused", whose,
+                        f"env {secret.env}" if secret.env else f"file {secret.file}")
     return out
 
 
-def _authenticate(request: web.Request) -> str | None:
-    """The project the request's bearer token belongs to, or None. Compared in constant time."""
+def _authenticate(request: web.Request) -> tuple[str, str] | None:
+    """(project, operator) of the request's bearer token, or None. Compared in constant time, with
+    every configured token (no early exit that would time which one matched)."""
     header = request.headers.get("Authorization", "")
     if not header.startswith("Bearer "):
         return None
     given = header[7:].strip().encode()
-    project = None
-    for proj, token in request.app[TOKENS]:
-        if hmac.compare_digest(given, token) and project is None:
-            project = proj
-    return project
+    found = None
+    for project, operator, token in request.app[TOKENS]:
+        if hmac.compare_digest(given, token) and found is None:
+            found = (project, operator)
+    return found
+
+
+def _job_only(request: web.Request) -> None:
+    if request[OPERATOR]:
+        raise web.HTTPForbidden(reason="this is an operator's token (commands.operators); jobs use a job token")
+
+
+def _operator_only(request: web.Request) -> str:
+    if not request[OPERATOR]:
+        raise web.HTTPForbidden(reason="a job's token cannot send commands; use an operator token "
+                                       "(commands.operators in bot.yaml)")
+    return request[OPERATOR]
 
 
 @web.middleware
@@ -77,12 +97,12 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
     metrics = request.app[METRICS]
     try:
         if endpoint.startswith("/v1/"):
-            project = _authenticate(request)
-            if project is None:
+            who = _authenticate(request)
+            if who is None:
                 resp: web.StreamResponse = _error(401, "missing or unknown bearer token (Authorization: Bearer ...)")
                 metrics.requests.labels(endpoint, "401").inc()
                 return resp
-            request[PROJECT] = project
+            request[PROJECT], request[OPERATOR] = who
         resp = await handler(request)
     except web.HTTPRequestEntityTooLarge:
         resp = _error(413, f"request body over the {request.app[CONFIG].max_request_bytes} byte limit; "
@@ -117,6 +137,7 @@ def _check_project(request: web.Request, project: str) -> None:
 
 
 async def ingest(request: web.Request) -> web.Response:
+    _job_only(request)
     env: Envelope = await _body(request, Envelope)
     _check_project(request, env.project)
     if any(e.run_id != env.run_id for e in env.events) or any(s.run_id != env.run_id for s in env.samples):
@@ -125,6 +146,7 @@ async def ingest(request: web.Request) -> web.Response:
 
 
 async def heartbeat(request: web.Request) -> web.Response:
+    _job_only(request)
     hb: Heartbeat = await _body(request, Heartbeat)
     request.app[DISPATCHER].heartbeat(hb, request[PROJECT])
     return web.json_response({"ok": True}, status=202)
@@ -175,6 +197,64 @@ async def run_detail(request: web.Request) -> web.Response:
     return web.json_response(_run_view(request, r, detail=True))
 
 
+async def poll_commands(request: web.Request) -> web.Response:
+    """A job's long poll for its commands: answers at once when there are some, else when one is queued
+    or after `wait` seconds (at most commands.long_poll)."""
+    _job_only(request)
+    poll: Poll = await _body(request, Poll)
+    run = request.app[STORE].run(poll.run_id)
+    if run is not None:
+        _check_project(request, run["project"])
+    svc = request.app[COMMANDS]
+    wait = min(max(poll.wait, 0.0), request.app[CONFIG].commands.long_poll)
+    cmds, cursor = svc.poll(poll.run_id, poll.device, poll.after)
+    if not cmds and wait > 0:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(svc.waiters.event(poll.run_id).wait(), wait)
+        cmds, cursor = svc.poll(poll.run_id, poll.device, poll.after)
+    return web.Response(body=encode(PollAnswer(commands=cmds, cursor=cursor)), content_type="application/json")
+
+
+class _CommandText(msgspec.Struct):
+    text: str
+
+
+async def post_command(request: web.Request) -> web.Response:
+    """`msmon cmd`: one command from an operator; the answer now, the job's result later (GET its id)."""
+    user = _operator_only(request)
+    body: _CommandText = await _body(request, _CommandText)
+    svc = request.app[COMMANDS]
+    answer = svc.submit(body.text, Origin(source="cli", user=user, receiver="console", channel="commands"))
+    out = answer.to_json()
+    if answer.chart is not None:
+        out["chart"] = await _save_chart(request.app, answer)
+    return web.json_response(_finite(out), status=answer.status)
+
+
+async def _save_chart(app: web.Application, answer: Answer) -> str | None:
+    """Draw a status chart off the event loop into the console charts folder; its path."""
+    cfg = app[CONFIG].console
+    if answer.chart is None or not cfg.charts:
+        return None
+    from .chart import render_chart
+
+    event = answer.chart
+    png = await asyncio.get_running_loop().run_in_executor(None, render_chart, event)
+    os.makedirs(cfg.charts_dir, exist_ok=True)
+    path = os.path.join(cfg.charts_dir, f"status-{event.run_id}-step{event.step}.png")
+    with open(path, "wb") as f:
+        f.write(png)
+    return path
+
+
+async def get_command(request: web.Request) -> web.Response:
+    _operator_only(request)
+    cmd = request.app[STORE].commands.get(request.match_info["command_id"])
+    if cmd is None:
+        return _error(404, f"no command {request.match_info['command_id']!r}")
+    return web.json_response(_finite(view(cmd)))
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "outbox_depth": request.app[STORE].depth()})
 
@@ -199,7 +279,7 @@ def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
     return receivers
 
 
-async def _every(period: float, fn: Callable[[], None], stop: asyncio.Event) -> None:
+async def _every(period: float, fn: Callable[[], object], stop: asyncio.Event) -> None:
     while not stop.is_set():
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), period)
@@ -220,11 +300,19 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                     RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock)
     disp.wake = outbox.wake
     app[CONFIG], app[STORE], app[METRICS], app[DISPATCHER], app[OUTBOX] = cfg, store, m, disp, outbox
-    app[TOKENS] = _job_tokens(cfg)
+    app[TOKENS] = _tokens(cfg)
+    svc = CommandService(cfg, store, disp, clock)
+    svc.wake_outbox = outbox.wake
+    disp.on_actions, disp.commands_for = svc.results, svc.pending_for
+    app[COMMANDS] = svc
     app.router.add_post("/v1/ingest", ingest)
     app.router.add_post("/v1/heartbeat", heartbeat)
     app.router.add_get("/v1/runs", runs)
     app.router.add_get("/v1/runs/{run_id}", run_detail)
+    app.router.add_post("/v1/commands", post_command)
+    app.router.add_get("/v1/commands/{command_id}", get_command)
+    app.router.add_post("/v1/commands/poll", poll_commands)
+    add_slack_routes(app, cfg, svc, clock)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     watchdog = Watchdog(cfg, store, disp, clock)
@@ -232,7 +320,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     async def background(app: web.Application) -> Any:
         stop = asyncio.Event()
         tasks = [asyncio.create_task(outbox.run(stop)), asyncio.create_task(watchdog.run(stop)),
-                 asyncio.create_task(_every(1.0, disp.flush, stop))]
+                 asyncio.create_task(_every(1.0, disp.flush, stop)), asyncio.create_task(_every(1.0, svc.expire, stop))]
         yield
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -15,12 +15,11 @@ _f = setting
 
 
 @dataclasses.dataclass
-class JobToken:
-    """A bearer token jobs of `project` present; read from an environment variable or a file."""
+class Secret:
+    """A secret read from an environment variable or a file (never written in the config itself)."""
 
-    project: str = _f("default", "project the token is for ('*': any)")
-    env: str | None = _f(None, "environment variable holding the token")
-    file: str | None = _f(None, "file holding the token")
+    env: str | None = _f(None, "environment variable holding it")
+    file: str | None = _f(None, "file holding it")
 
     def check(self) -> Iterator[tuple[str, str]]:
         if (self.env is None) == (self.file is None):
@@ -34,6 +33,47 @@ class JobToken:
                 return f.read().strip() or None
         except OSError:
             return None
+
+
+@dataclasses.dataclass
+class JobToken(Secret):
+    """A bearer token jobs of `project` present."""
+
+    project: str = _f("default", "project the token is for ('*': any)")
+
+
+@dataclasses.dataclass
+class Operator(Secret):
+    """Someone using `msmon cmd` (or a script): the name commands are recorded under, and their token."""
+
+    user: str = _f("", "name used in permissions and the audit log, e.g. cli:alice")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        yield from super().check()
+        if not self.user:
+            yield "user", "an operator needs a user name"
+
+
+@dataclasses.dataclass
+class Permission:
+    """Who may run the commands that change a job (pause, resume, stop, scale-lr, loosen-threshold,
+    save-checkpoint) on the runs of `project`."""
+
+    project: str = _f("*", "project ('*': every project)")
+    users: list[str] = _f([], "Slack user IDs (U...) or operator names")
+    groups: list[str] = _f([], "group names from commands.groups")
+
+
+@dataclasses.dataclass
+class CommandsConfig:
+    enable: bool = _f(True, "accept chat and CLI commands")
+    allow: list[Permission] = _f([], "who may change jobs (none: nobody; read-only commands are for everyone)")
+    groups: dict[str, list[str]] = _f({}, "user groups: name -> Slack user IDs or operator names")
+    operators: list[Operator] = _f([], "tokens for `msmon cmd` (POST /v1/commands)")
+    expire_after: float = _f(600.0, "seconds after which a command no job picked up expires (the user is told)",
+                             gt=0)
+    apply_lead: float = _f(0.5, "seconds ahead of a run's latest step at which its ranks apply a command", ge=0)
+    long_poll: float = _f(20.0, "longest wait of a job's command poll, seconds", gt=0, le=60)
 
 
 @dataclasses.dataclass
@@ -60,6 +100,11 @@ class SlackConfig:
     token_env: str = _f("SLACK_BOT_TOKEN", "environment variable with the bot token (xoxb-...)")
     base_url: str | None = _f(None, "Slack API base URL (tests point it at a local server)")
     max_retries: int = _f(5, "retries on 429 / 5xx by slack-sdk's retry handlers", ge=0)
+    signing_secret_env: str = _f("SLACK_SIGNING_SECRET", "environment variable with the signing secret that "
+                                 "verifies slash commands and button clicks")
+    socket_mode: bool = _f(False, "receive commands over Socket Mode (no public URL needed) instead of HTTP")
+    app_token_env: str = _f("SLACK_APP_TOKEN", "environment variable with the app-level token (xapp-...) for "
+                            "Socket Mode")
 
 
 @dataclasses.dataclass
@@ -99,6 +144,7 @@ class BotConfig:
     rate_limit: RateLimitConfig = _f(RateLimitConfig(), "outgoing message rates")
     slack: SlackConfig = _f(SlackConfig(), "Slack receiver")
     console: ConsoleConfig = _f(ConsoleConfig(), "console receiver")
+    commands: CommandsConfig = _f(CommandsConfig(), "chat commands and who may use them")
 
 
 def load_bot_config(source: str | os.PathLike[str] | Mapping[str, Any] | None) -> BotConfig:

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from notifier.wire import Envelope, Event, Heartbeat, Status, encode
+from notifier.wire import ActionResult, Command, Envelope, Event, Heartbeat, Status, encode
 
 from .alertindex import AlertIndex
 from .config import BotConfig
@@ -61,6 +61,9 @@ class Dispatcher:
         self.windows = Windows(cfg.window_samples, cfg.max_runs)
         self.index = AlertIndex(store)
         self.wake: Callable[[], None] = lambda: None  # the outbox worker's doorbell (set by the app)
+        # Set by the app's command service: the jobs' answers to commands, and the commands to hand out.
+        self.on_actions: Callable[[list[ActionResult]], int] = lambda actions: 0
+        self.commands_for: Callable[[str, str], list[Command]] = lambda run_id, device: []
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[None]:
@@ -94,15 +97,17 @@ class Dispatcher:
                 self.windows.add(s)
             for a in env.actions:
                 self.windows.add_action(a)
+            queued += self.on_actions(env.actions)
             if env.events:
                 ctx = _Batch(self.store.silences(now), self.store.error_firing(env.run_id), env.project, env.labels,
                              body)
-                queued = self.events(env.events, env.project, env.labels, now, ctx)
+                queued += self.events(env.events, env.project, env.labels, now, ctx)
         self.metrics.samples_in.inc(len(env.samples))
         if queued:
             self.wake()
+        commands = self.commands_for(env.run_id, env.device)
         return {"accepted": {"events": len(env.events), "samples": len(env.samples), "actions": len(env.actions)},
-                "queued": queued, "commands": []}
+                "queued": queued, "commands": [msgspec.to_builtins(c) for c in commands]}
 
     def heartbeat(self, hb: Heartbeat, project: str = "default") -> None:
         now = self.clock()
@@ -136,6 +141,8 @@ class Dispatcher:
             stage = None
             if not dedup.decide(ev, state, now, p.repeat_interval):
                 stage = "dedup"
+            elif entry is not None and entry.acked and not resolved and state.severity is ev.severity:
+                stage = "acked"  # someone is on it: no reminders (a rise in severity still goes out)
             else:
                 if sev == "ERROR" and not resolved:
                     batch.error_firing = True

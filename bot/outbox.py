@@ -21,7 +21,7 @@ from notifier.wire import Event, Severity, Status, decode
 from .metrics import BotMetrics
 from .pipeline.group import firing_key
 from .pipeline.ratelimit import RateLimiter
-from .receivers import DeliveryError, Message, Receiver
+from .receivers import DeliveryError, Message, Note, Receiver
 from .store import Store
 
 log = logging.getLogger("msmon.bot")
@@ -117,6 +117,9 @@ class Outbox:
         try:
             if kind == "alert":
                 await self._alert(receiver, channel, key, rows)
+            elif kind == "note":
+                for r in rows:
+                    await receiver.note(channel, decode(r["payload"], Note))
             elif kind == "repeat":
                 msg = _message(key, rows, repeat=True)
                 ref = self.store.message(key)

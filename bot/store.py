@@ -29,6 +29,11 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox(delivered_at, next_at);
 CREATE TABLE IF NOT EXISTS messages (
     key TEXT PRIMARY KEY, receiver TEXT, channel TEXT, ts TEXT, created_at REAL);
+CREATE TABLE IF NOT EXISTS commands (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE, created_at REAL, user TEXT, source TEXT, project TEXT,
+    run_id TEXT, text TEXT, verb TEXT, action TEXT, params TEXT, apply_step INTEGER, status TEXT, detail TEXT,
+    results TEXT DEFAULT '{}', origin TEXT DEFAULT '{}', expires_at REAL, updated_at REAL);
+CREATE INDEX IF NOT EXISTS commands_open ON commands(status, run_id);
 CREATE TABLE IF NOT EXISTS silences (
     id INTEGER PRIMARY KEY AUTOINCREMENT, expires_at REAL, run_id TEXT, rule TEXT, device TEXT,
     severity TEXT, created_by TEXT, comment TEXT);
@@ -43,6 +48,7 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process kill
         self.db.executescript(SCHEMA)
+        self.commands = CommandLog(self.db)
 
     def close(self) -> None:
         self.db.close()
@@ -95,19 +101,20 @@ class Store:
 
     # -- alerts and what was sent for them (the notification log) -------------------------------
 
-    def alert_states(self, fps: list[str]) -> dict[str, tuple[NotifyState, str | None, str | None]]:
-        """For each fingerprint with a row: what was sent for it, its severity and status (one query per 500)."""
-        out: dict[str, tuple[NotifyState, str | None, str | None]] = {}
+    def alert_states(self, fps: list[str]) -> dict[str, tuple[NotifyState, str | None, str | None, bool]]:
+        """For each fingerprint with a row: what was sent for it, its severity, status and whether someone
+        acknowledged it (one query per 500)."""
+        out: dict[str, tuple[NotifyState, str | None, str | None, bool]] = {}
         uniq = list(dict.fromkeys(fps))
         for i in range(0, len(uniq), 500):
             chunk = uniq[i:i + 500]
-            rows = self.db.execute("SELECT fingerprint, severity, status, sent_severity, sent_at, sent_resolved"
-                                   f" FROM alerts WHERE fingerprint IN ({','.join('?' * len(chunk))})", chunk)
+            rows = self.db.execute("SELECT fingerprint, severity, status, sent_severity, sent_at, sent_resolved,"
+                                   f" acked_by FROM alerts WHERE fingerprint IN ({','.join('?' * len(chunk))})", chunk)
             for r in rows:
                 sent = r["sent_severity"]
                 notify = NotifyState() if sent is None else NotifyState(Severity(sent), r["sent_at"],
                                                                         bool(r["sent_resolved"]))
-                out[r["fingerprint"]] = (notify, r["severity"], r["status"])
+                out[r["fingerprint"]] = (notify, r["severity"], r["status"], r["acked_by"] is not None)
         return out
 
     def touch_alerts(self, rows: list[tuple[int, float, str]]) -> None:
@@ -135,6 +142,16 @@ class Store:
         """Outbox rows: (created_at, receiver, channel, kind, key, run_id, payload, next_at)."""
         self.db.executemany("INSERT INTO outbox(created_at, receiver, channel, kind, key, run_id, payload, next_at)"
                             " VALUES(?,?,?,?,?,?,?,?)", rows)
+
+    def ack(self, run_id: str, rule: str, device: str | None, user: str) -> list[str]:
+        """Acknowledge the firing alerts of a run's rule (one device, or all); their fingerprints."""
+        q, args = "SELECT fingerprint FROM alerts WHERE run_id=? AND rule=? AND status='firing'", [run_id, rule]
+        if device is not None:
+            q += " AND device=?"
+            args.append(device)
+        fps = [r["fingerprint"] for r in self.db.execute(q, args)]
+        self.db.executemany("UPDATE alerts SET acked_by=? WHERE fingerprint=?", [(user, fp) for fp in fps])
+        return fps
 
     def error_firing(self, run_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM alerts WHERE run_id=? AND status='firing' AND severity='ERROR'"
@@ -222,6 +239,63 @@ class Store:
         return [Silence(id=r["id"], expires_at=r["expires_at"], run_id=r["run_id"], rule=r["rule"],
                         device=r["device"], severity=r["severity"], created_by=r["created_by"] or "",
                         comment=r["comment"] or "") for r in rows]
+
+
+# -- commands: every one received, allowed or not (the audit log), and the open ones' delivery state ---
+
+_COMMAND_JSON = ("params", "results", "origin")
+
+
+def _command(r: sqlite3.Row) -> dict[str, Any]:
+    d = dict(r)
+    for k in _COMMAND_JSON:
+        d[k] = json.loads(d[k] or "{}")
+    return d
+
+
+class CommandLog:
+    """The commands table of a Store."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def add(self, *, created_at: float, user: str, source: str, project: str | None, run_id: str | None, text: str,
+            verb: str, action: str | None, params: dict[str, Any], apply_step: int | None, status: str, detail: str,
+            origin: dict[str, Any], expires_at: float | None) -> dict[str, Any]:
+        cur = self.db.execute(
+            "INSERT INTO commands(created_at, user, source, project, run_id, text, verb, action, params, apply_step,"
+            " status, detail, origin, expires_at, updated_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (created_at, user, source, project, run_id, text, verb, action, json.dumps(params), apply_step, status,
+             detail, json.dumps(origin), expires_at, created_at))
+        seq = cur.lastrowid
+        self.db.execute("UPDATE commands SET id=? WHERE seq=?", (f"c{seq}", seq))
+        got = self.get(f"c{seq}")
+        assert got is not None
+        return got
+
+    def get(self, cid: str) -> dict[str, Any] | None:
+        r = self.db.execute("SELECT * FROM commands WHERE id=?", (cid,)).fetchone()
+        return None if r is None else _command(r)
+
+    def open_for(self, run_id: str, after: int = 0) -> list[dict[str, Any]]:
+        """Commands still to be applied by a run's ranks, in order, issued after cursor `after`."""
+        return [_command(r) for r in self.db.execute(
+            "SELECT * FROM commands WHERE run_id=? AND status='pending' AND seq>? ORDER BY seq", (run_id, after))]
+
+    def open_all(self) -> list[dict[str, Any]]:
+        return [_command(r) for r in self.db.execute("SELECT * FROM commands WHERE status='pending' ORDER BY seq")]
+
+    def update(self, cid: str, now: float, **fields: Any) -> None:
+        cols = ", ".join(f"{k}=?" for k in fields)
+        vals = [json.dumps(v) if k in _COMMAND_JSON else v for k, v in fields.items()]
+        self.db.execute(f"UPDATE commands SET {cols}, updated_at=? WHERE id=?", (*vals, now, cid))  # noqa: S608
+
+    def recent(self, limit: int = 100, run_id: str | None = None) -> list[dict[str, Any]]:
+        q, args = "SELECT * FROM commands", []
+        if run_id is not None:
+            q += " WHERE run_id=?"
+            args.append(run_id)
+        return [_command(r) for r in self.db.execute(q + " ORDER BY seq DESC LIMIT ?", (*args, limit))]
 
 
 class _Tx:

@@ -87,6 +87,19 @@ class Windows:
     def latest(self, run_id: str) -> dict[str, Sample]:
         return {dev: ring.sample() for dev, ring in self.runs.get(run_id, {}).items() if ring.n}
 
+    def step_rate(self, run_id: str, span: int = 20) -> float | None:
+        """Steps per second over a run's last `span` samples (fastest device), None when unknown."""
+        best = None
+        for ring in self.runs.get(run_id, {}).values():
+            if ring.n < 2:
+                continue
+            new, old = ring.sample(), ring.sample(min(span, ring.n) - 1)
+            dt = new.time - old.time
+            if dt > 0 and new.step > old.step:
+                rate = (new.step - old.step) / dt
+                best = rate if best is None else max(best, rate)
+        return best
+
     def history(self, run_id: str, device: str) -> list[Sample]:
         ring = self.runs.get(run_id, {}).get(device)
         return [] if ring is None else ring.samples()

@@ -420,27 +420,66 @@ class Monitor:
                 out.append(_action_dict(a))
         return out
 
-    def set_threshold(self, rule: str, value: float, level: str = "warning") -> float | None:
-        """Change a rule's WARNING or ERROR level live, in every phase; returns the old level."""
+    def _params_of(self, rule: str) -> list[tuple[str, RuleParams]]:
+        """(phase name, params) of `rule` in every phase, each params object once."""
         if rule not in RULES:
             from .config.errors import closest
 
             hint = closest(rule, RULES)
             raise ValueError(f"unknown rule {rule!r}" + (f"; did you mean {hint}?" if hint else ""))
-        if level not in ("warning", "error"):
-            raise ValueError(f"level must be warning or error, not {level!r}")
         seen: set[int] = set()
-        old = None
+        out = []
         for ph in self._phases:
             params = ph.params[rule]
-            if id(params) in seen:
-                continue
-            seen.add(id(params))
-            if ph.name == "default" or old is None:
+            if id(params) not in seen:
+                seen.add(id(params))
+                out.append((ph.name, params))
+        return out
+
+    def set_threshold(self, rule: str, value: float, level: str = "warning") -> float | None:
+        """Change a rule's WARNING or ERROR level live, in every phase; returns the old level."""
+        if level not in ("warning", "error"):
+            raise ValueError(f"level must be warning or error, not {level!r}")
+        old = None
+        for name, params in self._params_of(rule):
+            if name == "default" or old is None:
                 old = params.levels[0 if level == "warning" else 1]
             setattr(params, level, value)
         log.info("msmon: run %s: %s %s level set to %g (was %s)", self.run_id, rule, level, value, old)
         return old
+
+    def loosen(self, rule: str, *, value: float | None = None, factor: float | None = None) -> tuple[str, Any]:
+        """Scale a rule's levels live, in every phase: by `factor`, or so that its main level (WARNING if
+        set, else ERROR) becomes `value`; the other level moves in proportion. Returns a description
+        and an opaque `undo` for `restore()`."""
+        found = self._params_of(rule)
+        main = found[0][1]
+        base = main.warning if main.warning is not None else main.error
+        if base is None:
+            raise ValueError(f"rule {rule} has no level set: nothing to loosen (set one with set_threshold)")
+        if factor is None:
+            if value is None:
+                raise ValueError("give a value or a factor")
+            factor = value / base
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"factor must be a positive number, not {factor}")
+        before = main.levels
+        undo = [(params, params.warning, params.error) for _, params in found]
+        for _, params in found:
+            for level in ("warning", "error"):
+                v = getattr(params, level)
+                if v is not None:
+                    setattr(params, level, v * factor)
+        after = main.levels
+        desc = (f"{rule} WARNING {_level(before[0])} -> {_level(after[0])}, "
+                f"ERROR {_level(before[1])} -> {_level(after[1])}")
+        log.info("msmon: run %s: %s", self.run_id, desc)
+        return desc, undo
+
+    def restore(self, undo: Any) -> None:
+        """Put back the levels `loosen()` changed."""
+        for params, warning, error in undo:
+            params.warning, params.error = warning, error
 
     def note_lr_change(self) -> None:
         """The LR was changed on purpose (scale_lr): the LR rule must not call the next move a bug."""
@@ -507,6 +546,10 @@ def _log_event(ev: Event) -> None:
     if ev.actions:
         acts = " Automatic actions: " + ", ".join(str(a["action"]) for a in ev.actions) + "."
     log.log(level, "%s %s %s%s: %s. %s%s", where, ev.severity.value, ev.rule, again, ev.message, ev.hint, acts)
+
+
+def _level(v: float | None) -> str:
+    return "off" if v is None else f"{v:g}"
 
 
 def describe(cfg: MonitorConfig, run_id: str) -> list[str]:

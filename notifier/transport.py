@@ -23,7 +23,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .wire import ActionResult, Envelope, Event, Heartbeat, Sample, Severity, encode
+import msgspec
+
+from .wire import ActionResult, Command, Envelope, Event, Heartbeat, Poll, Sample, Severity, encode
 
 log = logging.getLogger("msmon")
 
@@ -36,7 +38,7 @@ class _Rejected(Exception):
 
     def __init__(self, code: int, detail: str) -> None:
         super().__init__(f"HTTP {code}: {detail}")
-        self.code = code
+        self.code, self.detail = code, detail
 
 
 _TAG: dict[type, bytes] = {Event: b"e", Sample: b"s", ActionResult: b"a"}
@@ -115,7 +117,8 @@ class BotTransport:
         heartbeat_interval: float = 5.0,
         timeout: float = 5.0,
         backoff: tuple[float, float] = (0.5, 30.0),
-        on_commands: Callable[[list[dict[str, Any]]], None] | None = None,
+        on_commands: Callable[[list[Command]], None] | None = None,
+        poll_wait: float = 20.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.url = url.rstrip("/")
@@ -126,6 +129,8 @@ class BotTransport:
         self.flush_interval, self.heartbeat_interval = flush_interval, heartbeat_interval
         self.timeout, self.backoff = timeout, backoff
         self.on_commands = on_commands
+        self.poll_wait = poll_wait
+        self._cursor = 0  # the bot's command sequence number this job has seen up to
         self._clock = clock
         self._q: dict[str, deque[Any]] = {k: deque() for k in KINDS}
         self.dropped: dict[str, int] = {}
@@ -144,6 +149,15 @@ class BotTransport:
         self._beater = threading.Thread(target=self._beat_loop, name="msmon-heartbeat", daemon=True)
         self._sender.start()
         self._beater.start()
+        self._poller: threading.Thread | None = None
+
+    def listen(self, on_commands: Callable[[list[Command]], None]) -> None:
+        """Take chat commands: long-poll the bot for them from a thread of their own and hand each
+        batch to `on_commands` (which must only queue them: it runs on that thread)."""
+        self.on_commands = on_commands
+        if self._poller is None:
+            self._poller = threading.Thread(target=self._poll_loop, name="msmon-commands", daemon=True)
+            self._poller.start()
 
     # -- the training thread: O(1), never blocks, never raises ------------------------------
 
@@ -212,13 +226,13 @@ class BotTransport:
         return Heartbeat(run_id=self.run_id, device=self.device, time=self._clock(), step=self.last_step,
                          paused=self.paused, host=socket.gethostname(), pid=os.getpid())
 
-    def _post(self, path: str, body: bytes) -> dict[str, Any]:
+    def _post(self, path: str, body: bytes, timeout: float | None = None) -> dict[str, Any]:
         req = urllib.request.Request(self.url + path, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
         if self._token:
             req.add_header("Authorization", f"Bearer {self._token}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - configured URL
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:  # noqa: S310 - configured URL
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode("utf-8", "replace")
@@ -244,12 +258,47 @@ class BotTransport:
             log.warning("msmon: run %s device %s: the bot is reachable again; %s were dropped while it was not",
                         self.run_id, self.device, ", ".join(f"{n} {k}" for k, n in env.dropped.items()))
         self.delivered += len(env.events) + len(env.samples) + len(env.actions)
-        cmds = answer.get("commands")
-        if cmds and self.on_commands is not None:
+        self._commands(answer.get("commands"))
+
+    def _commands(self, raw: Any) -> None:
+        """Hand commands from the bot (a poll's or an ingest's answer) to the job; duplicates are
+        expected (at-least-once delivery) and dropped by id where they are applied."""
+        if not raw or self.on_commands is None:
+            return
+        try:
+            cmds = msgspec.convert(raw, list[Command])
+        except msgspec.ValidationError as exc:
+            self._complain("bad-commands", f"msmon: run {self.run_id}: the bot sent commands this notifier cannot "
+                                           f"read ({exc}); is the bot newer than the job's msmon? Commands ignored.")
+            return
+        try:
+            self.on_commands(cmds)
+        except Exception:  # noqa: BLE001 - the job's handler must not end the thread
+            log.exception("msmon: on_commands hook failed")
+
+    def _poll_loop(self) -> None:
+        """Long-polls the bot for chat commands to this run (at-least-once: the cursor only moves
+        once an answer arrived)."""
+        delay = self.backoff[0]
+        while not self._stop.is_set():
+            poll = Poll(run_id=self.run_id, device=self.device, after=self._cursor, wait=self.poll_wait)
             try:
-                self.on_commands(list(cmds))
-            except Exception:  # noqa: BLE001
-                log.exception("msmon: on_commands hook failed")
+                answer = self._post("/v1/commands/poll", encode(poll), timeout=self.poll_wait + 10.0)
+            except _Rejected as exc:
+                self._complain("poll-rejected", f"msmon: run {self.run_id}: the bot refused the command poll "
+                                                f"(HTTP {exc.code}: {exc.detail}); chat commands will not reach "
+                                                "this job. Check the job's token and the bot's version.")
+                self._stop.wait(60.0)
+                continue
+            except Exception:  # noqa: BLE001 - unreachable: try again later, as the sender does
+                self._stop.wait(delay * (0.5 + random.random()))
+                delay = min(delay * 2.0, self.backoff[1])
+                continue
+            delay = self.backoff[0]
+            cursor = answer.get("cursor")
+            if isinstance(cursor, int):
+                self._cursor = max(self._cursor, cursor)
+            self._commands(answer.get("commands"))
 
     def _drain_spool(self) -> None:
         """Deliver what was spooled, most important first; stops at the first failure. Items keep

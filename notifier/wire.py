@@ -103,9 +103,41 @@ class ActionResult(msgspec.Struct, kw_only=True):
     ok: bool
     detail: str  # e.g. the checkpoint path, "lr 3e-4 -> 1.5e-4", or what went wrong
     params: dict[str, object] = msgspec.field(default_factory=dict)
-    source: str = ""  # "rule grad_norm ERROR", "command 17 from @alice", "code"
+    source: str = ""  # "rule grad_norm ERROR", "command c17 from @alice", "code"
     path: str | None = None  # the checkpoint written, if any
+    command_id: str | None = None  # set when the action came from a chat command
     schema: int = SCHEMA_VERSION
+
+
+class Command(msgspec.Struct, kw_only=True):
+    """A chat command on its way to a job: applied by every rank at the first step boundary at or
+    after `apply_step` (so data-parallel ranks act together), at most once per id, answered with
+    an ActionResult carrying `command_id`."""
+
+    id: str
+    run_id: str
+    action: str  # save_checkpoint | pause | resume | scale_lr | loosen_threshold | stop
+    params: dict[str, object] = msgspec.field(default_factory=dict)
+    apply_step: int = 0
+    issued_by: str = ""
+    issued_at: float = 0.0
+    expires_at: float = 0.0
+    schema: int = SCHEMA_VERSION
+
+
+class Poll(msgspec.Struct, kw_only=True):
+    """A job's long poll for commands: those of its run issued after `after` (a cursor the bot hands
+    back), waiting up to `wait` seconds for one."""
+
+    run_id: str
+    device: str
+    after: int = 0
+    wait: float = 20.0
+
+
+class PollAnswer(msgspec.Struct, kw_only=True):
+    commands: list[Command] = msgspec.field(default_factory=list)
+    cursor: int = 0
 
 
 class Heartbeat(msgspec.Struct, kw_only=True):

@@ -15,8 +15,8 @@ __all__ = ["BotServer", "wait_for"]
 
 
 class BotServer(BotThread):
-    def __init__(self, config: dict[str, Any]) -> None:
-        super().__init__(load_bot_config(config))
+    def __init__(self, config: dict[str, Any], **app_kwargs: Any) -> None:
+        super().__init__(load_bot_config(config), **app_kwargs)
 
     def request(self, method: str, path: str, body: bytes | None = None, token: str | None = "job-token",
                 content_type: str = "application/json") -> tuple[int, Any]:

@@ -192,8 +192,10 @@ def test_pause_stops_progress_until_resume_and_the_job_still_reports_alive():
     gap = rec.rows[30][3] - rec.rows[29][3]
     assert gap >= 0.9
     assert len(alive) >= 5 and all(step == 30 for step, _ in alive)
-    res = [r for r in cb.control.results if r.action == "pause"][0]
-    assert res.ok and "resumed" in res.detail
+    paused = [r for r in cb.control.results if r.action == "pause"][0]
+    assert paused.ok and paused.step == 30 and "paused at step 30" in paused.detail  # reported when it starts
+    resumed = [r for r in cb.control.results if r.action == "resume"][0]
+    assert resumed.ok and resumed.step == 30 and "resumed at step 30 after" in resumed.detail
 
 
 def test_pause_with_timeout_resumes_by_itself():
@@ -207,8 +209,8 @@ def test_pause_with_timeout_resumes_by_itself():
                 cb.pause()
 
     m.train(1, dataset(x, y, 256, 10), callbacks=[PauseAt(), cb], dataset_sink_mode=False)
-    res = [r for r in cb.control.results if r.action == "pause"][0]
-    assert "resumed by its 0 s timeout" in res.detail or "timeout" in res.detail
+    res = [r for r in cb.control.results if r.action == "resume"][0]
+    assert res.source == "its 0 s timeout" and "resumed at step 5 after" in res.detail
 
 
 def test_stop_writes_a_checkpoint_then_ends_training(tmp_path):

@@ -168,8 +168,8 @@ def test_a_new_process_delivers_the_spool_left_by_the_last(bot, tmp_path):
 
 def test_commands_in_the_answer_reach_the_job(bot, tmp_path):
     got = []
-    bot.commands = [{"id": "c1", "action": "pause"}]
+    bot.commands = [{"id": "c1", "run_id": "run-1", "action": "pause", "apply_step": 5}]
     t = transport(bot, tmp_path, on_commands=got.extend)
     t.event(ev(1))
-    assert bot.wait_for(lambda: got == [{"id": "c1", "action": "pause"}])
+    assert bot.wait_for(lambda: [(c.id, c.action, c.apply_step) for c in got] == [("c1", "pause", 5)])
     t.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
+import msgspec
+
 from notifier.wire import Event, Severity, Status
 
 
@@ -38,6 +40,17 @@ class Message:
         return self.events[0]
 
 
+class Note(msgspec.Struct):
+    """A report in chat that is not an alert: a command's result, a status with its chart."""
+
+    text: str
+    thread_ts: str | None = None  # answer in this message's thread
+    response_url: str | None = None  # Slack: answer the slash command or button through it
+    command_id: str | None = None
+    chart: bytes | None = None  # a PNG to attach
+    private: bool = False  # only the asker sees it (Slack: an ephemeral answer through response_url)
+
+
 class Receiver(Protocol):
     name: str
 
@@ -51,4 +64,8 @@ class Receiver(Protocol):
 
     async def reply(self, channel: str, ref: str, msg: Message) -> None:
         """Answer in the thread of `ref` (a reminder, a resolution, a WARNING under its run's alert)."""
+        ...
+
+    async def note(self, channel: str, note: Note) -> None:
+        """A report in chat (a command's result, a status)."""
         ...

@@ -10,7 +10,7 @@ from typing import TextIO
 
 from notifier.wire import Severity, Status
 
-from . import Message
+from . import Message, Note
 from .render import text
 
 
@@ -49,3 +49,12 @@ class ConsoleReceiver:
 
     async def reply(self, channel: str, ref: str, msg: Message) -> None:
         self._write(f"(in reply to {ref}) ", text(msg))
+
+    async def note(self, channel: str, note: Note) -> None:
+        path = None
+        if note.chart is not None and self.charts_dir is not None:
+            os.makedirs(self.charts_dir, exist_ok=True)
+            path = os.path.join(self.charts_dir, f"status-{note.command_id or next(self._ids)}.png")
+            with open(path, "wb") as f:
+                f.write(note.chart)
+        self._write("", note.text + (f"\nchart: {path}" if path else ""))

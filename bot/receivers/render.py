@@ -11,7 +11,7 @@ from . import Message
 ICON = {"ERROR": ":red_circle:", "WARNING": ":large_orange_circle:"}
 
 
-def _num(x: float | None) -> str:
+def num(x: float | None) -> str:
     if x is None:
         return "-"
     if not math.isfinite(x):
@@ -41,7 +41,7 @@ def _last(values: list[float | None]) -> float | None:
     return None
 
 
-def _median(values: list[float | None]) -> float | None:
+def median(values: list[float | None]) -> float | None:
     xs = sorted(v for v in values if v is not None and math.isfinite(v))
     if not xs:
         return None
@@ -59,7 +59,7 @@ def metric_lines(ev: Event) -> list[str]:
                          ("tokens/s", w.tokens_per_s)):
         now = _last(values)
         if now is not None:
-            out.append(f"{name} {_num(now)} (median {_num(_median(values))})")
+            out.append(f"{name} {num(now)} (median {num(median(values))})")
     return out
 
 
@@ -69,7 +69,7 @@ def text(msg: Message) -> str:
     lines = [title(msg)]
     if msg.status is not Status.RESOLVED:
         lines.append(ev.message)
-        lines.append(f"value {_num(ev.value)} vs threshold {_num(ev.threshold)}; devices {devices_text(msg)}; "
+        lines.append(f"value {num(ev.value)} vs threshold {num(ev.threshold)}; devices {devices_text(msg)}; "
                      f"phase {ev.phase}")
         metrics = metric_lines(ev)
         if metrics:

@@ -14,10 +14,11 @@ from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncServerErrorRetryHandler,
 )
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from notifier.wire import Severity, Status
 
-from . import DeliveryError, Message
+from . import DeliveryError, Message, Note
 from .render import ICON, devices_text, metric_lines, text, title
 
 log = logging.getLogger("msmon.bot")
@@ -48,7 +49,30 @@ def blocks(msg: Message) -> list[dict[str, Any]]:
         out.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(metrics)}]})
     if ev.hint:
         out.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*What to do:* {ev.hint}"}})
+    out.append(buttons(msg))
     return out
+
+
+BUTTONS = (  # label, command template, style: what a tired engineer may want to do from the alert itself
+    ("Acknowledge", "ack {run}/{rule}", "primary"),
+    ("Silence 1h", "silence {run} {rule} 1h", None),
+    ("Pause", "pause {run}", "danger"),
+    ("Save checkpoint", "save-checkpoint {run}", None),
+    ("Loosen threshold ×1.5", "loosen-threshold {run} {rule} x1.5", None),
+)
+
+
+def buttons(msg: Message) -> dict[str, Any]:
+    """The alert's action buttons; each carries the command text it runs (the interactivity endpoint
+    feeds it to the same parser as `/msmon`)."""
+    elements = []
+    for i, (label, template, style) in enumerate(BUTTONS):
+        b: dict[str, Any] = {"type": "button", "action_id": f"msmon_{i}", "text": {"type": "plain_text", "text": label},
+                             "value": template.format(run=msg.run_id, rule=msg.rule)}
+        if style:
+            b["style"] = style
+        elements.append(b)
+    return {"type": "actions", "block_id": "msmon_actions", "elements": elements}
 
 
 class SlackReceiver:
@@ -99,6 +123,29 @@ class SlackReceiver:
     async def update(self, channel: str, ref: str, msg: Message) -> None:
         await self._call("chat.update", self.client.chat_update(channel=channel, ts=ref, text=text(msg),
                                                                  blocks=blocks(msg)))
+
+    async def note(self, channel: str, note: Note) -> None:
+        if note.response_url:
+            client = AsyncWebhookClient(note.response_url, retry_handlers=self.client.retry_handlers)
+            try:
+                resp = await client.send(text=note.text, replace_original=False,
+                                         response_type="ephemeral" if note.private else "in_channel")
+            except Exception as exc:  # noqa: BLE001 - aiohttp errors and friends
+                raise DeliveryError(f"Slack response_url failed: {type(exc).__name__}: {exc}") from None
+            if resp.status_code != 200:
+                retry = resp.headers.get("Retry-After") if resp.headers else None
+                raise DeliveryError(f"Slack response_url answered HTTP {resp.status_code}: {resp.body[:200]}",
+                                    float(retry[0] if isinstance(retry, list) else retry) if retry else None)
+        elif channel and channel != "commands":
+            await self._call("chat.postMessage", self.client.chat_postMessage(
+                channel=channel, thread_ts=note.thread_ts, text=note.text, unfurl_links=False))
+        if note.chart is not None and channel and channel != "commands":
+            try:
+                await self._call("files_upload_v2", self.client.files_upload_v2(
+                    channel=channel, content=note.chart, filename=f"status-{note.command_id or 'run'}.png",
+                    title="status", thread_ts=note.thread_ts))
+            except DeliveryError as exc:
+                log.warning("msmon bot: status chart upload failed: %s", exc)
 
     async def reply(self, channel: str, ref: str, msg: Message) -> None:
         await self._call("chat.postMessage", self.client.chat_postMessage(

@@ -179,6 +179,7 @@ class BotConfig:
     spool_dir: str = _field("./msmon_spool", "where events wait on disk while the bot is unreachable")
     spool_max_mb: float = _field(64.0, "spool size cap; metric samples go first, then warnings, never errors", gt=0)
     heartbeat_interval: float = _field(5.0, "seconds between heartbeats", gt=0)
+    commands: bool = _field(True, "take chat commands from the bot (pause, save-checkpoint, ...; MonitorCallback)")
 
     def check(self) -> Iterator[tuple[str, str]]:
         if self.url is not None and not self.url.startswith(("http://", "https://")):

@@ -18,19 +18,22 @@ from typing import Any
 import mindspore as ms
 
 from ..monitor import Monitor
-from ..wire import ActionResult
+from ..wire import ActionResult, Command
 from .lr import ActionError, LrHandle, global_step, lr_handles
 
 log = logging.getLogger("msmon")
 
-ACTIONS = ("save_checkpoint", "pause", "resume", "scale_lr", "set_threshold", "stop")
+ACTIONS = ("save_checkpoint", "pause", "resume", "scale_lr", "set_threshold", "loosen_threshold",
+           "restore_threshold", "stop")
 
 
 class Request:
-    __slots__ = ("action", "params", "source")
+    __slots__ = ("action", "params", "source", "command_id", "at_step")
 
-    def __init__(self, action: str, params: dict[str, Any], source: str) -> None:
+    def __init__(self, action: str, params: dict[str, Any], source: str, command_id: str | None = None,
+                 at_step: int | None = None) -> None:
         self.action, self.params, self.source = action, params, source
+        self.command_id, self.at_step = command_id, at_step
 
 
 class JobControl:
@@ -54,7 +57,11 @@ class JobControl:
         self.on_paused = on_paused  # called while paused: (step, seconds paused), every heartbeat_every
         self.results: deque[ActionResult] = deque(maxlen=1000)
         self._pending: deque[Request] = deque()
+        self._seen: deque[str] = deque(maxlen=10_000)  # command ids taken (delivery is at-least-once)
+        self._undo: dict[str, Any] = {}  # loosen_threshold's levels to restore, by token
         self._resume = threading.Event()
+        self._resumed_by: Request | None = None
+        self.last_step = 0  # the last step boundary seen
         self.paused = False
         self.train_network: Any = None
         self.optimizer: Any = None
@@ -65,14 +72,38 @@ class JobControl:
 
     # -- any thread --------------------------------------------------------------------------
 
-    def request(self, action: str, source: str = "code", **params: Any) -> None:
-        """Queue an action for the next step boundary. `resume` acts at once (the job is blocked)."""
+    def request(self, action: str, source: str = "code", command_id: str | None = None, at_step: int | None = None,
+                **params: Any) -> None:
+        """Queue an action for the first step boundary at or after `at_step` (None: the next one).
+        A chat command's id makes it idempotent: a second delivery of the same id is ignored.
+        `resume` acts at once (the job is blocked in its pause)."""
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}; actions are {', '.join(ACTIONS)}")
+        if command_id is not None:
+            if command_id in self._seen:
+                return
+            self._seen.append(command_id)
+        req = Request(action, params, source, command_id, at_step)
         if action == "resume":
+            if not self.paused:
+                self._result(self.last_step, req, True, "the job was not paused: nothing to resume", None)
+                return
+            self._resumed_by = req
             self._resume.set()
             return
-        self._pending.append(Request(action, params, source))
+        self._pending.append(req)
+
+    def take_commands(self, commands: list[Command]) -> None:
+        """Chat commands from the bot (any thread): queued for their apply step."""
+        for c in commands:
+            params = dict(c.params)
+            if c.action == "loosen_threshold" and params.get("duration"):
+                params["undo"] = c.id
+            try:
+                self.request(c.action, f"command {c.id} from {c.issued_by}", c.id, c.apply_step, **params)
+            except ValueError as exc:  # an action this job does not know: say so, do not die
+                self._result(self.last_step, Request(c.action, params, "command", c.id), False,
+                             str(exc), None)
 
     @property
     def has_pending(self) -> bool:
@@ -81,23 +112,35 @@ class JobControl:
     # -- the training thread -------------------------------------------------------------------
 
     def apply(self, step: int, run_context: Any = None) -> list[ActionResult]:
-        """Run every queued action, in order. Never raises: a failed action is a result with ok=False."""
+        """Run every queued action that is due, in order; the others wait for their step. Never raises:
+        a failed action is a result with ok=False."""
         done = []
-        while self._pending:
+        self.last_step = step
+        for _ in range(len(self._pending)):
             req = self._pending.popleft()
+            if req.at_step is not None and step < req.at_step:
+                self._pending.append(req)  # not yet: every rank acts at the same step
+                continue
             try:
-                detail, path = getattr(self, "_do_" + req.action)(step, run_context, **req.params)
-                res = self._result(step, req, True, detail, path)
+                if req.action == "pause":  # reports itself: when the pause starts, and when it ends
+                    self._do_pause(step, run_context, req, **req.params)
+                    continue
+                outcome = getattr(self, "_do_" + req.action)(step, run_context, **req.params)
             except Exception as exc:  # noqa: BLE001 - an action must not take training down
-                res = self._result(step, req, False, f"{type(exc).__name__}: {exc}", None)
-            done.append(res)
+                done.append(self._result(step, req, False, f"{type(exc).__name__}: {exc}", None))
+                continue
+            done.append(self._result(step, req, True, *outcome))
         return done
 
     def _result(self, step: int, req: Request, ok: bool, detail: str, path: str | None) -> ActionResult:
         mon = self.monitor
+        if req.at_step is not None and step > req.at_step:
+            detail += (f" (at step {step}, {step - req.at_step} after the planned step {req.at_step}: the command "
+                       "reached this rank late)")
+        params = {k: v for k, v in req.params.items() if k != "undo"}
         res = ActionResult(run_id=mon.run_id, device=mon.default_device, step=step, time=time.time(),
-                           action=req.action, ok=ok, detail=detail, params=dict(req.params), source=req.source,
-                           path=path)
+                           action=req.action, ok=ok, detail=detail, params=params, source=req.source,
+                           path=path, command_id=req.command_id)
         self.results.append(res)
         where = f"[run {res.run_id} step {step} device {res.device}]"
         if ok:
@@ -126,25 +169,29 @@ class JobControl:
         ms.save_checkpoint(self.train_network, path)
         return f"checkpoint of step {step} written to {path}", path
 
-    def _do_pause(self, step: int, run_context: Any, timeout: float | None = None) -> tuple[str, None]:
+    def _do_pause(self, step: int, run_context: Any, req: Request | None = None,
+                  timeout: float | None = None) -> None:
         limit = timeout if timeout is not None else self.pause_timeout
         self._resume.clear()
+        self._resumed_by = None
         self.paused = True
         tr = self.monitor.transport
         if tr is not None:
             tr.progress(step, paused=True)  # heartbeats now say "alive, paused"
         started = time.monotonic()
-        log.warning("[run %s step %d] paused; resume with the resume action%s", self.monitor.run_id, step,
-                    f" (resumes by itself after {limit:.0f} s)" if limit else "")
+        how = f"; resumes by itself after {limit:.0f} s" if limit else "; waiting for resume"
+        if req is not None:
+            self._result(step, req, True, f"paused at step {step}{how}", None)
+        log.warning("[run %s step %d] paused%s", self.monitor.run_id, step, how)
         try:
             while True:
                 waited = time.monotonic() - started
                 slice_ = self.heartbeat_every if limit is None else min(self.heartbeat_every, max(limit - waited, 0))
                 if self._resume.wait(slice_):
-                    return f"paused at step {step} for {time.monotonic() - started:.1f} s, resumed", None
+                    break
                 waited = time.monotonic() - started
                 if limit is not None and waited >= limit:
-                    return f"paused at step {step} for {waited:.1f} s, resumed by its {limit:.0f} s timeout", None
+                    break
                 log.info("[run %s step %d] still paused after %.0f s", self.monitor.run_id, step, waited)
                 if self.on_paused is not None:
                     self.on_paused(step, waited)
@@ -152,6 +199,9 @@ class JobControl:
             self.paused = False
             if tr is not None:
                 tr.progress(step, paused=False)
+        waited = time.monotonic() - started
+        by = self._resumed_by or Request("resume", {}, f"its {limit:.0f} s timeout" if limit else "code")
+        self._result(step, by, True, f"resumed at step {step} after {waited:.1f} s paused", None)
 
     def _do_scale_lr(self, step: int, run_context: Any, factor: float) -> tuple[str, None]:
         if self.optimizer is None:
@@ -169,6 +219,27 @@ class JobControl:
                           level: str = "warning") -> tuple[str, None]:
         old = self.monitor.set_threshold(rule, float(value), level)
         return f"{rule} {level} level {old} -> {float(value):g}", None
+
+    def _do_loosen_threshold(self, step: int, run_context: Any, rule: str, value: float | None = None,
+                             factor: float | None = None, duration: float | None = None,
+                             undo: str | None = None) -> tuple[str, None]:
+        desc, levels = self.monitor.loosen(rule, value=value, factor=factor)
+        if duration and undo:
+            self._undo[undo] = levels
+            timer = threading.Timer(float(duration), self.request, args=("restore_threshold",),
+                                    kwargs={"source": f"end of the {duration:.0f} s loosening", "undo": undo,
+                                            "rule": rule})
+            timer.daemon = True
+            timer.start()
+            desc += f", for {float(duration):.0f} s"
+        return desc, None
+
+    def _do_restore_threshold(self, step: int, run_context: Any, undo: str, rule: str = "") -> tuple[str, None]:
+        levels = self._undo.pop(undo, None)
+        if levels is None:
+            return f"{rule} levels were already restored", None
+        self.monitor.restore(levels)
+        return f"{rule} levels restored", None
 
     def _do_stop(self, step: int, run_context: Any) -> tuple[str, str | None]:
         detail, path = self.save_checkpoint(step)

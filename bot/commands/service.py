@@ -1,0 +1,386 @@
+"""What the bot does with a command, whoever typed it (Slack, Socket Mode, `msmon cmd`):
+
+    parse -> audit record -> who may -> answer from the bot's own state (status, runs, ack, silence, help)
+                                     or queue a Command for the run's ranks with an apply step
+    job's ActionResult (command_id) -> record per device -> report where the command came from
+    expiry loop -> a command no job took is closed and the user told
+
+Reports travel through the durable outbox (kind "note"), so a Slack outage delays them and loses
+nothing. Synchronous and quick, called on the event loop; `Waiters` wakes the jobs' long polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import difflib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from notifier.trend import summarize
+from notifier.wire import ActionResult, Command, Event, Severity, Status, Window, encode
+
+from ..config import BotConfig
+from ..dispatch import Dispatcher
+from ..pipeline.silence import Silence
+from ..receivers import Note
+from ..receivers.render import median, num
+from ..store import Store
+from . import auth
+from .parse import CommandError, Parsed, format_duration, help_text, parse
+
+log = logging.getLogger("msmon.bot")
+
+ACTION = {"pause": "pause", "resume": "resume", "save-checkpoint": "save_checkpoint", "scale-lr": "scale_lr",
+          "loosen-threshold": "loosen_threshold", "stop": "stop"}
+FINAL = ("done", "failed", "expired", "partial")
+
+
+@dataclasses.dataclass
+class Origin:
+    """Where a command came from, and so where its answers go."""
+
+    source: str  # "slack", "slack-button", "socket", "cli"
+    user: str  # Slack user ID or operator name: what permissions name
+    user_name: str = ""
+    receiver: str = "console"  # "slack" or "console": where reports go
+    channel: str | None = None  # Slack channel the command was typed in / of the alert message
+    thread_ts: str | None = None  # the alert message a button sat on
+    response_url: str | None = None
+
+    @property
+    def who(self) -> str:
+        return f"@{self.user_name}" if self.user_name else self.user
+
+
+@dataclasses.dataclass
+class Answer:
+    """The immediate answer (Slack wants one within 3 s)."""
+
+    text: str
+    ok: bool = True
+    status: int = 200  # for HTTP callers: 403 refused, 404 unknown run, 422 not a valid command
+    private: bool = False  # only the asker sees it
+    command: dict[str, Any] | None = None  # the stored job command
+    confirm: str | None = None  # a confirmation button should send this command text
+    chart: Event | None = None  # status: what to draw (render_chart, off the event loop)
+
+    def to_json(self) -> dict[str, Any]:
+        cmd = self.command
+        return {"ok": self.ok, "text": self.text, "private": self.private, "confirm": self.confirm,
+                "command": None if cmd is None else view(cmd)}
+
+
+def view(cmd: dict[str, Any]) -> dict[str, Any]:
+    """A stored command as the API shows it."""
+    keys = ("id", "created_at", "user", "source", "run_id", "text", "verb", "action", "params", "apply_step",
+            "status", "detail", "results", "expires_at", "updated_at")
+    return {k: cmd[k] for k in keys}
+
+
+class Waiters:
+    """Jobs' long polls, one asyncio.Event per run, set when a command for it is queued."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, asyncio.Event] = {}
+
+    def event(self, run_id: str) -> asyncio.Event:
+        ev = self.events.get(run_id)
+        if ev is None:
+            ev = self.events[run_id] = asyncio.Event()
+        return ev
+
+    def wake(self, run_id: str) -> None:
+        ev = self.events.pop(run_id, None)
+        if ev is not None:
+            ev.set()
+
+
+class CommandService:
+    def __init__(self, cfg: BotConfig, store: Store, dispatcher: Dispatcher,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg, self.store, self.disp, self.clock = cfg, store, dispatcher, clock
+        self.waiters = Waiters()
+        self.wake_outbox: Callable[[], None] = lambda: None
+
+    # -- commands in ------------------------------------------------------------------------------
+
+    def submit(self, text: str, origin: Origin) -> Answer:
+        """Handle one command; every one is recorded (the audit log), allowed or not."""
+        now = self.clock()
+        try:
+            p = parse(text)
+        except CommandError as exc:
+            self._audit(now, origin, text, exc.verb or "?", None, "invalid", str(exc))
+            return Answer(str(exc), ok=False, status=422, private=True)
+        if p.verb == "help":
+            return Answer(help_text(p.topic))
+        if p.verb == "runs":
+            return Answer(self._runs_text())
+        run = self.store.run(p.run or "")
+        if run is None:
+            msg = self._unknown_run(p.run or "")
+            self._audit(now, origin, text, p.verb, p.run, "rejected", msg)
+            return Answer(msg, ok=False, status=404, private=True)
+        project = run["project"]
+        if p.destructive and not auth.allowed(origin.user, project, self.cfg.commands.allow,
+                                              self.cfg.commands.groups):
+            msg = (f"{origin.who} may not `{p.verb}` runs of project {project}: ask "
+                   f"{auth.who_may(project, self.cfg.commands.allow)}. (This attempt is recorded.)")
+            self._audit(now, origin, p.text(), p.verb, p.run, "denied", msg, project)
+            log.warning("msmon bot: DENIED %s from %s (%s) on run %s: not in commands.allow for project %s",
+                        p.text(), origin.who, origin.source, p.run, project)
+            return Answer(msg, ok=False, status=403, private=True)
+        if p.verb == "status":
+            self._audit(now, origin, p.text(), p.verb, p.run, "done", "", project)
+            return self._status(run)
+        if p.verb == "ack":
+            return self._ack(p, origin, now, project)
+        if p.verb == "silence":
+            return self._silence(p, origin, now, project)
+        if p.verb == "stop" and not p.confirmed:
+            return Answer(f"Stop run {p.run}? It saves a checkpoint, then ends training on every rank.",
+                          private=True, confirm=f"stop {p.run} confirm")
+        return self._queue(p, run, origin, now)
+
+    def _audit(self, now: float, origin: Origin, text: str, verb: str, run_id: str | None, status: str, detail: str,
+               project: str | None = None) -> dict[str, Any]:
+        with self.store.tx():
+            return self.store.commands.add(
+                created_at=now, user=origin.user, source=origin.source, project=project, run_id=run_id, text=text,
+                verb=verb, action=ACTION.get(verb), params={}, apply_step=None, status=status, detail=detail,
+                origin=dataclasses.asdict(origin), expires_at=None)
+
+    def _unknown_run(self, run_id: str) -> str:
+        known = [r["run_id"] for r in self.store.runs()]
+        close = difflib.get_close_matches(run_id, known, n=1, cutoff=0.6)
+        hint = f" Did you mean `{close[0]}`?" if close else ""
+        listed = ", ".join(known[:10]) + (" ..." if len(known) > 10 else "") if known else "none yet"
+        return f"No run `{run_id}` has reported to this bot.{hint} Known runs: {listed}. (`runs` lists them.)"
+
+    def _queue(self, p: Parsed, run: dict[str, Any], origin: Origin, now: float) -> Answer:
+        action = ACTION[p.verb]
+        params: dict[str, Any] = {}
+        if p.verb == "scale-lr":
+            params["factor"] = p.factor
+        elif p.verb == "loosen-threshold":
+            params = {"rule": p.rule, "value": p.value, "factor": p.factor, "duration": p.duration}
+            params = {k: v for k, v in params.items() if v is not None}
+        apply_step = self.apply_step(run, now)
+        with self.store.tx():
+            cmd = self.store.commands.add(
+                created_at=now, user=origin.user, source=origin.source, project=run["project"], run_id=run["run_id"],
+                text=p.text(), verb=p.verb, action=action, params=params, apply_step=apply_step, status="pending",
+                detail="", origin=dataclasses.asdict(origin), expires_at=now + self.cfg.commands.expire_after)
+        self.waiters.wake(run["run_id"])
+        log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
+                 p.text(), origin.who, origin.source, run["run_id"], apply_step)
+        ranks = len(run["devices"])
+        return Answer(f"`{p.text()}` queued as {cmd['id']}: {'every rank' if ranks > 1 else 'the job'} applies it at "
+                      f"step {apply_step:,} (last reported step {run['last_step'] or 0:,}). The result will be "
+                      "reported here.", command=cmd)
+
+    def apply_step(self, run: dict[str, Any], now: float) -> int:
+        """The step at which every rank applies a command: past the latest step any rank can have
+        reached by the time the command reaches them (reports lag by up to a flush interval)."""
+        last = int(run["last_step"] or 0)
+        rate = self.disp.windows.step_rate(run["run_id"])
+        if rate is None or run["paused"]:
+            return last + 1
+        behind = max(now - (run["last_seen"] or now), 0.0)
+        return last + 1 + math.ceil(rate * (behind + self.cfg.commands.apply_lead))
+
+    # -- the read-only commands ---------------------------------------------------------------------
+
+    def _runs_text(self) -> str:
+        runs = self.store.runs()
+        if not runs:
+            return "No run has reported to this bot yet."
+        lines = []
+        now = self.clock()
+        for r in runs[:30]:
+            firing = self.store.alerts(r["run_id"], "firing")
+            state = "gone" if r["gone"] else "paused" if r["paused"] else "running"
+            lines.append(f"`{r['run_id']}` ({r['project']}) step {r['last_step'] or 0:,}, {state}, seen "
+                         f"{now - r['last_seen']:.0f} s ago, {len(firing)} alert(s) firing")
+        return "\n".join(lines)
+
+    def _status(self, run: dict[str, Any]) -> Answer:
+        run_id = run["run_id"]
+        self.disp.flush()
+        state = "GONE (no heartbeat)" if run["gone"] else "PAUSED" if run["paused"] else "running"
+        lines = [f"*{run_id}* ({run['project']}): step {run['last_step'] or 0:,}, {state}, devices "
+                 f"{', '.join(run['devices'])}"]
+        hist = self._history(run)
+        if hist:
+            window = _window(hist)
+            for name, values in (("loss", window.loss), ("lr", window.learning_rate),
+                                 ("grad norm", window.grad_norm), ("tokens/s", window.tokens_per_s)):
+                now = next((v for v in reversed(values) if v is not None), None)
+                if now is not None:
+                    lines.append(f"{name} {num(now)} (median of the last {len(values)}: {num(median(values))})")
+            trend = summarize(window.steps, window.loss)
+            if trend is not None:
+                lines += trend.describe()[:3]
+        else:
+            lines.append("no metrics received yet")
+        firing = self.store.alerts(run_id, "firing")
+        for a in firing:
+            acked = f", acknowledged by {a['acked_by']}" if a["acked_by"] else ""
+            lines.append(f"FIRING {a['severity']} {a['rule']} on device {a['device']} since step {a['first_step']:,}"
+                         f"{acked} (ack: `ack {run_id}/{a['rule']}`)")
+        if not firing:
+            lines.append("no alert firing")
+        for c in self.store.commands.open_for(run_id):
+            lines.append(f"command {c['id']} `{c['text']}` waits for step {c['apply_step']:,}")
+        return Answer("\n".join(lines), chart=_status_event(run, hist) if hist else None)
+
+    def _history(self, run: dict[str, Any]) -> list[Any]:
+        devices = sorted(self.disp.windows.runs.get(run["run_id"], {}))
+        return self.disp.windows.history(run["run_id"], devices[0]) if devices else []
+
+    def _ack(self, p: Parsed, origin: Origin, now: float, project: str) -> Answer:
+        run_id, rule = p.run or "", p.rule or ""
+        with self.store.tx():
+            fps = self.store.ack(run_id, rule, p.device, origin.who)
+        self.disp.index.acked(fps)
+        where = f"device {p.device}" if p.device else "all devices"
+        if not fps:
+            firing = sorted({a["rule"] for a in self.store.alerts(run_id, "firing")})
+            msg = (f"Nothing to acknowledge: `{rule}` is not firing on {where} of run {run_id}. Firing now: "
+                   f"{', '.join(firing) or 'nothing'}.")
+            self._audit(now, origin, p.text(), p.verb, run_id, "rejected", msg, project)
+            return Answer(msg, ok=False, private=True)
+        msg = (f"{origin.who} acknowledged {rule} on {where} of run {run_id}: no reminders until it resolves "
+               "(a rise to ERROR still pages).")
+        self._audit(now, origin, p.text(), p.verb, run_id, "done", msg, project)
+        return Answer(msg)
+
+    def _silence(self, p: Parsed, origin: Origin, now: float, project: str) -> Answer:
+        duration = float(p.duration or 0.0)
+        with self.store.tx():
+            sid = self.store.add_silence(Silence(id=0, expires_at=now + duration, run_id=p.run, rule=p.rule,
+                                                 created_by=origin.who, comment=p.text()))
+        what = f"{p.rule} alerts" if p.rule else "all alerts"
+        msg = f"Silenced {what} of run {p.run} for {format_duration(duration)} (silence {sid}, by {origin.who})."
+        self._audit(now, origin, p.text(), p.verb, p.run, "done", msg, project)
+        return Answer(msg)
+
+    # -- the job's side -------------------------------------------------------------------------------
+
+    def poll(self, run_id: str, device: str, after: int) -> tuple[list[Command], int]:
+        """Open commands of `run_id` after cursor `after` that `device` has not answered; the new cursor."""
+        cmds, cursor = [], after
+        for c in self.store.commands.open_for(run_id, after):
+            cursor = max(cursor, int(c["seq"]))
+            if device in c["results"]:
+                continue
+            cmds.append(self._wire(c))
+        return cmds, cursor
+
+    def pending_for(self, run_id: str, device: str) -> list[Command]:
+        """For the answer to a job's event post: every open command the device has not answered."""
+        return self.poll(run_id, device, 0)[0]
+
+    @staticmethod
+    def _wire(c: dict[str, Any]) -> Command:
+        return Command(id=c["id"], run_id=c["run_id"], action=c["action"], params=c["params"],
+                       apply_step=c["apply_step"], issued_by=c["origin"].get("user_name") or c["user"],
+                       issued_at=c["created_at"], expires_at=c["expires_at"])
+
+    def results(self, actions: list[ActionResult]) -> int:
+        """Record the jobs' answers to commands (inside the ingest transaction); reports queued."""
+        queued = 0
+        for a in actions:
+            if a.command_id is None:
+                continue
+            c = self.store.commands.get(a.command_id)
+            if c is None or c["status"] in FINAL or a.device in c["results"]:
+                continue
+            results = dict(c["results"])
+            results[a.device] = {"ok": a.ok, "step": a.step, "detail": a.detail, "path": a.path}
+            run = self.store.run(c["run_id"])
+            devices = set(run["devices"]) if run else {a.device}
+            done = devices <= set(results)
+            status = ("done" if all(r["ok"] for r in results.values()) else "failed") if done else "pending"
+            now = self.clock()
+            self.store.commands.update(c["id"], now, results=results, status=status,
+                                       detail=_summary(results) if done else c["detail"])
+            if done or not a.ok:
+                queued += self._note(c, _report(c, results, done))
+        return queued
+
+    def expire(self) -> int:
+        """Close the commands no job answered in time, and tell whoever sent them."""
+        now = self.clock()
+        n = 0
+        with self.store.tx():
+            for c in self.store.commands.open_all():
+                if c["expires_at"] is None or c["expires_at"] > now:
+                    continue
+                results = c["results"]
+                status = "partial" if results else "expired"
+                after = format_duration(float(self.cfg.commands.expire_after))
+                if results:
+                    text = (f"{c['id']} `{c['text']}`: only {len(results)} rank(s) answered within {after}: "
+                            f"{_summary(results)}")
+                else:
+                    text = (f"{c['id']} `{c['text']}` expired: no job picked it up within {after}. Is run "
+                            f"{c['run_id']} still running, with bot.commands on and a MonitorCallback?")
+                self.store.commands.update(c["id"], now, status=status, detail=text)
+                self._note(c, text)
+                n += 1
+        if n:
+            self.wake_outbox()
+        return n
+
+    def _note(self, c: dict[str, Any], text: str) -> int:
+        """Queue a report for where command `c` came from."""
+        o = c["origin"]
+        self.note(Origin(**o), text, c["run_id"], c["id"])
+        return 1
+
+    def note(self, origin: Origin, text: str, run_id: str | None = None, command_id: str | None = None,
+             chart: bytes | None = None, private: bool = False) -> None:
+        """Queue a report in chat for `origin` (through the durable outbox)."""
+        note = Note(text=text, thread_ts=origin.thread_ts, response_url=origin.response_url, command_id=command_id,
+                    chart=chart, private=private)
+        now = self.clock()
+        self.store.enqueue_many([(now, origin.receiver, origin.channel or "commands", "note",
+                                  f"note|{command_id}|{now!r}", run_id, encode(note).decode(), now)])
+        self.wake_outbox()
+
+
+def _summary(results: dict[str, dict[str, Any]]) -> str:
+    parts = []
+    for dev, r in sorted(results.items()):
+        parts.append(f"device {dev} {'OK' if r['ok'] else 'FAILED'} at step {r['step']:,}: {r['detail']}")
+    return "; ".join(parts)
+
+
+def _report(c: dict[str, Any], results: dict[str, dict[str, Any]], done: bool) -> str:
+    ok = all(r["ok"] for r in results.values())
+    icon = ":white_check_mark:" if ok else ":x:"
+    name = c["origin"].get("user_name")
+    head = f"{icon} {c['id']} `{c['text']}` (from {'@' + name if name else c['user']})"
+    if not done:
+        return f"{head}: a rank failed: {_summary(results)}"
+    return f"{head}: {_summary(results)}"
+
+
+def _window(hist: list[Any]) -> Window:
+    return Window(steps=[s.step for s in hist], loss=[s.loss for s in hist],
+                  learning_rate=[s.learning_rate for s in hist], grad_norm=[s.grad_norm for s in hist],
+                  tokens_per_s=[s.tokens_per_s for s in hist])
+
+
+def _status_event(run: dict[str, Any], hist: list[Any]) -> Event:
+    """The run's recent window dressed as an event, so the alert chart draws it."""
+    last = hist[-1]
+    return Event(run_id=run["run_id"], device=last.device, step=last.step, time=last.time, rule="status",
+                 severity=Severity.WARNING, status=Status.RESOLVED, value=math.nan, threshold=math.nan,
+                 message=f"status of run {run['run_id']} at step {last.step}", window=_window(hist))
+

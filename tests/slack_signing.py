@@ -1,0 +1,49 @@
+"""Requests signed as Slack signs them (slack-sdk's own signature code), for the bot's Slack endpoints."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import urlencode
+
+from slack_sdk.signature import SignatureVerifier
+
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"  # Slack's published example secret
+
+
+def signed_post(url: str, body: bytes, secret: str | None = SECRET, ts: int | None = None,
+                signature: str | None = None) -> tuple[int, Any]:
+    ts = int(time.time()) if ts is None else ts
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    if secret is not None:
+        sig = signature or SignatureVerifier(secret).generate_signature(timestamp=str(ts), body=body)
+        req.add_header("X-Slack-Request-Timestamp", str(ts))
+        req.add_header("X-Slack-Signature", sig)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw.startswith(b"{") else raw.decode()
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, json.loads(raw) if raw.startswith(b"{") else raw.decode()
+
+
+def slash(bot_url: str, text: str, user: str = "U0ALICE", channel: str = "C0CHAT", response_url: str = "",
+          **kw: Any) -> tuple[int, Any]:
+    form = {"token": "x", "team_id": "T0MSMON01", "channel_id": channel, "user_id": user, "user_name": user.lower(),
+            "command": "/msmon", "text": text, "response_url": response_url, "trigger_id": "1.2.3"}
+    return signed_post(bot_url + "/slack/commands", urlencode(form).encode(), **kw)
+
+
+def click(bot_url: str, value: str, user: str = "U0ALICE", channel: str = "C0ALERTS", message_ts: str = "1.000100",
+          response_url: str = "", **kw: Any) -> tuple[int, Any]:
+    payload = {"type": "block_actions", "user": {"id": user, "username": user.lower()},
+               "channel": {"id": channel}, "container": {"type": "message", "message_ts": message_ts,
+                                                         "channel_id": channel},
+               "message": {"ts": message_ts, "text": "alert"}, "response_url": response_url,
+               "actions": [{"action_id": "msmon_2", "block_id": "msmon_actions", "type": "button", "value": value}]}
+    return signed_post(bot_url + "/slack/interactions", urlencode({"payload": json.dumps(payload)}).encode(), **kw)
