@@ -13,15 +13,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 import yaml
 
 from .config import MonitorConfig, load_config
-from .detectors.base import DetectorContext, Finding, RuleParams
+from .detectors.base import BaselineRule, DetectorContext, Finding, RuleParams
 from .detectors.grad_norm import GradNormSpike
 from .detectors.loss_spike import LossSpike
-from .detectors.rolling import RollingQuantiles
+from .detectors.rolling import RollingQuantiles, SlidingFit
 from .detectors.throughput import ThroughputDrop, rate_of
 from .readers import Row
 from .wire import Sample, Severity, Status
@@ -32,6 +32,9 @@ MIN_SPIKE_RATIO = 2.0  # grad_norm_spike WARNING never below 2x the rolling medi
 MIN_DROP = 0.1  # throughput_drop WARNING never below 10%
 MAX_RELATIVE_NOISE = 0.1  # loss fluctuation above 10% of the loss: too noisy to calibrate from
 MAX_TREND_RATIO = 2.0  # window spread over the detrended noise above this: the trend, not noise, sets sigma
+
+
+_P = TypeVar("_P", bound="_Scored")
 
 
 class CalibrationError(ValueError):
@@ -54,63 +57,50 @@ class Calibration:
 # -- probes: the live detectors, scoring every sample without ever firing --------------------------
 
 
-class _Probe(Protocol):
-    at: int  # the step being scored
+class _Scored(BaselineRule):
+    """Mixed into a live baseline rule: wherever the rule would judge a value, record its measure instead
+    and learn the value, so nothing ever fires and the window holds what it would hold on a quiet run."""
 
-    def update(self, s: Sample, p: RuleParams) -> Finding | None: ...
+    at: int = 0  # the step being scored, set before each update
+    seen: list[tuple[int, Any]]
 
-
-class _LossProbe(LossSpike):
-    """Records (step, loss, rolling median, raw robust sigma) wherever the live rule would judge."""
-
-    def __init__(self, p: Any, ctx: DetectorContext) -> None:
-        super().__init__(p, ctx)
-        self.at = 0
-        self.seen: list[tuple[int, float, float, float]] = []
+    def measure(self, x: float, w: RollingQuantiles) -> Any:
+        return self.score(x, w)[0]
 
     def judge(self, x: float, p: RuleParams) -> tuple[Severity, float, float, float] | None:
         w = self.window
         if w.n >= self.min_samples:
-            med, sigma = w.median_sigma()
-            self.seen.append((self.at, x, med, sigma))
+            self.seen.append((self.at, self.measure(x, w)))
         w.add(x)
         return None
 
 
-class _RatioProbe(GradNormSpike):
-    def __init__(self, p: Any, ctx: DetectorContext) -> None:
-        super().__init__(p, ctx)
-        self.at = 0
-        self.seen: list[tuple[int, float]] = []
-
-    def judge(self, x: float, p: RuleParams) -> tuple[Severity, float, float, float] | None:
-        w = self.window
-        if w.n >= self.min_samples:
-            self.seen.append((self.at, self.score(x, w)[0]))
-        w.add(x)
-        return None
+class _LossProbe(_Scored, LossSpike):
+    def measure(self, x: float, w: RollingQuantiles) -> tuple[float, float, float]:
+        med, sigma = w.median_sigma()  # the raw sigma: the floor (min_fluctuation) is chosen from it
+        return x, med, sigma
 
 
-class _DropProbe(ThroughputDrop):
-    def __init__(self, p: Any, ctx: DetectorContext) -> None:
-        super().__init__(p, ctx)
-        self.at = 0
-        self.seen: list[tuple[int, float]] = []
-        self.rates: list[float] = []
-        self.unit = ""
+class _RatioProbe(_Scored, GradNormSpike):
+    pass
+
+
+class _DropProbe(_Scored, ThroughputDrop):
+    unit = ""
+
+    def measure(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
+        return self.score(x, w)[0], x  # the fraction lost, and the rate itself (the stable range)
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         if not self.unit:
             self.unit = rate_of(s)[1]
         return super().update(s, p)
 
-    def judge(self, x: float, p: RuleParams) -> tuple[Severity, float, float, float] | None:
-        w = self.window
-        self.rates.append(x)
-        if w.n >= self.min_samples:
-            self.seen.append((self.at, self.score(x, w)[0]))
-        w.add(x)
-        return None
+
+def _probe(make: Callable[[Any, DetectorContext], _P], p: RuleParams, ctx: DetectorContext) -> _P:
+    probe = make(p, ctx)
+    probe.seen = []
+    return probe
 
 
 def _samples(rows: Sequence[Row]) -> Iterable[Sample]:
@@ -147,17 +137,23 @@ def sustained_max(values: Sequence[float], run: int) -> float:
 
 
 def detrended_sigma(values: Sequence[float], width: int) -> float:
-    """Robust sigma (IQR / 1.349) of the residuals about a centred rolling median: the noise without the trend."""
+    """Robust sigma (IQR / 1.349) of the residuals about a centred rolling line: the noise without the trend."""
     half = max(1, width // 2)
-    if len(values) <= 2 * half:
+    n = 2 * half + 1
+    if len(values) < n:
         return math.nan
-    rq = RollingQuantiles(2 * half + 1)
+    fit = SlidingFit(n)
     resid = []
     for i, x in enumerate(values):
-        rq.add(x)
-        if i >= 2 * half:
-            resid.append(values[i - half] - rq.median())
-    return (_quantile(resid, 0.75) - _quantile(resid, 0.25)) / 1.349
+        fit.add(float(i), x)
+        if i >= n - 1:
+            line = fit.predict(float(i - half))
+            if line is not None:
+                resid.append(values[i - half] - line[0])
+    if not resid:
+        return math.nan
+    # the centre point's residual has variance sigma^2 (1 - 1/n): scale it back
+    return (_quantile(resid, 0.75) - _quantile(resid, 0.25)) / 1.349 / math.sqrt(1.0 - 1.0 / n)
 
 
 def _ceil_to(x: float, step: float) -> float:
@@ -190,7 +186,7 @@ def find_warmup(samples: Sequence[Sample]) -> tuple[int | None, str]:
     if len(lrs) >= 10:
         peak = max(lr for _, lr in lrs)
         if lrs[0][1] < 0.5 * peak:
-            end = next(step for step, lr in lrs if lr >= 0.98 * peak)
+            end = next(step for step, lr in lrs if lr >= 0.999 * peak)
             return end, f"the LR warms up from {lrs[0][1]:.3g} to {peak:.3g} by step {end}"
         return None, f"the LR starts at {lrs[0][1]:.3g}, near its peak {peak:.3g}: no warmup"
     losses = [(s.step, s.loss) for s in samples if s.loss is not None and math.isfinite(s.loss)]
@@ -260,7 +256,7 @@ def _structure_note(key: str, value: Any) -> str:
 
 def _loss(b: _Builder, probe: _LossProbe, warmup_end: int | None, where: str) -> None:
     p = b.cfg.alert.rules.get("loss_spike")
-    seen = probe.seen
+    seen = [(step, x, med, sigma) for step, (x, med, sigma) in probe.seen]
     main = [t for t in seen if warmup_end is None or t[0] >= warmup_end]
     rel = [s / abs(m) for _, _, m, s in main if m != 0 and s > 0]
     if not rel:
@@ -342,13 +338,14 @@ def _grad(b: _Builder, samples: Sequence[Sample], probe: _RatioProbe, warmup_end
 
 
 def _throughput(b: _Builder, probe: _DropProbe, warmup_end: int | None) -> None:
-    drops = _Split.of(probe.seen, warmup_end).main
+    drops = _Split.of(((step, drop) for step, (drop, _) in probe.seen), warmup_end).main
     if len(drops) < 10:
         return
     run = b.cfg.alert.rules.get("throughput_drop").consecutive
     held = sustained_max(drops, run)
     warning = min(0.9, max(MIN_DROP, _ceil_to(MARGIN * held, 0.05)))
-    lo, hi = _quantile(probe.rates, 0.05), _quantile(probe.rates, 0.95)
+    rates = [rate for _, (_, rate) in probe.seen]
+    lo, hi = _quantile(rates, 0.05), _quantile(rates, 0.95)
     b.level("throughput_drop", "warning", warning,
             f"fraction lost vs the rolling median: stable range {lo:.4g}-{hi:.4g} {probe.unit} (5th-95th percentile); "
             f"the largest drop held {run} spans was {max(held, 0.0):.1%}; {MARGIN}x that, at least {MIN_DROP:.0%}")
@@ -401,16 +398,14 @@ def calibrate(rows: Iterable[Row], *, steps: int = 1000, start: int | None = Non
                                f"calibration needs at least {need // 2} after it. Give a longer baseline (--steps)")
     ctx = DetectorContext()
     rules = cfg.alert.rules
-    loss_p = _LossProbe(rules.get("loss_spike"), ctx)
-    ratio_p = _RatioProbe(rules.get("grad_norm_spike"), ctx)
-    drop_p = _DropProbe(rules.get("throughput_drop"), ctx)
-    probes: list[tuple[_Probe, RuleParams]] = [(loss_p, rules.get("loss_spike")),
-                                               (ratio_p, rules.get("grad_norm_spike")),
-                                               (drop_p, rules.get("throughput_drop"))]
+    loss_p = _probe(_LossProbe, rules.get("loss_spike"), ctx)
+    ratio_p = _probe(_RatioProbe, rules.get("grad_norm_spike"), ctx)
+    drop_p = _probe(_DropProbe, rules.get("throughput_drop"), ctx)
     for s in samples:
-        for probe, params in probes:
-            probe.at = s.step
-            probe.update(s, params)
+        loss_p.at = ratio_p.at = drop_p.at = s.step
+        loss_p.update(s, rules.get("loss_spike"))
+        ratio_p.update(s, rules.get("grad_norm_spike"))
+        drop_p.update(s, rules.get("throughput_drop"))
     b = _Builder(cfg)
     _loss(b, loss_p, warmup_end, where)
     _grad(b, samples, ratio_p, warmup_end)

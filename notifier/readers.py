@@ -18,7 +18,7 @@ import re
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Generic, TypeVar
 
 from .config.errors import closest
 from .outputs.tensorboard_sink import TAGS
@@ -39,6 +39,7 @@ METRICS = ("loss", "lr", "grad_norm", "throughput")
 # Spellings accepted on the left of --columns, for the Row field they mean.
 KEY_SYNONYMS = {"learning_rate": "lr", "tokens_per_s": "throughput", "iteration": "step"}
 FORMATS = ("csv", "jsonl", "tensorboard")
+T = TypeVar("T")
 
 
 class ReplayError(ValueError):
@@ -170,19 +171,25 @@ def _has_metric(row: Row) -> bool:
 
 
 @dataclass
-class _Lines:
-    """Decoded lines of a file read in binary, counting bytes for a progress bar."""
+class _Counted(Generic[T]):
+    """Items passed through, their total weight counted (bytes of lines, or rows) for a progress bar."""
 
-    f: IO[bytes]
+    items: Iterable[T]
+    weight: Callable[[T], int]
     done: int = 0
 
-    def __iter__(self) -> Iterator[str]:
-        for raw in self.f:
-            self.done += len(raw)
-            yield raw.decode("utf-8", errors="replace")
+    def __iter__(self) -> Iterator[T]:
+        for x in self.items:
+            self.done += self.weight(x)
+            yield x
 
 
-def _read_csv(path: str, lines: _Lines, columns: Mapping[str, str]) -> Iterator[Row]:
+def _decoded(lines: Iterable[bytes]) -> Iterator[str]:
+    for raw in lines:
+        yield raw.decode("utf-8", errors="replace")
+
+
+def _read_csv(path: str, lines: Iterable[str], columns: Mapping[str, str]) -> Iterator[Row]:
     it = iter(lines)
     first = next(it, None)
     if first is None or not first.strip():
@@ -223,7 +230,7 @@ def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
 JSONL_SCAN = 1000  # objects scanned for the keys a JSONL log has, before mapping them
 
 
-def _read_jsonl(path: str, lines: _Lines, columns: Mapping[str, str]) -> Iterator[Row]:
+def _read_jsonl(path: str, lines: Iterable[str], columns: Mapping[str, str]) -> Iterator[Row]:
     objects = _json_objects(path, lines)
     head: list[tuple[int, dict[str, Any]]] = []
     keys: dict[str, None] = {}
@@ -257,7 +264,7 @@ def _chain_items(head: list[tuple[int, dict[str, Any]]],
     yield from rest
 
 
-def _json_objects(path: str, lines: _Lines) -> Iterator[tuple[int, dict[str, Any]]]:
+def _json_objects(path: str, lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     for i, text in enumerate(lines, start=1):
         if not text.strip():
             continue
@@ -438,25 +445,15 @@ def read_log(path: str, columns: Mapping[str, str] | None = None, fmt: str | Non
         raise ReplayError(f"unknown log format {kind!r}; formats: {', '.join(FORMATS)}")
     if kind == "tensorboard":
         rows = _read_tensorboard(path, cols)
-        counter = _Counter(rows)
-        return LogReader(path, kind, iter(counter), lambda: counter.done, len(rows))
+        counted_rows = _Counted(rows, lambda _: 1)
+        return LogReader(path, kind, iter(counted_rows), lambda: counted_rows.done, len(rows))
     if os.path.isdir(path):
         raise ReplayError(f"{path} is a folder; a {kind} log is one file")
     f = open(path, "rb")  # noqa: SIM115 - closed when the rows are exhausted (or the reader collected)
-    lines = _Lines(f)
+    counted = _Counted(f, len)
     read = _read_csv if kind == "csv" else _read_jsonl
-    return LogReader(path, kind, _closing(f, read(path, lines, cols)), lambda: lines.done, os.fstat(f.fileno()).st_size)
-
-
-@dataclass
-class _Counter:
-    rows: list[Row]
-    done: int = 0
-
-    def __iter__(self) -> Iterator[Row]:
-        for r in self.rows:
-            self.done += 1
-            yield r
+    return LogReader(path, kind, _closing(f, read(path, _decoded(counted), cols)), lambda: counted.done,
+                     os.fstat(f.fileno()).st_size)
 
 
 def _closing(f: IO[bytes], rows: Iterator[Row]) -> Iterator[Row]:
