@@ -249,7 +249,8 @@ def test_tensorboard_errors(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["replay", str(empty)]) == 2
-    assert "empty: no TensorBoard event files (events.out.tfevents.*) in this folder or below" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "empty: no TensorBoard event files (events.out.tfevents.*) in this folder or below" in err
     f = _event_file(tmp_path / "rep", [(1, "train/loss", 2.0), (2, "train/loss", 2.0), (2, "train/loss", 2.1)])
     assert main(["replay", str(f)]) == 2
     err = capsys.readouterr().err
