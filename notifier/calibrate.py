@@ -31,6 +31,7 @@ MIN_SIGMAS = 3.0  # loss_spike WARNING never below 3 sigma ("a few times the nor
 MIN_SPIKE_RATIO = 2.0  # grad_norm_spike WARNING never below 2x the rolling median
 MIN_DROP = 0.1  # throughput_drop WARNING never below 10%
 MAX_RELATIVE_NOISE = 0.1  # loss fluctuation above 10% of the loss: too noisy to calibrate from
+MIN_SCORED = 10  # scored values after the warmup below which a rule is left at its defaults
 MAX_TREND_RATIO = 2.0  # window spread over the detrended noise above this: the trend, not noise, sets sigma
 
 
@@ -63,12 +64,14 @@ class _Scored(BaselineRule):
 
     at: int = 0  # the step being scored, set before each update
     seen: list[tuple[int, Any]]
+    judged = 0  # values the rule looked at (learning ones included)
 
     def measure(self, x: float, w: RollingQuantiles) -> Any:
         return self.score(x, w)[0]
 
     def judge(self, x: float, p: RuleParams) -> tuple[Severity, float, float, float] | None:
         w = self.window
+        self.judged += 1
         if w.n >= self.min_samples:
             self.seen.append((self.at, self.measure(x, w)))
         w.add(x)
@@ -230,6 +233,19 @@ class _Builder:
         self.rules: dict[str, dict[str, Any]] = {}
         self.warm_rules: dict[str, dict[str, Any]] = {}
         self.notes: dict[str, str] = {}
+        self.skipped: list[str] = []  # rules left at their defaults, and why
+
+    def enough(self, rule: str, probe: _Scored, n: int, what: str, absent: str) -> bool:
+        """Whether `n` scored values after the warmup are enough; if not, says why in the header."""
+        if n >= MIN_SCORED:
+            return True
+        if not probe.judged:
+            self.skipped.append(f"{rule}: no {absent} in the log")
+        else:
+            self.skipped.append(f"{rule}: {n} of its {what} judged after the warmup, {MIN_SCORED} needed (it learns "
+                                f"from the first {probe.min_samples} before judging; the baseline holds {probe.judged})"
+                                ": give a longer baseline (--steps)")
+        return False
 
     def level(self, rule: str, key: str, value: float, note: str, *, warm: bool = False) -> None:
         value = float(f"{value:.6g}")
@@ -303,7 +319,11 @@ def _loss(b: _Builder, probe: _LossProbe, warmup_end: int | None, where: str) ->
 def _grad(b: _Builder, samples: Sequence[Sample], probe: _RatioProbe, warmup_end: int | None) -> None:
     grads = [(s.step, g) for s in samples if (g := s.grad_norm) is not None and math.isfinite(g)]
     split = _Split.of(grads, warmup_end)
-    if len(split.main) < 10:
+    if not grads:
+        b.skipped.append("grad_norm, grad_norm_spike: no grad norm in the log")
+        return
+    if len(split.main) < MIN_SCORED:
+        b.skipped.append(f"grad_norm: only {len(split.main)} grad norms after the warmup ({MIN_SCORED} needed)")
         return
     run = b.cfg.alert.rules.get("grad_norm").consecutive
     q99 = _quantile(split.main, 0.99)
@@ -320,7 +340,7 @@ def _grad(b: _Builder, samples: Sequence[Sample], probe: _RatioProbe, warmup_end
                 f"{MARGIN}x its largest {max(split.warm):.3g}, at least the level after it", warm=True)
         b.level("grad_norm", "error", 2 * w_level, "twice the warmup WARNING level", warm=True)
     ratios = _Split.of(probe.seen, warmup_end)
-    if len(ratios.main) < 10:
+    if not b.enough("grad_norm_spike", probe, len(ratios.main), "grad norms", "grad norm"):
         return
     spike_run = b.cfg.alert.rules.get("grad_norm_spike").consecutive
     held = sustained_max(ratios.main, spike_run)
@@ -339,7 +359,8 @@ def _grad(b: _Builder, samples: Sequence[Sample], probe: _RatioProbe, warmup_end
 
 def _throughput(b: _Builder, probe: _DropProbe, warmup_end: int | None) -> None:
     drops = _Split.of(((step, drop) for step, (drop, _) in probe.seen), warmup_end).main
-    if len(drops) < 10:
+    spans = f"spans of {probe.min_seconds:g} s of training"
+    if not b.enough("throughput_drop", probe, len(drops), spans, "throughput or timestamps"):
         return
     run = b.cfg.alert.rules.get("throughput_drop").consecutive
     held = sustained_max(drops, run)
@@ -420,11 +441,9 @@ def calibrate(rows: Iterable[Row], *, steps: int = 1000, start: int | None = Non
         b.notes["monitor_config.alert.phases[0].end_step"] = how
         section["training"] = {"warmup_steps": warmup_end}
         b.notes["monitor_config.training.warmup_steps"] = how
-    missing = [m for m, rule in (("grad norm", "grad_norm"), ("throughput", "throughput_drop")) if rule not in b.rules]
     header = [f"msmon calibrate: thresholds measured on {source}, {span} ({len(samples)} sampled steps at "
               f"step_interval {cfg.step_interval}); {how}."]
-    if missing:
-        header.append(f"Not enough {' or '.join(missing)} in the baseline: those rules keep their defaults.")
+    header += [f"Left at its defaults: {why}." for why in b.skipped]
     result = Calibration({"monitor_config": section}, b.notes, header, [])
     result.alerts_on_baseline = check_quiet(result, picked)
     quiet = "raises no alert" if not result.alerts_on_baseline else (

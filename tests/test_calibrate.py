@@ -153,9 +153,23 @@ def test_missing_metrics_keep_their_defaults(tmp_path, capsys):
     p.write_text("step,loss\n" + "".join(f"{r['step']},{r['loss']}\n" for r in data.run(1000)))
     assert main(["calibrate", str(p)]) == 0
     text = capsys.readouterr().out
-    assert "# Not enough grad norm or throughput in the baseline: those rules keep their defaults." in text
+    assert "# Left at its defaults: grad_norm, grad_norm_spike: no grad norm in the log.\n" \
+           "# Left at its defaults: throughput_drop: no throughput or timestamps in the log.\n" in text
     rules = yaml.safe_load(text)["monitor_config"]["alert"]["rules"]
     assert set(rules) == {"loss_spike"}
+
+
+def test_too_few_throughput_spans_is_said(tmp_path, capsys):
+    """Steps of 0.1 s: 1000 steps are 10 spans of 10 s, fewer than the rule learns from before judging."""
+    records = data.run(1000)
+    for r in records:
+        r["time"] = 1000.0 + 0.1 * r["step"]
+        r["tokens_per_s"] = ""
+    assert main(["calibrate", data.write_csv(tmp_path / "fast.csv", records)]) == 0
+    text = capsys.readouterr().out
+    assert "# Left at its defaults: throughput_drop: 0 of its spans of 10 s of training judged after the warmup, 10 " \
+           "needed (it learns from the first 20 before judging; the baseline holds 9): give a longer baseline " \
+           "(--steps).\n" in text
 
 
 def test_bad_input_is_exit_2(tmp_path, capsys):
