@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(call install,dev$(comma)mindspore,.installed)
 
 $(DEMO): pyproject.toml
-	$(call install,bot,.demo)
+	$(call install,bot$(comma)mindspore,.demo)
 
 demo: $(DEMO)
 	$(BIN)/msmon demo

@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 
 from notifier import Monitor
 from notifier.config import load_config
@@ -27,10 +30,13 @@ def run_demo(trace: str, monitor_config: str, out_dir: str, pace: float = 0.002)
     (a 10 s step in 2 ms: fast, but slow enough that what happened first arrives first)."""
     token = secrets.token_urlsafe(16)
     os.environ["MSMON_DEMO_TOKEN"] = token
+    os.environ["MSMON_OPERATOR_TOKEN"] = secrets.token_urlsafe(16)  # for `msmon cmd` in part 2
     bot_cfg = load_bot_config({"bot": {
         "port": 0, "state_path": os.path.join(out_dir, "bot.sqlite"),
         "tokens": [{"project": "*", "env": "MSMON_DEMO_TOKEN"}],
-        "pipeline": {"group_wait": 0.05}, "console": {"charts_dir": os.path.join(out_dir, "charts")}}})
+        "pipeline": {"group_wait": 0.05}, "console": {"charts_dir": os.path.join(out_dir, "charts")},
+        "commands": {"operators": [{"user": "demo:you", "env": "MSMON_OPERATOR_TOKEN"}],
+                     "allow": [{"project": "*", "users": ["demo:you"]}]}}})
     for suffix in ("", "-wal", "-shm"):  # a fresh demo each time
         path = bot_cfg.state_path + suffix
         if os.path.exists(path):
@@ -52,3 +58,40 @@ def run_demo(trace: str, monitor_config: str, out_dir: str, pace: float = 0.002)
     while bot.store.depth() and time.monotonic() < deadline:
         time.sleep(0.1)
     return events, bot
+
+
+COMMANDS = ("save-checkpoint demo-ms", "pause demo-ms", "status demo-ms", "resume demo-ms", "stop demo-ms confirm")
+
+
+def _first_error(bot: BotThread, run_id: str) -> dict[str, object] | None:
+    return next((a for a in bot.store.alerts(run_id, "firing") if a["severity"] == "ERROR"), None)
+
+
+def run_chatops(bot: BotThread, out_dir: str, say: Callable[[str], None] = print, timeout: float = 180.0) -> bool:
+    """Part two: a real MindSpore training reports to `bot`, goes unstable, and is handled with
+    `msmon cmd` (a real CLI process) once its first ERROR is out. True if every command worked."""
+    from notifier.mindspore.demo_job import UnstableJob  # MindSpore only here
+
+    job = UnstableJob(bot.url, "MSMON_DEMO_TOKEN", out_dir)
+    job.start()
+    deadline = time.monotonic() + timeout
+    while (_first_error(bot, job.run_id) is None or bot.store.depth()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _first_error(bot, job.run_id) is None:
+        say("the toy job raised no ERROR in time: the demo stops it")
+        job.callback.control.request("stop")
+        return False
+    ok = True
+    env = {**os.environ, "MSMON_BOT_URL": bot.url}
+    for text in COMMANDS:
+        time.sleep(0.5)  # let the console receiver's lines come out first
+        say(f'\n$ msmon cmd "{text}"')
+        done = subprocess.run([sys.executable, "-m", "notifier.cli", "cmd", text, "--wait", "30"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        say((done.stdout + done.stderr).rstrip())
+        ok = ok and done.returncode == 0
+    job.join(60)
+    deadline = time.monotonic() + 10
+    while bot.store.depth() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return ok

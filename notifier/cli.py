@@ -51,14 +51,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _quiet_logging(args.verbose)
     out = args.out
     trace = make_trace(os.path.join(out, "incident-13b.csv"))
-    print(f"msmon demo: a 13B fine-tune; the grad norm starts creeping at step {CREEP_START}, the loss jumps "
-          f"from 1.82 to 6.47 at step {SPIKE_STEP} ({STEP_SECONDS:.0f} s per step).")
+    print(f"msmon demo, part 1: a 13B fine-tune; the grad norm starts creeping at step {CREEP_START}, the loss "
+          f"jumps from 1.82 to 6.47 at step {SPIKE_STEP} ({STEP_SECONDS:.0f} s per step).")
     try:
-        from bot.demo import run_demo
+        from bot.demo import run_chatops, run_demo
 
         have_bot = True
     except ImportError:  # msmon without the [bot] extra
         have_bot = False
+    bot = None
     try:
         if not have_bot or args.no_bot:
             print(f"Replaying {trace} through {args.config} (the same Monitor a live job runs):\n")
@@ -72,20 +73,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
             events, bot = run_demo(trace, args.config, out)
             runs = bot.store.runs()
             firing = bot.store.alerts("demo-13b", "firing")
-            bot.stop()
             print(f"\nThe bot now holds run demo-13b at step {runs[0]['last_step'] if runs else '?'} with "
                   f"{len(firing)} alert(s) firing: {', '.join(sorted({a['rule'] for a in firing}))}.")
+        first = next((e for e in events if e.status is Status.FIRING), None)
+        if first is None:
+            print("\nno alert was raised: the detectors missed the incident", file=sys.stderr)
+            return 1
+        lead = SPIKE_STEP - first.step
+        print(f"\nFirst alert: {first.severity.value} {first.rule} at step {first.step}, {lead} steps "
+              f"({lead * STEP_SECONDS / 60:.0f} minutes) before the loss spike.")
+        if bot is None or args.no_chatops:
+            return 0
+        try:
+            import mindspore  # noqa: F401
+        except ImportError:
+            print("\nPart 2 (a real MindSpore job handled from chat) needs MindSpore: pip install 'msmon[mindspore]'")
+            return 0
+        print("\nmsmon demo, part 2: a real MindSpore training (an MLP on this CPU) reports to the same bot. At step "
+              "300 a bad schedule raises its learning rate 3x; when the bot's first ERROR is out, `msmon cmd` saves a "
+              "checkpoint, pauses the job, asks for its status, resumes it and stops it.\n", flush=True)
+        return 0 if run_chatops(bot, out) else 1
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    first = next((e for e in events if e.status is Status.FIRING), None)
-    if first is None:
-        print("\nno alert was raised: the detectors missed the incident", file=sys.stderr)
-        return 1
-    lead = SPIKE_STEP - first.step
-    print(f"\nFirst alert: {first.severity.value} {first.rule} at step {first.step}, {lead} steps "
-          f"({lead * STEP_SECONDS / 60:.0f} minutes) before the loss spike.")
-    return 0
+    finally:
+        if bot is not None:
+            bot.stop()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -114,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="demo-out")
     d.add_argument("-v", "--verbose", action="store_true", help="also print msmon's log lines")
     d.add_argument("--no-bot", action="store_true", help="only replay through the detectors")
+    d.add_argument("--no-chatops", action="store_true", help="skip part 2 (a real MindSpore job handled from chat)")
     d.set_defaults(func=cmd_demo)
     sv = sub.add_parser("serve", help="run the msmon bot service")
     sv.add_argument("--config", default=None, help="bot.yaml (default: built-in defaults, console receiver)")

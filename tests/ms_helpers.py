@@ -1,63 +1,12 @@
-"""Tiny real MindSpore trainings for the integration tests (CPU, GRAPH mode, a few seconds each)."""
+"""Tiny real MindSpore trainings for the integration tests (CPU, GRAPH mode, a few seconds each): the
+toy job that ships with msmon (notifier/mindspore/toy.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import mindspore as ms
-import mindspore.dataset as ds
-import numpy as np
-from mindspore import nn
 
-from notifier.mindspore import TrainStepWithGradNorm
+from notifier.mindspore.toy import MLP, dataset, model, regression_data
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
-
-def regression_data(n: int = 2048, dim: int = 32, seed: int = 0) -> tuple[Any, Any]:
-    """A noisy regression problem (the recipe in shared/notes: x ~ N(0, 1), y = x.w + noise)."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, dim)).astype(np.float32)
-    w = (rng.standard_normal((dim, 1)) / np.sqrt(dim)).astype(np.float32)
-    y = (x @ w + 0.5 * rng.standard_normal((n, 1))).astype(np.float32)
-    return x, y
-
-
-def dataset(x: Any, y: Any, batch: int, steps: int, nan_steps: tuple[int, ...] = ()) -> Any:
-    """`steps` batches cycling through (x, y) in order; the 1-based steps in `nan_steps` get a NaN label
-    (so the loss itself is NaN)."""
-    nb = len(x) // batch
-
-    def gen() -> Any:
-        for i in range(steps):
-            b = i % nb
-            yb = y[b * batch:(b + 1) * batch]
-            if i + 1 in nan_steps:
-                yb = yb.copy()
-                yb[0, 0] = np.nan
-            yield x[b * batch:(b + 1) * batch], yb
-
-    return ds.GeneratorDataset(gen, column_names=["x", "y"], shuffle=False)
-
-
-class MLP(nn.Cell):  # type: ignore[misc]
-    def __init__(self, dim: int = 32, hidden: int = 64) -> None:
-        super().__init__()
-        self.l1 = nn.Dense(dim, hidden)
-        self.act = nn.ReLU()
-        self.l2 = nn.Dense(hidden, 1)
-
-    def construct(self, x: Any) -> Any:
-        return self.l2(self.act(self.l1(x)))
-
-
-def model(lr: Any = 0.05, grad_norm: bool = True, seed: int = 1) -> tuple[Any, Any, Any]:
-    """(ms.Model, network, optimizer): SGD on an MLP with MSE, the train cell returning the grad norm;
-    evaluation (for model.fit) reports the MSE."""
-    ms.set_seed(seed)
-    net = MLP()
-    opt = nn.SGD(net.trainable_params(), learning_rate=lr)
-    loss_net = nn.WithLossCell(net, nn.MSELoss())
-    train = TrainStepWithGradNorm(loss_net, opt) if grad_norm else nn.TrainOneStepCell(loss_net, opt)
-    evaluate = nn.WithEvalCell(net, nn.MSELoss())
-    return ms.Model(train, eval_network=evaluate, metrics={"mse": nn.Loss()}, eval_indexes=[0, 1, 2]), net, opt
+__all__ = ["MLP", "dataset", "model", "regression_data"]

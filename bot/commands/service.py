@@ -362,10 +362,8 @@ def _summary(results: dict[str, dict[str, Any]]) -> str:
 
 
 def _report(c: dict[str, Any], results: dict[str, dict[str, Any]], done: bool) -> str:
-    ok = all(r["ok"] for r in results.values())
-    icon = ":white_check_mark:" if ok else ":x:"
     name = c["origin"].get("user_name")
-    head = f"{icon} {c['id']} `{c['text']}` (from {'@' + name if name else c['user']})"
+    head = f"{c['id']} `{c['text']}` (from {'@' + name if name else c['user']})"
     if not done:
         return f"{head}: a rank failed: {_summary(results)}"
     return f"{head}: {_summary(results)}"
