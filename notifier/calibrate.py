@@ -370,8 +370,8 @@ def _throughput(b: _Builder, probe: _DropProbe, warmup_end: int | None) -> None:
     b.level("throughput_drop", "warning", warning,
             f"fraction lost vs the rolling median: stable range {lo:.4g}-{hi:.4g} {probe.unit} (5th-95th percentile); "
             f"the largest drop held {run} spans was {max(held, 0.0):.1%}; {MARGIN}x that, at least {MIN_DROP:.0%}")
-    b.level("throughput_drop", "error", min(0.95, max(2 * warning, warning + 0.2)), "twice the WARNING level, "
-            "at most 95%")
+    b.level("throughput_drop", "error", min(0.95, max(2 * warning, warning + 0.2)),
+            "twice the WARNING level or 20 points above it, whichever is higher; at most 95%")
     b.keep("throughput_drop", ("consecutive", "window", "min_seconds"), _structure_note)
 
 

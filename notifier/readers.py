@@ -131,20 +131,22 @@ def _step(value: object, where: str, col: str, what: str) -> int:
     return int(v)
 
 
+_CUT = "A resumed run logs some steps again: keep one attempt's rows (cut the log at the restart) and replay that"
+
+
 class _StepOrder:
     """Steps must increase per device; says where the offending row and the earlier one are."""
 
     def __init__(self) -> None:
         self.last: dict[str | None, tuple[int, str]] = {}
 
-    def check(self, device: str | None, step: int, where: str, here: str) -> None:
+    def check(self, device: str | None, step: int, where: str, here: str, fix: str = _CUT) -> None:
         prev = self.last.get(device)
         if prev is not None and step <= prev[0]:
             dev = f" on device {device}" if device is not None else ""
             what = "is repeated" if step == prev[0] else f"comes after step {prev[0]}"
             raise ReplayError(f"{where}: step {step} {what}{dev}: steps must increase (step {prev[0]} is at "
-                              f"{prev[1]}). A resumed run logs some steps again: keep one attempt's rows (cut the "
-                              "log at the restart) and replay that")
+                              f"{prev[1]}). {fix if prev[1] != here else _CUT}")
         self.last[device] = (step, here)
 
 
@@ -371,7 +373,9 @@ def _read_event_folder(files: list[str], device: str | None, columns: Mapping[st
     for arg, tag in chosen.items():
         order = _StepOrder()
         for step, x, wall, path in series[tag]:
-            order.check(device, step, f"{path} (tag {tag!r}, step {step})", os.path.basename(path))
+            order.check(device, step, f"{path} (tag {tag!r}, step {step})", os.path.basename(path),
+                        "The folder holds several attempts of the run, one event file each: replay one file "
+                        f"(msmon replay {path}), or move the others out of the folder")
             row = rows.get(step)
             if row is None:
                 row = rows[step] = Row(step=step, time=wall, device=device)

@@ -268,6 +268,19 @@ def test_tensorboard_errors(tmp_path, capsys):
     assert "the record at byte 0 is not a TensorBoard event (a corrupted or foreign file?)" in capsys.readouterr().err
 
 
+def test_two_attempts_in_one_event_folder(tmp_path, capsys):
+    """A restarted job writes a second event file beside the first, logging the same steps again."""
+    first = _event_file(tmp_path / "dev", [(s, "train/loss", 2.0) for s in range(1, 6)])
+    second = first.with_name("events.out.tfevents.9999999999.host")
+    second.write_bytes(first.read_bytes())
+    assert main(["replay", str(tmp_path / "dev")]) == 2
+    err = capsys.readouterr().err
+    assert f"{second} (tag 'train/loss', step 1): step 1 comes after step 5: steps must increase (step 5 is at " \
+           f"{first.name}). The folder holds several attempts of the run, one event file each: replay one file " \
+           f"(msmon replay {second}), or move the others out of the folder" in err
+    assert main(["replay", str(first), "--no-trend"]) == 0
+
+
 def test_a_truncated_last_event_record_is_ignored(tmp_path):
     f = _event_file(tmp_path / "tb", [(s, "train/loss", 2.0) for s in range(1, 11)])
     full = f.read_bytes()
