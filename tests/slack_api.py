@@ -6,9 +6,19 @@ it. Point `slack_sdk.web.async_client.AsyncWebClient(base_url=server.base_url)` 
 goes to slack.com.
 
 Implemented methods (Slack's response shapes): auth.test, chat.postMessage, chat.update,
-files.getUploadURLExternal, the upload URL it hands out (recorded as method "upload"), and
-files.completeUploadExternal. Every request is recorded, in order, in `calls`; `fail()` injects
-HTTP 429 (with Retry-After) or 500/503 answers for the next N calls to a method.
+files.getUploadURLExternal, the upload URL it hands out (recorded as method "upload"),
+files.completeUploadExternal, and response URLs (`response_url(name)` hands one out, as Slack
+does with each slash command or button click; POSTs to it are recorded as method "response").
+Every request is recorded, in order, in `calls`; `fail()` injects HTTP 429 (with Retry-After)
+or 500/503 answers for the next N calls to a method.
+
+Socket Mode (for slack-sdk's SocketModeClient): apps.connections.open (app-level `xapp-` token only,
+as on Slack) hands out `ws://127.0.0.1:PORT/socket-mode/<id>`; a client connecting there gets Slack's
+`hello`, then whatever `push(type, payload)` sends (an envelope with a fresh envelope_id, to every
+connected client) and `socket_disconnect()` (Slack's "refresh_requested" notice; the client reconnects
+through a new apps.connections.open). The acks clients send back ({"envelope_id", "payload"?}) are kept
+in `socket_acks()`; `wait_for` wakes on them as on requests. Pings are answered with pongs (aiohttp's
+autoping), as Slack does.
 """
 
 from __future__ import annotations
@@ -21,13 +31,16 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from aiohttp import web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 UPLOAD = "upload"  # the method name under which POSTs to an upload URL are recorded
+RESPONSE = "response"  # ... and POSTs to a response_url
+CONNECTIONS_OPEN = "apps.connections.open"  # the Socket Mode method; the only one that takes an app-level token
 
 # Parameters that slack-sdk may send as JSON text inside a form (or that callers pass as strings).
 _JSON_PARAMS = ("blocks", "attachments", "files", "metadata", "user_auth_blocks")
@@ -43,6 +56,7 @@ TEAM = {
     "bot_id": "B0MSMON01",
     "is_enterprise_install": False,
 }
+APP_ID = "A0MSMON01"  # the app whose app-level token opens Socket Mode connections (Slack's hello names it)
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,11 @@ class SlackAPIServer:
         self._uploads: list[dict[str, Any]] = []
         self._ts_counter = itertools.count(1)
         self._file_counter = itertools.count(1)
+        # Socket Mode. _sockets is only mutated on the server thread, under the lock so others can count it.
+        self._socket_ids: set[str] = set()  # connection ids apps.connections.open handed out
+        self._sockets: list[web.WebSocketResponse] = []  # open connections that have had their hello
+        self._sockets_accepted = 0  # connections ever opened (a reconnect makes it grow)
+        self._acks: list[dict[str, Any]] = []  # what clients sent back, in order
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -169,6 +188,9 @@ class SlackAPIServer:
         app = web.Application(client_max_size=1024**3)
         app.router.add_route("*", "/api/{method}", self._handle_api)
         app.router.add_post("/upload/v1/{file_id}", self._handle_upload)
+        app.router.add_post("/response/{name}", self._handle_response)
+        app.router.add_get("/socket-mode/{conn_id}", self._handle_socket)
+        app.on_shutdown.append(self._close_sockets)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
@@ -192,6 +214,122 @@ class SlackAPIServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def response_url(self, name: str = "r1") -> str:
+        """A response URL like the one Slack sends with a slash command or an interaction."""
+        return f"{self.url}/response/{name}"
+
+    def responses(self, name: str | None = None) -> list[dict[str, Any]]:
+        """JSON bodies POSTed to response URLs (with "_name" added), in order."""
+        return [dict(c.params, _name=c.params.get("_name")) for c in self.calls_to(RESPONSE)
+                if name is None or c.params.get("_name") == name]
+
+    # -- Socket Mode (thread-safe; call from any thread but the server's) ------------------------
+
+    def push(self, type: str, payload: dict[str, Any], *, accepts_response_payload: bool = True,
+             timeout: float = 10.0) -> str:
+        """Send a Socket Mode envelope to every connected client, as Slack does; return its envelope_id.
+
+        type: "slash_commands", "interactive", "events_api", ...; payload: what Slack puts in it (a slash
+        command's form fields, an interaction's JSON payload). Waits up to `timeout` for a client to be
+        connected (its hello sent), so a push right after the client's connect() does not race it;
+        RuntimeError when none connects in time.
+        """
+        envelope_id = str(uuid.uuid4())
+        self._send_socket({"envelope_id": envelope_id, "type": type, "payload": copy.deepcopy(payload),
+                           "accepts_response_payload": accepts_response_payload}, timeout)
+        return envelope_id
+
+    def socket_disconnect(self, reason: str = "refresh_requested", timeout: float = 10.0) -> None:
+        """Tell connected clients to reconnect, as Slack does every few hours (or before a server restart)."""
+        self._send_socket({"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-msmon-test"}},
+                          timeout)
+
+    def socket_acks(self) -> list[dict[str, Any]]:
+        """The acks clients sent ({"envelope_id", "payload"?}, as sent), in order."""
+        with self._lock:
+            return copy.deepcopy(self._acks)
+
+    def socket_ack(self, envelope_id: str) -> dict[str, Any] | None:
+        """The first ack for `envelope_id`, or None (yet)."""
+        with self._lock:
+            return next((copy.deepcopy(a) for a in self._acks if a.get("envelope_id") == envelope_id), None)
+
+    def socket_connections(self) -> int:
+        """Socket Mode connections open now (hello sent, not closed)."""
+        with self._lock:
+            return len(self._sockets)
+
+    def socket_connections_accepted(self) -> int:
+        """Socket Mode connections opened since start (a reconnect adds one)."""
+        with self._lock:
+            return self._sockets_accepted
+
+    def _send_socket(self, message: dict[str, Any], timeout: float) -> None:
+        loop = self._loop
+        if loop is None or self._thread is None:
+            raise RuntimeError("SlackAPIServer is not started")
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("push/socket_disconnect block; call them from another thread than the server's")
+        if not self.wait_for(lambda s: bool(s._sockets), timeout):
+            raise RuntimeError(f"no Socket Mode client connected within {timeout} s")
+        sent = asyncio.run_coroutine_threadsafe(self._send_all(json.dumps(message)), loop).result(timeout)
+        if not sent:
+            raise RuntimeError("the Socket Mode client disconnected before the message could be sent")
+
+    async def _send_all(self, text: str) -> int:
+        with self._lock:
+            sockets = list(self._sockets)
+        sent = 0
+        for ws in sockets:
+            if not ws.closed:
+                with contextlib.suppress(ConnectionError):
+                    await ws.send_str(text)
+                    sent += 1
+        return sent
+
+    async def _handle_socket(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            known = request.match_info["conn_id"] in self._socket_ids
+        if not known:  # only URLs that apps.connections.open handed out
+            return web.Response(status=404, text="unknown Socket Mode connection")
+        ws = web.WebSocketResponse()  # autoping: the client's pings get pongs, as from Slack
+        await ws.prepare(request)
+        with self._lock:
+            n = len(self._sockets) + 1
+        await ws.send_json({"type": "hello", "num_connections": n,
+                            "debug_info": {"host": "applink-msmon-test", "build_number": 1,
+                                           "approximate_connection_time": 18060},
+                            "connection_info": {"app_id": APP_ID}})
+        with self._lock:  # registered after the hello, so a push never overtakes it
+            self._sockets.append(ws)
+            self._sockets_accepted += 1
+            self._lock.notify_all()
+        try:
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    continue
+                try:
+                    data = json.loads(msg.data)
+                except ValueError:
+                    continue  # Slack ignores what it cannot parse
+                if isinstance(data, dict) and "envelope_id" in data:
+                    with self._lock:
+                        self._acks.append(data)
+                        self._lock.notify_all()
+        finally:
+            with self._lock:
+                self._sockets.remove(ws)
+                self._lock.notify_all()
+        return ws
+
+    async def _close_sockets(self, app: web.Application) -> None:
+        """On stop: close open connections (their handlers would otherwise hold the shutdown)."""
+        with self._lock:
+            sockets = list(self._sockets)
+        for ws in sockets:
+            with contextlib.suppress(Exception):  # best effort on shutdown
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
 
     # -- failure injection ---------------------------------------------------------------------
 
@@ -250,7 +388,8 @@ class SlackAPIServer:
             return copy.deepcopy(self._uploads)
 
     def wait_for(self, predicate: Callable[[SlackAPIServer], bool], timeout: float = 5.0) -> bool:
-        """Block until predicate(self) is true (re-checked after every request); False on timeout."""
+        """Block until predicate(self) is true (re-checked after every request and Socket Mode ack or
+        connection change); False on timeout."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while not predicate(self):
@@ -261,7 +400,7 @@ class SlackAPIServer:
             return True
 
     def reset(self) -> None:
-        """Forget calls, messages, uploads and pending failures."""
+        """Forget calls, messages, uploads, Socket Mode acks and pending failures (open connections stay)."""
         with self._lock:
             self._calls.clear()
             self._failures.clear()
@@ -270,6 +409,7 @@ class SlackAPIServer:
             self._updates.clear()
             self._pending.clear()
             self._uploads.clear()
+            self._acks.clear()
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -338,8 +478,10 @@ class SlackAPIServer:
         failure = self._take_failure(method)
         if failure is not None:
             return self._fail_now(base, failure)
-        if token is None or not token.startswith("xoxb-"):
-            body: dict[str, Any] = {"ok": False, "error": "not_authed"}
+        if method == CONNECTIONS_OPEN and token is not None and not token.startswith("xapp-"):
+            body: dict[str, Any] = {"ok": False, "error": "not_allowed_token_type"}  # Slack's answer to a bot token
+        elif token is None or not token.startswith("xapp-" if method == CONNECTIONS_OPEN else "xoxb-"):
+            body = {"ok": False, "error": "not_authed"}
         else:
             handler = self._methods.get(method)
             body = handler(self, params) if handler else {"ok": False, "error": "unknown_method"}
@@ -372,6 +514,16 @@ class SlackAPIServer:
         return web.Response(text=f"OK - {len(data)}", content_type="text/plain")
 
     # -- Slack methods (called on the server thread; take the lock for state) ------------------
+
+    async def _handle_response(self, request: web.Request) -> web.Response:
+        params = await self._params(request)
+        params["_name"] = request.match_info["name"]
+        failure = self._take_failure(RESPONSE)
+        if failure is not None:
+            self._record(Call(RESPONSE, params, time.monotonic(), failure.status, True, False, "injected", None))
+            return web.Response(status=failure.status, text=_ERROR_BODIES.get(failure.status, "error"))
+        self._record(Call(RESPONSE, params, time.monotonic(), 200, False, True, None, None))
+        return web.Response(text="ok")
 
     def _next_ts(self) -> str:
         micros = 1_700_000_000_000_000 + next(self._ts_counter) * 100
@@ -421,6 +573,12 @@ class SlackAPIServer:
             echo = {k: copy.deepcopy(v) for k, v in msg.items() if k not in ("channel", "ts", "edited")}
             text = msg.get("text", "")
         return {"ok": True, "channel": channel, "ts": ts, "text": text, "message": echo}
+
+    def _connections_open(self, params: dict[str, Any]) -> dict[str, Any]:
+        conn_id = uuid.uuid4().hex
+        with self._lock:
+            self._socket_ids.add(conn_id)
+        return {"ok": True, "url": f"ws://{self.host}:{self.port}/socket-mode/{conn_id}"}
 
     def _get_upload_url(self, params: dict[str, Any]) -> dict[str, Any]:
         filename = params.get("filename")
@@ -493,6 +651,7 @@ class SlackAPIServer:
 
     _methods: dict[str, Callable[[SlackAPIServer, dict[str, Any]], dict[str, Any]]] = {
         "auth.test": _auth_test,
+        CONNECTIONS_OPEN: _connections_open,
         "chat.postMessage": _post_message,
         "chat.update": _update,
         "files.getUploadURLExternal": _get_upload_url,
