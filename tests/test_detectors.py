@@ -621,6 +621,30 @@ def test_lr_flat_after_warmup_is_not_still_rising(schedule: str) -> None:
     assert lr_run(lr, DetectorContext(total_steps=TOTAL)) == []
 
 
+def test_lr_rising_after_a_warmup_into_a_constant_lr_is_a_warning() -> None:
+    """No decline ever shows where warmup ended: it ended where the LR settled for good (held for twice
+    the steps before it), so a x4 jump long after is a rise after warmup."""
+    def lr(step: int) -> float:
+        base = PEAK_LR * min(1.0, step / WARMUP)
+        return 4 * base if step >= 60_000 else base
+
+    out = lr_run(lr, DetectorContext())
+    assert [(s, f.level) for s, f in out] == [(60_000, WARNING)]
+    assert "after warmup ended at step 2000" in out[0][1].message
+
+
+@pytest.mark.parametrize("start_at_peak", [False, True])
+def test_lr_staircase_warmup_and_constant_from_the_start_are_not_settled(start_at_peak: bool) -> None:
+    """A staircase warmup (each level held 5,000 steps) never holds a level twice as long as what came
+    before it; an LR constant from the first step showed no warmup at all: no rise is flagged."""
+    def lr(step: int) -> float:
+        if start_at_peak:
+            return PEAK_LR * (2 if step >= 60_000 else 1)
+        return PEAK_LR * min(8, 1 + step // 5_000) / 8
+
+    assert lr_run(lr, DetectorContext(), n=6_000) == []
+
+
 # -- throughput_drop ---------------------------------------------------------------------------
 
 

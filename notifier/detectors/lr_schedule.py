@@ -15,7 +15,9 @@ from .base import SKIP, DetectorContext, Finding, RuleParams
 class LrScheduleParams(RuleParams):
     """Fixed severities: LR at zero after warmup is an ERROR; LR rising after warmup and a warmup
     as long as the run are WARNINGs. Warmup ends at `training.warmup_steps` when given, else where
-    the LR first went down. Cosine-with-restarts schedules rise on purpose: disable this rule."""
+    the LR first went down, else (warmup into a constant LR) where it rose to the level it has then
+    held for at least twice as many steps as the run had before. Cosine-with-restarts schedules rise
+    on purpose: disable this rule."""
 
     PHASE_KEYS = frozenset({"enable"})
     epsilon: float = dataclasses.field(default=0.0, metadata=spec(ge=0, doc="an LR at or below counts as zero"))
@@ -31,6 +33,12 @@ class LrSchedule:
                            "and, after a resume, that the optimizer's global step was restored.")
 
     ZERO_FRACTION: ClassVar[float] = 0.1  # zero for this fraction of the run so far: not the schedule's end
+    # A warmup into a constant LR has ended once the LR has held its peak for this many samples and for
+    # twice the steps before it. Twice: a staircase warmup never holds a level that long, nor does a
+    # constant LR from the first step (no rise was seen) count as the end of a warmup.
+    SETTLE_SAMPLES: ClassVar[int] = 10
+    SETTLE_RATIO: ClassVar[float] = 2.0
+    SAME: ClassVar[float] = 1e-6  # relative change below which two LR values are the same
 
     def __init__(self, p: LrScheduleParams, ctx: DetectorContext) -> None:
         self.ctx = ctx
@@ -42,6 +50,11 @@ class LrSchedule:
         self.samples = 0
         self.zero_run = 0  # samples in a row at LR zero
         self.zero_since = 0  # step where the current run of zero LR began
+        self.first_step: int | None = None
+        self.rose = False  # the LR has gone up at least once (a warmup was seen)
+        self.level_since = 0  # step where the LR reached the peak level it holds now
+        self.level_samples = 0  # samples at that level
+        self.settled_at: int | None = None  # inferred end of a warmup into a constant LR
 
     def expect_change(self) -> None:
         """The LR was changed on purpose (scale_lr): the next move is not a schedule bug."""
@@ -68,7 +81,24 @@ class LrSchedule:
         return None
 
     def _warmup_end(self) -> int | None:
-        return self.ctx.warmup_steps if self.ctx.warmup_steps is not None else self.peak_step
+        if self.ctx.warmup_steps is not None:
+            return self.ctx.warmup_steps
+        return self.peak_step if self.peak_step is not None else self.settled_at
+
+    def _track_level(self, step: int, lr: float, prev: float | None) -> None:
+        """Infer the end of a warmup into a constant LR (see SETTLE_SAMPLES)."""
+        if self.first_step is None:
+            self.first_step = step
+        same = self.SAME
+        if prev is not None and lr > prev * (1 + same):
+            self.rose = True
+        if prev is not None and abs(lr - prev) <= same * prev and lr >= self.max_lr * (1 - same):
+            self.level_samples += 1
+        else:
+            self.level_since, self.level_samples = step, 1
+        if (self.rose and self.level_samples >= self.SETTLE_SAMPLES
+                and step - self.level_since >= self.SETTLE_RATIO * (self.level_since - self.first_step)):
+            self.settled_at = self.level_since
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         lr = s.learning_rate
@@ -79,6 +109,8 @@ class LrSchedule:
         if prev is not None and lr < prev and self.peak_step is None:
             self.peak_step = s.step
         self.max_lr = max(self.max_lr, lr)
+        if self.settled_at is None and self.peak_step is None:
+            self._track_level(s.step, lr, prev)
         total, warmup = self.ctx.total_steps, self._warmup_end()
         near_end = total is not None and s.step >= self.end_fraction * total
         if lr <= self.epsilon:
