@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_command import register as register_command  # cmd
 
     register_command(sub)
+    from .backtest_cli import register as register_backtest  # backtest
+
+    register_backtest(sub)
     d = sub.add_parser("demo", help="replay a built-in incident trace and print the alerts")
     d.add_argument("--config", default="config/monitor.yaml")
     d.add_argument("--out", default="demo-out")

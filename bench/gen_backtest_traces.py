@@ -1,0 +1,220 @@
+"""Generate the MindSpore CPU backtest traces: real training, one CSV per scenario, and their labels.
+
+    .venv/bin/python bench/gen_backtest_traces.py [--out data/backtest/mindspore-cpu] [--only NAME ...]
+
+About 3 minutes on 2 cores; the trainings run one after the other. Every trace is the same small job
+(the divergence recipe in shared/notes): a noisy regression (x ~ N(0, 1)^32, y = x.w + 0.5 noise, a
+pool of 16,384 samples, seed = the scenario's seed), an MLP 32-64-1 trained with SGD on MSE in GRAPH mode,
+batches of 512 in order, LR warmed up over 100 steps to 0.05 then constant, through msmon's
+TrainStepWithGradNorm (loss, LR and grad norm from the compiled step). The data loader waits
+LOADER_SECONDS per batch (a sleep; longer in the slowdown), so the job is input-bound.
+
+Each step's row is written as msmon CSV columns `step,loss,learning_rate,grad_norm,time`. `time` is
+the measured wall clock since the start plus (LOADER_SCALE - 1) x the loader's waits so far: the trace
+is what this job would log if its loader took 100x longer (0.3 s a batch instead of 3 ms), so that
+the throughput rules, which judge spans of >= 10 s, run on a few thousand steps. The job's own timing
+noise (scheduler, GC, this shared VM's other load: stalls of up to ~0.1 s) keeps its real size, as it
+would in a job with 0.3 s steps; stretching all of the clock instead would turn it into 10 s stalls.
+
+Labels (labels.csv): fault_step as injected; diverge_step by the backtest's rule
+(`notifier.backtest.divergence_step`: first step from the fault whose loss is NaN/Inf or >= 2x the
+median of the 100 steps before it), leaving out the corrupt batches' own losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import mindspore as ms  # noqa: E402
+import mindspore.dataset as ds  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import nn  # noqa: E402
+
+from notifier.backtest import LABEL_COLUMNS, divergence_step  # noqa: E402
+from notifier.mindspore import TrainStepWithGradNorm, parse_outputs  # noqa: E402
+from notifier.replay import Row  # noqa: E402
+from tests.ms_helpers import MLP, regression_data  # noqa: E402 - the same model and data as the tests
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+OUT = ROOT / "data" / "backtest" / "mindspore-cpu"
+POOL, BATCH = 16_384, 512
+LR, WARMUP = 0.05, 100
+LOADER_SECONDS = 0.003
+LOADER_SCALE = 100.0
+STEPS, FAULT = 3000, 2005  # the fault begins between two samples of step_interval 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    name: str
+    notes: str
+    seed: int = 1
+    kind: str = "training"  # as in the labels: clean, training or timing
+    steps: int = STEPS
+    fault_step: int | None = FAULT
+    lr_factor: Callable[[int], float] = lambda step: 1.0  # x the schedule, from the fault step on
+    corrupt_steps: int = 0  # batches from the fault step on whose labels are x CORRUPT_FACTOR
+    nan_label: bool = False  # one NaN label in the fault step's batch
+    slow_factor: float = 1.0  # the loader waits this many times longer from the fault step on
+
+    def lr(self, step: int) -> float:
+        base = LR * min(1.0, 0.1 + 0.9 * (step - 1) / WARMUP)
+        if self.fault_step is not None and step >= self.fault_step:
+            base *= self.lr_factor(step - self.fault_step)
+        return base
+
+    def loader_seconds(self, step: int) -> float:
+        slow = self.fault_step is not None and step >= self.fault_step
+        return LOADER_SECONDS * (self.slow_factor if slow else 1.0)
+
+    def corrupt(self, step: int) -> bool:
+        f = self.fault_step
+        return f is not None and f <= step < f + self.corrupt_steps
+
+
+CORRUPT_FACTOR = 10.0
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("clean-seed1", "clean run", seed=1, kind="clean", fault_step=None),
+    Scenario("clean-seed2", "clean run", seed=2, kind="clean", fault_step=None),
+    Scenario("clean-seed3", "clean run", seed=3, kind="clean", fault_step=None),
+    Scenario("lr-jump", "LR x4 from the fault step on (0.05 -> 0.2), as after a resume with the wrong LR",
+             lr_factor=lambda k: 4.0),
+    Scenario("lr-creep", "LR x1.005 per step from the fault step on (doubles every 139 steps)", steps=2600,
+             lr_factor=lambda k: 1.005 ** k),
+    Scenario("corrupt-burst", f"20 batches with labels x{CORRUPT_FACTOR:g} from the fault step on (a shard in the "
+             "wrong unit); diverge_step leaves their own losses out", corrupt_steps=20),
+    Scenario("loader-slowdown", "the data loader waits 1.7x longer per batch from the fault step on (5.1 ms "
+             "instead of 3 ms; 0.51 s instead of 0.3 s in the trace's time); no divergence", kind="timing",
+             slow_factor=1.7),
+    Scenario("nan", "one NaN label in the fault step's batch: the loss is NaN from there on", steps=2200,
+             nan_label=True),
+)
+
+
+def _batches(sc: Scenario) -> Callable[[], Iterator[tuple[Any, Any]]]:
+    x, y = regression_data(n=POOL, seed=sc.seed)
+    nb = POOL // BATCH
+
+    def gen() -> Iterator[tuple[Any, Any]]:
+        for i in range(sc.steps):
+            step, b = i + 1, i % nb
+            xb, yb = x[b * BATCH:(b + 1) * BATCH], y[b * BATCH:(b + 1) * BATCH]
+            if sc.corrupt(step):
+                yb = yb * CORRUPT_FACTOR
+            if sc.nan_label and step == sc.fault_step:
+                yb = yb.copy()
+                yb[0, 0] = np.nan
+            time.sleep(sc.loader_seconds(step))
+            yield xb, yb
+
+    return gen
+
+
+class _Recorder(ms.train.Callback):  # type: ignore[misc]
+    """Keeps (step, loss, lr, grad norm, time) at every step end; time as in the module's docstring."""
+
+    def __init__(self, sc: Scenario) -> None:
+        super().__init__()
+        self.sc = sc
+        self.rows: list[Row] = []
+        self.t0 = time.perf_counter()
+        self.waited = 0.0  # the loader's waits up to this step
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        c = run_context.original_args()
+        step = int(c.cur_step_num)
+        loss, lr, grad = parse_outputs(c.net_outputs)
+        self.waited += self.sc.loader_seconds(step)
+        t = time.perf_counter() - self.t0 + (LOADER_SCALE - 1.0) * self.waited
+        self.rows.append(Row(step, loss=loss, lr=lr, grad_norm=grad, time=t))
+
+
+def train(sc: Scenario) -> list[Row]:
+    """Train the scenario's job on the CPU; one row per step."""
+    ms.set_seed(sc.seed)
+    net = MLP()
+    opt = nn.SGD(net.trainable_params(), learning_rate=[sc.lr(s) for s in range(1, sc.steps + 1)])
+    model = ms.Model(TrainStepWithGradNorm(nn.WithLossCell(net, nn.MSELoss()), opt))
+    data = ds.GeneratorDataset(_batches(sc), column_names=["x", "y"], shuffle=False)
+    rec = _Recorder(sc)
+    model.train(1, data, callbacks=[rec], dataset_sink_mode=False)
+    return rec.rows
+
+
+def _num(v: float | None, fmt: str) -> str:
+    if v is None:
+        return ""
+    return format(v, fmt) if math.isfinite(v) else str(v)
+
+
+def write_trace(path: Path, rows: Sequence[Row]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(("step", "loss", "learning_rate", "grad_norm", "time"))
+        for r in rows:
+            w.writerow((r.step, _num(r.loss, ".6g"), _num(r.lr, ".6g"), _num(r.grad_norm, ".6g"),
+                        _num(r.time, ".4f")))
+
+
+def label_row(sc: Scenario, rows: Sequence[Row]) -> dict[str, str]:
+    diverge = None
+    if sc.kind == "training" and sc.fault_step is not None:
+        corrupt = range(sc.fault_step, sc.fault_step + sc.corrupt_steps)
+        diverge = divergence_step(rows, sc.fault_step, skip=corrupt)
+    return {"trace": f"{sc.name}.csv", "kind": sc.kind, "fault_step": str(sc.fault_step or ""),
+            "diverge_step": str(diverge or ""), "format": "csv", "notes": f"{sc.notes}; seed {sc.seed}"}
+
+
+def generate(scenarios: Sequence[Scenario], out: Path, log: Callable[[str], None] = print) -> list[dict[str, str]]:
+    """Train each scenario, write OUT/NAME.csv, and return the label rows (not written)."""
+    out.mkdir(parents=True, exist_ok=True)
+    labels = []
+    for sc in scenarios:
+        t = time.perf_counter()
+        rows = train(sc)
+        write_trace(out / f"{sc.name}.csv", rows)
+        labels.append(label_row(sc, rows))
+        log(f"{sc.name}: {len(rows)} steps in {time.perf_counter() - t:.1f} s; labels {labels[-1]}")
+    return labels
+
+
+def write_labels(path: Path, labels: Sequence[dict[str, str]]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=LABEL_COLUMNS)
+        w.writeheader()
+        w.writerows(labels)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--only", nargs="*", default=None, metavar="NAME", help="these scenarios (labels.csv is not "
+                   "rewritten)")
+    args = p.parse_args(argv)
+    chosen = [s for s in SCENARIOS if args.only is None or s.name in args.only]
+    if args.only is not None and len(chosen) != len(args.only):
+        p.error(f"unknown scenario; scenarios are {', '.join(s.name for s in SCENARIOS)}")
+    print(f"MindSpore {ms.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}; writing {args.out}")
+    labels = generate(chosen, args.out)
+    if args.only is None:
+        write_labels(args.out / "labels.csv", labels)
+    print(f"done; {sum(os.path.getsize(p) for p in args.out.iterdir()) / 1e6:.2f} MB in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
