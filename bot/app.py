@@ -312,16 +312,30 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/commands", post_command)
     app.router.add_get("/v1/commands/{command_id}", get_command)
     app.router.add_post("/v1/commands/poll", poll_commands)
-    add_slack_routes(app, cfg, svc, clock)
+    inbound = add_slack_routes(app, cfg, svc, clock)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     watchdog = Watchdog(cfg, store, disp, clock)
 
     async def background(app: web.Application) -> Any:
+        bridge = None
+        if cfg.slack.socket_mode:
+            from .socket_mode import SocketModeBridge, SocketModeError
+
+            app_token = os.environ.get(cfg.slack.app_token_env, "")
+            bridge = SocketModeBridge(app_token, inbound, cfg.slack.base_url)
+            try:
+                await bridge.start()
+            except SocketModeError as exc:  # alerts still flow; only chat commands are off
+                log.error("msmon bot: Socket Mode did not start (%s); chat commands are OFF until the bot restarts "
+                          "with a working app token (%s)", exc, cfg.slack.app_token_env)
+                bridge = None
         stop = asyncio.Event()
         tasks = [asyncio.create_task(outbox.run(stop)), asyncio.create_task(watchdog.run(stop)),
                  asyncio.create_task(_every(1.0, disp.flush, stop)), asyncio.create_task(_every(1.0, svc.expire, stop))]
         yield
+        if bridge is not None:
+            await bridge.stop()  # first: no command arrives while the rest shuts down
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         disp.flush()

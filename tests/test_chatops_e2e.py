@@ -122,7 +122,7 @@ def test_chat_commands_reach_a_real_mindspore_job(setup):
         assert "ERROR 10 -> 15" in cmd["results"]["0"]["detail"]
         slash(bot.url, "scale-lr run-x 40")  # make it diverge
         command_done(bot, "c5")
-        assert wait_for(lambda: any(a["rule"] == "grad_norm" for a in bot.store.alerts("run-x")), timeout=20)
+        assert wait_for(lambda: any(a["rule"] == "grad_norm" for a in bot.store.alerts("run-x")), timeout=60)
         assert slack.wait_for(lambda s: any(m.get("blocks") for m in s.messages("C0ALERTS")), timeout=10)
         alert = next(m for m in slack.messages("C0ALERTS") if m.get("blocks"))
         (row,) = bot.store.db.execute("SELECT event FROM alerts WHERE run_id='run-x' AND rule='grad_norm'")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -16,20 +19,32 @@ def msmon(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([MSMON, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.mindspore
 def test_demo_runs_the_bot_and_catches_the_incident_before_the_loss_spike(tmp_path):
-    """The README's main command: the bot starts, the incident is replayed into it as a job would send
-    it, and the console receiver prints the alerts in the order they happened, with charts."""
+    """The README's main command. Part 1: the bot starts, the incident is replayed into it as a job would
+    send it, and the console receiver prints the alerts in the order they happened, with charts. Part 2:
+    a real MindSpore job goes unstable, its ERROR and chart arrive, and `msmon cmd` checkpoints, pauses,
+    resumes and stops it, with the results reported."""
     p = msmon("demo", "--out", os.fspath(tmp_path), "--config", os.fspath(ROOT / "config" / "monitor.yaml"))
     assert p.returncode == 0, p.stderr
     delivered = [line for line in p.stdout.splitlines() if line.startswith("[msmon] WARNING")
                  or line.startswith("[msmon] ERROR")]
     assert delivered[0] == "[msmon] WARNING grad_norm_creep: run demo-13b, device 0, step 2240"
     assert "[msmon] ERROR loss_spike: run demo-13b, device 0, step 2420" in delivered
-    charts = sorted((tmp_path / "charts").glob("*.png"))
-    assert len(charts) == sum(line.startswith("[msmon] ERROR") for line in delivered) >= 3
+    charts = sorted((tmp_path / "charts").glob("demo-13b-*.png"))
+    assert len(charts) == sum(line.startswith("[msmon] ERROR") and "demo-13b" in line for line in delivered) >= 3
     first = [line for line in p.stdout.splitlines() if line.startswith("First alert:")][0]
     assert first.startswith("First alert: WARNING grad_norm_creep at step 2240, 160 steps (27 minutes)")
     assert "The bot now holds run demo-13b at step 2590" in p.stdout
+    part2 = p.stdout.split("msmon demo, part 2")[1]
+    assert any(line.startswith("[msmon] ERROR") and "run demo-ms" in line for line in part2.splitlines())
+    assert list((tmp_path / "charts").glob("demo-ms-*.png"))
+    ckpt = re.search(r"c1 done: device 0 OK at step (\d+): checkpoint of step \1 written to (\S+)", part2)
+    assert ckpt and os.path.exists(ckpt.group(2)), part2
+    assert re.search(r"c2 done: device 0 OK at step (\d+): paused at step \1", part2)
+    assert "PAUSED" in part2 and "chart: " in part2  # status, while paused
+    assert re.search(r"done: device 0 OK at step \d+: resumed at step", part2)
+    assert re.search(r"done: device 0 OK at step (\d+): stopping after step \1", part2)
 
 
 def test_demo_without_the_bot(tmp_path):
@@ -103,3 +118,12 @@ def test_check_config_on_the_shipped_training_yaml():
     assert p.returncode == 0, p.stderr
     assert "every 10 step(s), log line every 100" in p.stdout
     assert "Remember to attach it: Model.train(..., callbacks=[MonitorCallback(" in p.stdout
+
+
+def test_cmd_says_what_is_missing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MSMON_OPERATOR_TOKEN"}
+    p = subprocess.run([MSMON, "cmd", "status", "run-42"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 2 and "MSMON_OPERATOR_TOKEN holds no operator token" in p.stderr
+    p = subprocess.run([MSMON, "cmd", "--bot", "http://127.0.0.1:9", "status", "run-42"], capture_output=True,
+                       text=True, env={**env, "MSMON_OPERATOR_TOKEN": "t"}, timeout=60)
+    assert p.returncode == 2 and "cannot reach the msmon bot at http://127.0.0.1:9" in p.stderr
