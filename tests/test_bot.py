@@ -225,7 +225,7 @@ def test_openapi_spec_names_every_route_and_the_wire_fields():
 
     from bot.app import create_app
     from bot.config import load_bot_config
-    from notifier.wire import ActionResult, Heartbeat
+    from notifier.wire import ActionResult, Command, Heartbeat, Poll, PollAnswer
     from tests.conftest import ROOT
 
     spec = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
@@ -234,7 +234,8 @@ def test_openapi_spec_names_every_route_and_the_wire_fields():
     assert served == set(spec["paths"])
     schemas = spec["components"]["schemas"]
     for name, struct in (("Envelope", Envelope), ("Event", Event), ("Sample", Sample), ("Window", Window),
-                         ("Heartbeat", Heartbeat), ("ActionResult", ActionResult)):
+                         ("Heartbeat", Heartbeat), ("ActionResult", ActionResult), ("Command", Command),
+                         ("Poll", Poll), ("PollAnswer", PollAnswer)):
         fields = {f.encode_name for f in msgspec.inspect.type_info(struct).fields}
         assert set(schemas[name]["properties"]) == fields, name
 
