@@ -42,12 +42,14 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="msmon-bench-cmd-")
     os.environ.update(MSMON_BENCH_TOKEN="bench-token", SLACK_SIGNING_SECRET=SECRET)
     bot = BotThread(load_bot_config({"bot": {
-        "port": 0, "state_path": os.path.join(tmp, "bot.sqlite"), "tokens": [{"project": "*", "env": "MSMON_BENCH_TOKEN"}],
+        "port": 0, "state_path": os.path.join(tmp, "bot.sqlite"),
+        "tokens": [{"project": "*", "env": "MSMON_BENCH_TOKEN"}],
         "console": {"charts": False}, "commands": {"allow": [{"users": ["U0BENCH"]}]}}}))
     cb = MonitorCallback({"monitor_config": {"monitor_on": True, "step_interval": 1, "log_interval": 0,
                                              "bot": {"url": bot.url, "token_env": "MSMON_BENCH_TOKEN",
                                                      "heartbeat_interval": 1.0,
-                                                     "spool_dir": os.path.join(tmp, "spool")}}}, run_id="bench")
+                                                     "spool_dir": os.path.join(tmp, "spool")}}}, run_id="bench",
+                         checkpoint_dir=os.path.join(tmp, "ckpt"))
     x, y = regression_data()
     m, _, _ = model(lr=0.01)
     job = threading.Thread(target=lambda: m.train(1, dataset(x, y, 256, 30_000), callbacks=[cb],
@@ -56,7 +58,7 @@ def main() -> None:
     while (bot.store.run("bench") or {}).get("last_step") is None or bot.store.run("bench")["last_step"] < 200:
         time.sleep(0.1)
     sent: dict[str, float] = {}
-    for i in range(args.commands):
+    for _ in range(args.commands):
         time.sleep(random.uniform(0.1, 0.4))
         t = time.time()
         code, body = slash(bot.url, "scale-lr bench 1.0", user="U0BENCH")
