@@ -4,7 +4,9 @@
 
 The grad norm is computed inside the compiled step with `notifier.mindspore.global_norm` and
 returned with the loss; `Monitor.step` gets called on every step (it only samples every
-`step_interval`-th), and the events it returns carry the configured actions.
+`step_interval`-th), and the events it returns carry the configured actions. A `JobControl` runs
+those actions, and the bot's chat commands when `monitor_config.bot.url` is set, at the step
+boundary: `control.apply(step)` after each step.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from mindspore import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from notifier import Monitor  # noqa: E402
-from notifier.mindspore import global_norm  # noqa: E402
+from notifier.mindspore import JobControl, global_norm  # noqa: E402
 
 
 def main() -> None:
@@ -59,6 +61,9 @@ def main() -> None:
                                                 "alert": {"baseline_steps": 100}}}
     samples = xb.shape[0]
     with Monitor(config, run_id="custom-loop") as mon:
+        control = JobControl(mon, checkpoint_dir="./checkpoints")
+        control.bind(net, opt)  # what save_checkpoint saves, whose LR scale_lr scales
+        control.listen()  # chat commands from the bot, when monitor_config.bot.url is set
         for step in range(1, args.steps + 1):
             if args.lr_jump_at is not None and step == args.lr_jump_at:
                 ms.ops.assign(lr, ms.Tensor(args.lr_jump_to, ms.float32))  # set_data would not reach a compiled step
@@ -70,6 +75,11 @@ def main() -> None:
                 events = mon.step(step, samples=samples)
             for e in events:
                 print(f"ALERT step {e.step} {e.severity.value} {e.rule}: {e.message}")
+                control.take_event(e)  # the configured actions of this rule
+            if control.has_pending:
+                control.apply(step)  # at the step boundary: checkpoint, pause, scale the LR, ...
+                if control.stop_requested:
+                    break
 
 
 if __name__ == "__main__":

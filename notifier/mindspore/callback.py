@@ -118,9 +118,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         cb = run_context.original_args()
         self._optimizer = find_optimizer(cb)
         self.control.bind(cb.train_network, self._optimizer)
-        tr = self.monitor.transport
-        if tr is not None and self.monitor.config.bot.commands:
-            tr.listen(self.control.take_commands)  # chat commands, applied at step boundaries
+        self.control.listen()  # chat commands, applied at step boundaries
         self._last_step = int(getattr(cb, "initial_step", 0) or 0)
         self._batch = None  # read from the first batch's shape (a dataset's get_batch_size() may say 1)
         if getattr(cb, "dataset_sink_mode", False):
@@ -181,9 +179,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
             return None
 
     def _dispatch(self, ev: Event) -> None:
-        for act in ev.actions:
-            params: dict[str, Any] = {k: v for k, v in act.items() if k != "action"}
-            self.control.request(str(act["action"]), source=f"rule {ev.rule} {ev.severity.value}", **params)
+        self.control.take_event(ev)
         if self.on_event is not None:
             try:
                 self.on_event(ev)

@@ -18,7 +18,7 @@ from typing import Any
 import mindspore as ms
 
 from ..monitor import Monitor
-from ..wire import ActionResult, Command
+from ..wire import ActionResult, Command, Event
 from .lr import ActionError, LrHandle, global_step, lr_handles
 
 log = logging.getLogger("msmon")
@@ -92,6 +92,18 @@ class JobControl:
             self._resume.set()
             return
         self._pending.append(req)
+
+    def listen(self) -> None:
+        """Take the bot's chat commands, when the Monitor reports to a bot and `bot.commands` is on."""
+        tr = self.monitor.transport
+        if tr is not None and self.monitor.config.bot.commands:
+            tr.listen(self.take_commands)
+
+    def take_event(self, ev: Event) -> None:
+        """Queue the configured actions an event carries (monitor_config `actions:`)."""
+        for act in ev.actions:
+            params: dict[str, Any] = {k: v for k, v in act.items() if k != "action"}
+            self.request(str(act["action"]), f"rule {ev.rule} {ev.severity.value}", **params)
 
     def take_commands(self, commands: list[Command]) -> None:
         """Chat commands from the bot (any thread): queued for their apply step."""
