@@ -32,6 +32,7 @@ from aiohttp import web
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bot.app import build_receivers  # noqa: E402
 from bot.config import load_bot_config  # noqa: E402
 from bot.receivers.console import ConsoleReceiver  # noqa: E402
 from bot.server import BotThread  # noqa: E402
@@ -159,14 +160,15 @@ def throughput(tmp: str, seconds: float) -> None:
 def latency(tmp: str, seconds: float) -> None:
     with SlackAPIServer() as slack:
         os.environ["MSMON_BENCH_SLACK"] = "xoxb-bench"
-        bot = BotThread(load_bot_config({"bot": {
+        cfg = load_bot_config({"bot": {
             "port": 0, "state_path": os.path.join(tmp, "lat.sqlite"),
             "tokens": [{"project": "*", "env": "MSMON_BENCH_TOKEN"}],
             "routes": [{"receiver": "slack", "channel": "C0BENCH", "severity": "ERROR"},
                        {"receiver": "console", "channel": "null"}],
             "slack": {"base_url": slack.base_url, "token_env": "MSMON_BENCH_SLACK"}, "console": {"charts": False},
-            "rate_limit": {"per_channel": 1e6, "per_run": 1e6, "global_rate": 1e6, "burst": 1000}}}),
-        )
+            "rate_limit": {"per_channel": 1e6, "per_run": 1e6, "global_rate": 1e6, "burst": 1000}}})
+        receivers = {**build_receivers(cfg), "console": ConsoleReceiver(None, out=io.StringIO())}
+        bot = BotThread(cfg, receivers=receivers)
         sent: dict[str, float] = {}
 
         async def drive() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from notifier.wire import Severity
@@ -49,29 +51,41 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process kill
         self.db.executescript(SCHEMA)
         self.commands = CommandLog(self.db)
+        # Read-through copies of what ingest reads on every envelope. This Store is their only writer;
+        # a rolled-back transaction drops them (they are read again).
+        self._run_cache: OrderedDict[str, tuple[list[str], int | None]] = OrderedDict()
+        self._silence_cache: list[Silence] | None = None
 
     def close(self) -> None:
         self.db.close()
 
     def tx(self) -> _Tx:
-        return _Tx(self.db)
+        return _Tx(self.db, self._forget)
+
+    def _forget(self) -> None:
+        self._run_cache.clear()
+        self._silence_cache = None
 
     # -- runs -----------------------------------------------------------------------------------
 
     def touch_run(self, run_id: str, project: str, labels: dict[str, str], device: str, step: int | None,
                   now: float, heartbeat: bool = False, paused: bool | None = None) -> None:
-        row = self.db.execute("SELECT devices, last_step FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        if row is None:
+        cached = self._run_cache.get(run_id)
+        if cached is None:
+            row = self.db.execute("SELECT devices, last_step FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            cached = None if row is None else (json.loads(row["devices"]), row["last_step"])
+        if cached is None:
             self.db.execute(
                 "INSERT INTO runs(run_id, project, labels, devices, first_seen, last_seen, last_step, last_heartbeat,"
                 " last_progress, paused) VALUES(?,?,?,?,?,?,?,?,?,?)",
                 (run_id, project, json.dumps(labels), json.dumps([device]), now, now, step,
                  now if heartbeat else None, now, int(bool(paused))))
+            self._remember_run(run_id, [device], step)
             return
-        devices = json.loads(row["devices"])
+        devices, last_step = cached
         if device not in devices:
-            devices.append(device)
-        progressed = step is not None and (row["last_step"] is None or step > row["last_step"])
+            devices = [*devices, device]
+        progressed = step is not None and (last_step is None or step > last_step)
         self.db.execute(
             "UPDATE runs SET project=?, labels=?, devices=?, last_seen=?, gone=0,"
             " last_step=CASE WHEN ? THEN ? ELSE last_step END,"
@@ -80,6 +94,13 @@ class Store:
             " paused=COALESCE(?, paused) WHERE run_id=?",
             (project, json.dumps(labels), json.dumps(devices), now, progressed, step, progressed, now,
              heartbeat, now, None if paused is None else int(paused), run_id))
+        self._remember_run(run_id, devices, step if progressed else last_step)
+
+    def _remember_run(self, run_id: str, devices: list[str], last_step: int | None) -> None:
+        self._run_cache[run_id] = (devices, last_step)
+        self._run_cache.move_to_end(run_id)
+        while len(self._run_cache) > 10_000:
+            self._run_cache.popitem(last=False)
 
     def runs(self) -> list[dict[str, Any]]:
         return [self._run(r) for r in self.db.execute("SELECT * FROM runs ORDER BY last_seen DESC")]
@@ -228,17 +249,22 @@ class Store:
     # -- silences -------------------------------------------------------------------------------
 
     def add_silence(self, s: Silence) -> int:
+        self._silence_cache = None
         cur = self.db.execute(
             "INSERT INTO silences(expires_at, run_id, rule, device, severity, created_by, comment)"
             " VALUES(?,?,?,?,?,?,?)", (s.expires_at, s.run_id, s.rule, s.device, s.severity, s.created_by, s.comment))
         return int(cur.lastrowid or 0)
 
     def silences(self, now: float | None = None) -> list[Silence]:
+        """The silences in force at `now` (read once, then kept until one is added)."""
         now = time.time() if now is None else now
-        rows = self.db.execute("SELECT * FROM silences WHERE expires_at>?", (now,))
-        return [Silence(id=r["id"], expires_at=r["expires_at"], run_id=r["run_id"], rule=r["rule"],
+        if self._silence_cache is None:
+            rows = self.db.execute("SELECT * FROM silences WHERE expires_at>?", (now,))
+            self._silence_cache = [
+                Silence(id=r["id"], expires_at=r["expires_at"], run_id=r["run_id"], rule=r["rule"],
                         device=r["device"], severity=r["severity"], created_by=r["created_by"] or "",
                         comment=r["comment"] or "") for r in rows]
+        return [x for x in self._silence_cache if x.expires_at > now]
 
 
 # -- commands: every one received, allowed or not (the audit log), and the open ones' delivery state ---
@@ -301,12 +327,16 @@ class CommandLog:
 class _Tx:
     """`with store.tx():` one transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
+    def __init__(self, db: sqlite3.Connection, on_rollback: Callable[[], None]) -> None:
+        self.db, self.on_rollback = db, on_rollback
 
     def __enter__(self) -> sqlite3.Connection:
         self.db.execute("BEGIN IMMEDIATE")
         return self.db
 
     def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type:
+            self.db.execute("ROLLBACK")
+            self.on_rollback()
+        else:
+            self.db.execute("COMMIT")

@@ -79,3 +79,24 @@ def test_the_copy_is_bounded(tmp_path):
     ingest(d, *[ev(1, device=str(k)) for k in range(200)])
     assert len(d.index.entries) == 50
     assert ingest(d, *[ev(2, device=str(k)) for k in range(200)]) == 0  # forgotten entries are read back
+
+
+def test_the_stores_run_and_silence_copies_follow_rollbacks_and_new_silences(tmp_path):
+    from bot.pipeline.silence import Silence
+
+    d = dispatcher(tmp_path)
+    store = d.store
+    with store.tx():
+        store.touch_run("r", "llm", {}, "0", 10, 1000.0)
+    with pytest.raises(OSError), store.tx():
+        store.touch_run("r", "llm", {}, "1", 20, 1001.0)
+        raise OSError("disk full")
+    with store.tx():
+        store.touch_run("r", "llm", {}, "0", 15, 1002.0)
+    run = store.run("r")
+    assert (run["devices"], run["last_step"]) == (["0"], 15)  # device 1 and step 20 were rolled back
+    assert store.silences(1000.0) == []
+    with store.tx():
+        store.add_silence(Silence(id=0, expires_at=2000.0, run_id="r"))
+    assert [s.run_id for s in store.silences(1000.0)] == ["r"]
+    assert store.silences(2000.0) == []  # expired

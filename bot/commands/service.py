@@ -105,6 +105,8 @@ class CommandService:
         self.cfg, self.store, self.disp, self.clock = cfg, store, dispatcher, clock
         self.waiters = Waiters()
         self.wake_outbox: Callable[[], None] = lambda: None
+        # Runs that may have open commands: every job post asks, and almost always the answer is none.
+        self.open_runs: set[str] = {c["run_id"] for c in store.commands.open_all()}
 
     # -- commands in ------------------------------------------------------------------------------
 
@@ -175,6 +177,7 @@ class CommandService:
                 created_at=now, user=origin.user, source=origin.source, project=run["project"], run_id=run["run_id"],
                 text=p.text(), verb=p.verb, action=action, params=params, apply_step=apply_step, status="pending",
                 detail="", origin=dataclasses.asdict(origin), expires_at=now + self.cfg.commands.expire_after)
+        self.open_runs.add(run["run_id"])
         self.waiters.wake(run["run_id"])
         log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
                  p.text(), origin.who, origin.source, run["run_id"], apply_step)
@@ -283,6 +286,11 @@ class CommandService:
 
     def pending_for(self, run_id: str, device: str) -> list[Command]:
         """For the answer to a job's event post: every open command the device has not answered."""
+        if run_id not in self.open_runs:
+            return []
+        if not self.store.commands.open_for(run_id):
+            self.open_runs.discard(run_id)
+            return []
         return self.poll(run_id, device, 0)[0]
 
     @staticmethod
