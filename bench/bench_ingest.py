@@ -2,15 +2,15 @@
 
     .venv/bin/python bench/bench_ingest.py [--seconds 5]
 
-1. events/s through the whole pipeline (dedup, inhibit, silence, route, outbox commit), batched
+1. the bot's resident memory holding 1,000 active runs with full metric windows, and after three
+   times as many samples again (bounded by configuration, not by run length).
+2. latency from an ERROR's arrival to the Slack API call (slack-sdk against the local Slack API
+   server, charts off, rate limits opened), p50/p99, while 1000 events/s arrive;
+3. events/s through the whole pipeline (dedup, inhibit, silence, route, outbox commit), batched
    (100 events per request) and single-event requests, each as a ratio to a bare aiohttp handler
    that accepts the same requests and does nothing, with the same client in the same run. The
    servers run in this process; the client (8 concurrent senders) in a process of its own, as
-   training jobs are;
-2. latency from an ERROR's arrival to the Slack API call (slack-sdk against the local Slack API
-   server, charts off, rate limits opened), p50/p99, while 1000 events/s arrive;
-3. the bot's resident memory holding 1,000 active runs with full metric windows, and after three
-   times as many samples again (bounded by configuration, not by run length).
+   training jobs are.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def throughput(tmp: str, seconds: float) -> None:
             finally:
                 bot.stop()
             rows.append((name, p, b))
-        print("1. ingest throughput, events/s (8 concurrent senders in a client process, on loopback)")
+        print("3. ingest throughput, events/s (8 concurrent senders in a client process, on loopback)")
         for name, p, b in rows:
             print(f"   {name:<28} pipeline {p:9.0f}   bare handler {b:9.0f}   ratio {p / b:.2f}")
     finally:
@@ -225,7 +225,7 @@ def memory(tmp: str) -> None:
     asyncio.run(feed(9, 600))  # three times as many more
     after = _rss_mb()
     bot.stop()
-    print(f"3. resident memory (whole benchmark process): {base:.0f} MB before, {full:.0f} MB with 1,000 runs x 600 "
+    print(f"1. resident memory (whole benchmark process): {base:.0f} MB before, {full:.0f} MB with 1,000 runs x 600 "
           f"samples, {after:.0f} MB after 3x more samples (window_samples and max_runs bound it)")
 
 
@@ -237,9 +237,9 @@ def main() -> None:
     logging.getLogger("msmon.bot").setLevel(logging.WARNING)
     os.environ["MSMON_BENCH_TOKEN"] = TOKEN
     tmp = tempfile.mkdtemp(prefix="msmon-bench-")
-    throughput(tmp, args.seconds)
+    memory(tmp)  # first: nothing else in the process yet
     latency(tmp, args.seconds)
-    memory(tmp)
+    throughput(tmp, args.seconds)
 
 
 if __name__ == "__main__":
