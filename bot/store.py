@@ -117,6 +117,9 @@ class Store:
         d["paused"], d["gone"] = bool(d["paused"]), bool(d["gone"])
         return d
 
+    def set_paused(self, run_id: str, paused: bool) -> None:
+        self.db.execute("UPDATE runs SET paused=? WHERE run_id=?", (int(paused), run_id))
+
     def mark_gone(self, run_id: str, gone: bool) -> None:
         self.db.execute("UPDATE runs SET gone=? WHERE run_id=?", (int(gone), run_id))
 

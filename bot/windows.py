@@ -87,8 +87,9 @@ class Windows:
     def latest(self, run_id: str) -> dict[str, Sample]:
         return {dev: ring.sample() for dev, ring in self.runs.get(run_id, {}).items() if ring.n}
 
-    def step_rate(self, run_id: str, span: int = 20) -> float | None:
-        """Steps per second over a run's last `span` samples (fastest device), None when unknown."""
+    def pace(self, run_id: str, span: int = 20) -> tuple[float, float] | None:
+        """(steps per second over a run's last `span` samples, the job's clock at its newest sample), from
+        the fastest device; None when unknown."""
         best = None
         for ring in self.runs.get(run_id, {}).values():
             if ring.n < 2:
@@ -97,7 +98,8 @@ class Windows:
             dt = new.time - old.time
             if dt > 0 and new.step > old.step:
                 rate = (new.step - old.step) / dt
-                best = rate if best is None else max(best, rate)
+                if best is None or rate > best[0]:
+                    best = (rate, new.time)
         return best
 
     def history(self, run_id: str, device: str) -> list[Sample]:

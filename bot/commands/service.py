@@ -188,13 +188,20 @@ class CommandService:
 
     def apply_step(self, run: dict[str, Any], now: float) -> int:
         """The step at which every rank applies a command: past the latest step any rank can have
-        reached by the time the command reaches them (reports lag by up to a flush interval)."""
+        reached by the time the command reaches them. Reports lag (samples travel in batches), so the
+        run's pace covers the time since its newest report (by the job's clock and by the bot's receipt,
+        whichever is older: skewed clocks only add margin) plus `commands.apply_lead`."""
         last = int(run["last_step"] or 0)
-        rate = self.disp.windows.step_rate(run["run_id"])
-        if rate is None or run["paused"]:
+        pace = self.disp.windows.pace(run["run_id"])
+        if pace is None:
             return last + 1
-        behind = max(now - (run["last_seen"] or now), 0.0)
-        return last + 1 + math.ceil(rate * (behind + self.cfg.commands.apply_lead))
+        rate, sampled_at = pace
+        # Paused: the ranks wait at `last` and move on only after a resume, from there.
+        behind = 0.0 if run["paused"] else max(now - sampled_at, now - (run["last_progress"] or now), 0.0)
+        ahead = math.ceil(rate * (behind + self.cfg.commands.apply_lead))
+        log.debug("msmon bot: run %s: last step %d reported %.2f s ago at %.1f steps/s: apply %d steps ahead",
+                  run["run_id"], last, behind, rate, ahead + 1)
+        return last + 1 + ahead
 
     # -- the read-only commands ---------------------------------------------------------------------
 
@@ -310,6 +317,8 @@ class CommandService:
                 continue
             results = dict(c["results"])
             results[a.device] = {"ok": a.ok, "step": a.step, "detail": a.detail, "path": a.path}
+            if a.ok and a.action in ("pause", "resume"):  # known now, not at the next heartbeat
+                self.store.set_paused(a.run_id, a.action == "pause")
             run = self.store.run(c["run_id"])
             devices = set(run["devices"]) if run else {a.device}
             done = devices <= set(results)
