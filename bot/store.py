@@ -117,8 +117,10 @@ class Store:
         d["paused"], d["gone"] = bool(d["paused"]), bool(d["gone"])
         return d
 
-    def set_paused(self, run_id: str, paused: bool) -> None:
-        self.db.execute("UPDATE runs SET paused=? WHERE run_id=?", (int(paused), run_id))
+    def set_paused(self, run_id: str, paused: bool, now: float) -> None:
+        """A job reported it paused or resumed (its progress restarts now)."""
+        self.db.execute("UPDATE runs SET paused=?, last_progress=CASE WHEN ? THEN last_progress ELSE ? END"
+                        " WHERE run_id=?", (int(paused), int(paused), now, run_id))
 
     def mark_gone(self, run_id: str, gone: bool) -> None:
         self.db.execute("UPDATE runs SET gone=? WHERE run_id=?", (int(gone), run_id))

@@ -181,10 +181,11 @@ class CommandService:
         self.waiters.wake(run["run_id"])
         log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
                  p.text(), origin.who, origin.source, run["run_id"], apply_step)
-        ranks = len(run["devices"])
-        return Answer(f"`{p.text()}` queued as {cmd['id']}: {'every rank' if ranks > 1 else 'the job'} applies it at "
-                      f"step {apply_step:,} (last reported step {run['last_step'] or 0:,}). The result will be "
-                      "reported here.", command=cmd)
+        who = "every rank" if len(run["devices"]) > 1 else "the job"
+        when = ("resumes as soon as it gets it" if p.verb == "resume" else
+                f"applies it at step {apply_step:,} (last reported step {run['last_step'] or 0:,})")
+        return Answer(f"`{p.text()}` queued as {cmd['id']}: {who} {when}. The result will be reported here.",
+                      command=cmd)
 
     def apply_step(self, run: dict[str, Any], now: float) -> int:
         """The step at which every rank applies a command: past the latest step any rank can have
@@ -318,7 +319,7 @@ class CommandService:
             results = dict(c["results"])
             results[a.device] = {"ok": a.ok, "step": a.step, "detail": a.detail, "path": a.path}
             if a.ok and a.action in ("pause", "resume"):  # known now, not at the next heartbeat
-                self.store.set_paused(a.run_id, a.action == "pause")
+                self.store.set_paused(a.run_id, a.action == "pause", self.clock())
             run = self.store.run(c["run_id"])
             devices = set(run["devices"]) if run else {a.device}
             done = devices <= set(results)

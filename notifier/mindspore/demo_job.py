@@ -38,7 +38,8 @@ def monitor_config(bot_url: str, token_env: str, spool_dir: str) -> dict[str, An
 class UnstableJob:
     def __init__(self, bot_url: str, token_env: str, out_dir: str, run_id: str = "demo-ms", at: int = 300,
                  jump: float = 3.0, step_sleep: float = 0.02, max_steps: int = 20_000) -> None:
-        ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+        ms.set_device("CPU")
+        ms.set_context(mode=ms.GRAPH_MODE)
         self.run_id = run_id
         self.callback = MonitorCallback(monitor_config(bot_url, token_env, f"{out_dir}/spool"), run_id=run_id,
                                         checkpoint_dir=f"{out_dir}/checkpoints")
