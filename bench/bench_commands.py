@@ -73,7 +73,7 @@ def main() -> None:
     cb.control.request("stop")
     job.join(30)
     bot.stop()
-    q = statistics.quantiles(lat, n=100)
+    q = statistics.quantiles(lat, n=100, method="inclusive")
     print(f"command latency, signed /msmon slash command -> applied at a step boundary in a real MindSpore job "
           f"(~{cb.monitor.transport.last_step / 1:.0f} steps run), n={len(lat)}: p50 {q[49] * 1e3:.0f} ms, "
           f"p99 {q[98] * 1e3:.0f} ms, max {lat[-1] * 1e3:.0f} ms; applied exactly at the bot's apply step: "

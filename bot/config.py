@@ -72,7 +72,7 @@ class CommandsConfig:
     operators: list[Operator] = _f([], "tokens for `msmon cmd` (POST /v1/commands)")
     expire_after: float = _f(600.0, "seconds after which a command no job picked up expires (the user is told)",
                              gt=0)
-    apply_lead: float = _f(0.5, "seconds ahead of a run's latest step at which its ranks apply a command", ge=0)
+    apply_lead: float = _f(0.25, "seconds ahead of a run's latest step at which its ranks apply a command", ge=0)
     long_poll: float = _f(20.0, "longest wait of a job's command poll, seconds", gt=0, le=60)
 
 
