@@ -11,6 +11,7 @@ and `interaction` methods.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -66,7 +67,7 @@ class SlackInbound:
                         thread_ts=thread)
         answer = self.svc.submit(str(action.get("value", "")), origin)
         if answer.private and payload.get("response_url"):
-            self.svc.note(Origin(**{**origin.__dict__, "response_url": payload["response_url"]}), answer.text,
+            self.svc.note(dataclasses.replace(origin, response_url=payload["response_url"]), answer.text,
                           private=True)
         else:
             self.svc.note(origin, f"{origin.who}: {answer.text}")
@@ -82,7 +83,7 @@ class SlackInbound:
 
         async def draw() -> None:
             png = await asyncio.get_running_loop().run_in_executor(None, render_chart, event)
-            self.svc.note(Origin(**{**origin.__dict__, "response_url": None}),
+            self.svc.note(dataclasses.replace(origin, response_url=None),
                           f"chart of run {event.run_id} at step {event.step:,}", chart=png)
 
         task = asyncio.ensure_future(draw())

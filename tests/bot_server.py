@@ -11,7 +11,7 @@ from bot.config import load_bot_config
 from bot.server import BotThread
 from tests.helpers import wait_for
 
-__all__ = ["BotServer", "wait_for"]
+__all__ = ["BotServer", "send", "wait_for"]
 
 
 class BotServer(BotThread):
@@ -25,10 +25,15 @@ class BotServer(BotThread):
             req.add_header("Content-Type", content_type)
         if token:
             req.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                raw = resp.read()
-                return resp.status, json.loads(raw) if raw.startswith(b"{") else raw.decode()
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            return exc.code, json.loads(raw) if raw.startswith(b"{") else raw.decode()
+        return send(req)
+
+
+def send(req: urllib.request.Request) -> tuple[int, Any]:
+    """(HTTP status, the JSON answer or the text) for any answer, 4xx and 5xx included."""
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw.startswith(b"{") else raw.decode()
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, json.loads(raw) if raw.startswith(b"{") else raw.decode()

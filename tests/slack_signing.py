@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.request
 from typing import Any
 from urllib.parse import urlencode
 
 from slack_sdk.signature import SignatureVerifier
+
+from tests.bot_server import send
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"  # Slack's published example secret
 
@@ -23,13 +24,7 @@ def signed_post(url: str, body: bytes, secret: str | None = SECRET, ts: int | No
         sig = signature or SignatureVerifier(secret).generate_signature(timestamp=str(ts), body=body)
         req.add_header("X-Slack-Request-Timestamp", str(ts))
         req.add_header("X-Slack-Signature", sig)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            raw = resp.read()
-            return resp.status, json.loads(raw) if raw.startswith(b"{") else raw.decode()
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        return exc.code, json.loads(raw) if raw.startswith(b"{") else raw.decode()
+    return send(req)
 
 
 def slash(bot_url: str, text: str, user: str = "U0ALICE", channel: str = "C0CHAT", response_url: str = "",
