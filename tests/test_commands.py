@@ -156,6 +156,8 @@ def test_mistyped_and_unknown_run_commands_get_helpful_private_answers(bot):
     assert body["response_type"] == "ephemeral"
     assert body["text"].startswith("No run `run-24` has reported to this bot. Did you mean `run-42`?")
     assert [c["status"] for c in bot.store.commands.recent()] == ["rejected", "invalid"]
+    slash(bot.url, "help")
+    assert bot.store.commands.recent(1)[0]["verb"] == "help"  # read-only commands are in the log too
 
 
 def test_an_unauthorised_stop_is_refused_privately_and_audited(bot, slack):
@@ -282,3 +284,14 @@ def test_ack_and_silence(bot, slack):
     assert "Silenced loss_spike alerts of run run-42 for 2h" in body["text"]
     (s,) = bot.store.silences()
     assert s.rule == "loss_spike" and s.run_id == "run-42" and 7190 < s.expires_at - time.time() <= 7200
+
+
+def test_commands_can_be_switched_off(tmp_path, slack, env):
+    b = BotServer(config(tmp_path, slack, enable=False))
+    try:
+        report(b)
+        _, body = slash(b.url, "pause run-42")
+        assert body["response_type"] == "ephemeral" and "Commands are switched off" in body["text"]
+        assert poll(b).commands == []
+    finally:
+        b.stop()

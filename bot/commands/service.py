@@ -113,15 +113,18 @@ class CommandService:
     def submit(self, text: str, origin: Origin) -> Answer:
         """Handle one command; every one is recorded (the audit log), allowed or not."""
         now = self.clock()
+        if not self.cfg.commands.enable:
+            msg = "Commands are switched off on this bot (commands.enable in its bot.yaml)."
+            self._audit(now, origin, text, "?", None, "rejected", msg)
+            return Answer(msg, ok=False, status=403, private=True)
         try:
             p = parse(text)
         except CommandError as exc:
             self._audit(now, origin, text, exc.verb or "?", None, "invalid", str(exc))
             return Answer(str(exc), ok=False, status=422, private=True)
-        if p.verb == "help":
-            return Answer(help_text(p.topic))
-        if p.verb == "runs":
-            return Answer(self._runs_text())
+        if p.verb in ("help", "runs"):
+            self._audit(now, origin, p.text(), p.verb, None, "done", "")
+            return Answer(help_text(p.topic) if p.verb == "help" else self._runs_text())
         run = self.store.run(p.run or "")
         if run is None:
             msg = self._unknown_run(p.run or "")
@@ -184,7 +187,9 @@ class CommandService:
         who = "every rank" if len(run["devices"]) > 1 else "the job"
         when = ("resumes as soon as it gets it" if p.verb == "resume" else
                 f"applies it at step {apply_step:,} (last reported step {run['last_step'] or 0:,})")
-        return Answer(f"`{p.text()}` queued as {cmd['id']}: {who} {when}. The result will be reported here.",
+        gone = (f" Careful: run {run['run_id']} has sent no heartbeat for a while (gone?); the command waits "
+                f"{self.cfg.commands.expire_after:.0f} s for it." if run["gone"] else "")
+        return Answer(f"`{p.text()}` queued as {cmd['id']}: {who} {when}. The result will be reported here.{gone}",
                       command=cmd)
 
     def apply_step(self, run: dict[str, Any], now: float) -> int:
