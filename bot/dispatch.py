@@ -97,6 +97,8 @@ class Dispatcher:
                 self.windows.add(s)
             for a in env.actions:
                 self.windows.add_action(a)
+            for hb in env.heartbeats:
+                self.windows.add_plan(hb)
             queued += self.on_actions(env.actions)
             if env.events:
                 ctx = _Batch(self.store.silences(now), self.store.error_firing(env.run_id), env.project, env.labels,
@@ -111,6 +113,7 @@ class Dispatcher:
 
     def heartbeat(self, hb: Heartbeat, project: str = "default") -> None:
         now = self.clock()
+        self.windows.add_plan(hb)
         run = self.store.run(hb.run_id)
         self.store.touch_run(hb.run_id, run["project"] if run else project, run["labels"] if run else {},
                              hb.device, hb.step, now, heartbeat=True, paused=hb.paused)

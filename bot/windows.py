@@ -7,7 +7,7 @@ import math
 from array import array
 from collections import OrderedDict, deque
 
-from notifier.wire import ActionResult, Sample
+from notifier.wire import ActionResult, Heartbeat, Sample
 
 FIELDS = ("loss", "learning_rate", "grad_norm", "samples_per_s", "tokens_per_s", "step_time", "max_step_time",
           "time")
@@ -62,6 +62,15 @@ class Windows:
         self.per_device, self.max_runs = per_device, max_runs
         self.runs: OrderedDict[str, dict[str, Ring]] = OrderedDict()
         self.actions: OrderedDict[str, deque[ActionResult]] = OrderedDict()
+        self.plans: OrderedDict[str, tuple[int | None, float | None]] = OrderedDict()  # total_steps, target_loss
+
+    def add_plan(self, hb: Heartbeat) -> None:
+        if hb.total_steps is None and hb.target_loss is None:
+            return
+        self.plans[hb.run_id] = (hb.total_steps, hb.target_loss)
+        self.plans.move_to_end(hb.run_id)
+        while len(self.plans) > self.max_runs:
+            self.plans.popitem(last=False)
 
     def add(self, s: Sample) -> None:
         run = self.runs.get(s.run_id)

@@ -141,6 +141,8 @@ class Monitor:
         if sinks:
             self._writer = BackgroundWriter(sinks)
         self.transport = transport if transport is not None else self._default_transport(cfg)
+        if self.transport is not None:
+            self.transport.total_steps, self.transport.target_loss = cfg.training.total_steps, cfg.training.target_loss
         for line in describe(cfg, self.run_id):
             log.info("msmon: %s", line)
 

@@ -137,6 +137,8 @@ class BotTransport:
         self.delivered = 0
         self.last_step: int | None = None
         self.paused = False
+        self.total_steps: int | None = None  # the run's plan, sent with heartbeats (set by the Monitor)
+        self.target_loss: float | None = None
         self.connected: bool | None = None  # None until the first attempt
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{run_id}-{device}")
         self.spool = Spool(spool_dir, safe, spool_max_bytes)
@@ -224,7 +226,8 @@ class BotTransport:
 
     def _heartbeat(self) -> Heartbeat:
         return Heartbeat(run_id=self.run_id, device=self.device, time=self._clock(), step=self.last_step,
-                         paused=self.paused, host=socket.gethostname(), pid=os.getpid())
+                         paused=self.paused, host=socket.gethostname(), pid=os.getpid(),
+                         total_steps=self.total_steps, target_loss=self.target_loss)
 
     def _post(self, path: str, body: bytes, timeout: float | None = None) -> dict[str, Any]:
         req = urllib.request.Request(self.url + path, data=body, method="POST",

@@ -150,6 +150,8 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     paused: bool = False
     host: str = ""
     pid: int = 0
+    total_steps: int | None = None  # the run's plan (monitor_config training.*), for status and ETA
+    target_loss: float | None = None
 
 
 class Envelope(msgspec.Struct, kw_only=True):

@@ -10,7 +10,7 @@ import time
 import pytest
 from slack_sdk.signature import Clock, SignatureVerifier
 
-from notifier.wire import ActionResult, Envelope, Poll, PollAnswer, Sample, decode, encode
+from notifier.wire import ActionResult, Envelope, Heartbeat, Poll, PollAnswer, Sample, decode, encode
 from tests.bot_server import BotServer, wait_for
 from tests.slack_api import SlackAPIServer
 from tests.slack_signing import SECRET, click, signed_post, slash
@@ -137,12 +137,14 @@ def test_a_bot_without_a_signing_secret_refuses_slack(tmp_path, slack, env, monk
 
 
 def test_status_answers_at_once_and_the_chart_follows(bot, slack):
-    report(bot)
+    plan = Heartbeat(run_id="run-42", device="0", time=time.time(), step=100, total_steps=1000, target_loss=1.5)
+    report(bot, heartbeats=[plan])
     code, body = slash(bot.url, "status run-42", response_url=slack.response_url("s1"))
     assert code == 200 and body["response_type"] == "in_channel"
     assert "run-42* (llm): step 100, running" in body["text"]
     assert "loss 2 (median of the last 21: 2.1)" in body["text"]
     assert "no alert firing" in body["text"]
+    assert "ETA to step 1,000: 1m30s at 10 steps/s" in body["text"]  # 900 steps at 10 steps/s
     assert slack.wait_for(lambda s: len(s.uploads()) == 1, timeout=20)
     up = slack.uploads()[0]
     assert up["channel"] == "C0CHAT" and up["content"].startswith(b"\x89PNG")

@@ -157,6 +157,7 @@ def format_number(x: float) -> str:
 
 def format_duration(seconds: float) -> str:
     """`5400` -> `1h30m`; reads back through `parse_duration` to the same value."""
+    seconds = float(seconds)  # an int is a float to the type checker, not to is_integer()
     rest, frac = int(seconds), round(seconds - int(seconds), 3)
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):

@@ -238,9 +238,14 @@ class CommandService:
                 now = next((v for v in reversed(values) if v is not None), None)
                 if now is not None:
                     lines.append(f"{name} {num(now)} (median of the last {len(values)}: {num(median(values))})")
-            trend = summarize(window.steps, window.loss)
+            total, target = self.disp.windows.plans.get(run_id, (None, None))
+            pace = self.disp.windows.pace(run_id)
+            if total is not None and pace is not None and not run["paused"]:
+                left = max(total - (run["last_step"] or 0), 0) / pace[0]
+                lines.append(f"ETA to step {total:,}: {format_duration(max(round(left), 1))} at {pace[0]:.3g} steps/s")
+            trend = summarize(window.steps, window.loss, total_steps=total, target_loss=target)
             if trend is not None:
-                lines += trend.describe()[:3]
+                lines += trend.describe()[:4]
         else:
             lines.append("no metrics received yet")
         firing = self.store.alerts(run_id, "firing")
