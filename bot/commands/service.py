@@ -107,6 +107,7 @@ class CommandService:
         self.wake_outbox: Callable[[], None] = lambda: None
         # Runs that may have open commands: every job post asks, and almost always the answer is none.
         self.open_runs: set[str] = {c["run_id"] for c in store.commands.open_all()}
+        self.resumed_at: dict[str, float] = {}  # run -> job clock at its last resume (its progress restarts then)
 
     # -- commands in ------------------------------------------------------------------------------
 
@@ -203,7 +204,8 @@ class CommandService:
             return last + 1
         rate, sampled_at = pace
         # Paused: the ranks wait at `last` and move on only after a resume, from there.
-        behind = 0.0 if run["paused"] else max(now - sampled_at, now - (run["last_progress"] or now), 0.0)
+        newest = max(sampled_at, self.resumed_at.get(run["run_id"], 0.0))
+        behind = 0.0 if run["paused"] else max(now - newest, now - (run["last_progress"] or now), 0.0)
         ahead = math.ceil(rate * (behind + self.cfg.commands.apply_lead))
         log.debug("msmon bot: run %s: last step %d reported %.2f s ago at %.1f steps/s: apply %d steps ahead",
                   run["run_id"], last, behind, rate, ahead + 1)
@@ -330,6 +332,10 @@ class CommandService:
             results[a.device] = {"ok": a.ok, "step": a.step, "detail": a.detail, "path": a.path}
             if a.ok and a.action in ("pause", "resume"):  # known now, not at the next heartbeat
                 self.store.set_paused(a.run_id, a.action == "pause", self.clock())
+                if a.action == "resume":
+                    self.resumed_at[a.run_id] = a.time
+                    if len(self.resumed_at) > self.cfg.max_runs:
+                        self.resumed_at.pop(next(iter(self.resumed_at)))
             run = self.store.run(c["run_id"])
             devices = set(run["devices"]) if run else {a.device}
             done = devices <= set(results)
