@@ -46,7 +46,7 @@ class SlackInbound:
 
     async def command(self, form: dict[str, str]) -> dict[str, Any]:
         """A slash command; returns the immediate answer."""
-        origin = Origin(source=form.get("_source", "slack"), user=form.get("user_id", ""),
+        origin = Origin(source="slack", user=form.get("user_id", ""),
                         user_name=form.get("user_name", ""), receiver="slack", channel=form.get("channel_id"),
                         response_url=form.get("response_url"))
         answer = self.svc.submit(form.get("text", ""), origin)

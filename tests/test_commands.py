@@ -297,3 +297,38 @@ def test_commands_can_be_switched_off(tmp_path, slack, env):
         assert poll(b).commands == []
     finally:
         b.stop()
+
+
+def test_malformed_slack_and_poll_requests_get_4xx(bot):
+    from tests.slack_signing import signed_post
+
+    report(bot)
+    assert signed_post(bot.url + "/slack/interactions", b"payload=not-json") == (
+        400, {"error": "not an interaction: the payload field is not JSON"})
+    assert signed_post(bot.url + "/slack/commands", b"text=status+run-42")[0] == 400  # no user_id
+    assert bot.request("POST", "/v1/commands/poll", b'{"run_id": "run-42"}')[0] == 422  # no device
+    assert bot.request("POST", "/v1/commands/poll", b"{")[0] == 400
+    assert bot.request("POST", "/v1/commands", b'{"text": 5}', token="operator-token")[0] == 422
+    assert bot.request("GET", "/v1/commands/c999", token="operator-token")[0] == 404
+
+
+def test_commands_over_socket_mode_reach_the_same_service(tmp_path, slack, env, monkeypatch):
+    """slack.socket_mode: the real app connects to the local Slack server's websocket; a slash command
+    pushed there is answered by the same command service, and queues the same job command."""
+    monkeypatch.setenv("SLACK_APP_TOKEN", "xapp-1-A0MSMON01-1-abc")
+    cfg = config(tmp_path, slack)
+    cfg["bot"]["slack"]["socket_mode"] = True
+    b = BotServer(cfg)
+    try:
+        assert slack.wait_for(lambda s: s.socket_connections() == 1, timeout=15)
+        report(b)
+        eid = slack.push("slash_commands", {"command": "/msmon", "text": "pause run-42", "user_id": "U0ALICE",
+                                            "user_name": "alice", "channel_id": "C0CHAT",
+                                            "response_url": slack.response_url("sm")})
+        assert slack.wait_for(lambda s: s.socket_ack(eid) is not None, timeout=10)
+        assert "queued as c1" in slack.socket_ack(eid)["payload"]["text"]
+        (cmd,) = poll(b).commands
+        assert cmd.action == "pause" and b.store.commands.get("c1")["source"] == "slack"
+    finally:
+        b.stop()
+
