@@ -43,7 +43,7 @@ FINAL = ("done", "failed", "expired", "partial")
 class Origin:
     """Where a command came from, and so where its answers go."""
 
-    source: str  # "slack", "slack-button", "socket", "cli"
+    source: str  # "slack" (slash command, HTTP or Socket Mode), "slack-button", "cli"
     user: str  # Slack user ID or operator name: what permissions name
     user_name: str = ""
     receiver: str = "console"  # "slack" or "console": where reports go
