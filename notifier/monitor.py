@@ -244,7 +244,8 @@ class Monitor:
     ) -> list[Event]:
         """Report one finished step; returns the events it raised (usually none).
 
-        Call it on every step: non-sampled steps only time the step. `samples` / `tokens` are
+        Call it on every step: non-sampled steps only time the step (unless a loss or grad norm given
+        for them is NaN/Inf: that is sampled, and alerts, at once). `samples` / `tokens` are
         counts for this step (throughput is derived); `throughput=` is an already measured
         tokens/s; `time=` a timestamp (for replays); `device` labels per-device metrics.
         """
@@ -284,7 +285,9 @@ class Monitor:
             d.acc_loss, d.acc_n = 0.0, 0
             step = opt
         elif step % si and (not li or step % li):
-            return _EMPTY
+            # Not a sampled step; but a NaN/Inf handed in anyway is sampled at once, not 9 steps later.
+            if (loss is None or loss - loss == 0.0) and (grad_norm is None or grad_norm - grad_norm == 0.0):
+                return _EMPTY
         return self._sample(d, step, raw, now, loss, lr, grad_norm, throughput)
 
     def samples(self, step: int) -> bool:

@@ -128,12 +128,12 @@ def test_one_step_spikes_do_not_alert():
     assert firing(run(mon, range(5000), make)) == []
 
 
-def test_nan_at_a_non_sampled_step_errors_at_the_next_sampled_step_even_in_baseline():
+def test_nan_handed_in_at_a_non_sampled_step_errors_at_that_step_even_in_baseline():
     mon = Monitor(config(step_interval=10, alert={"baseline_steps": 10_000}), "r", sinks=[], clock=FakeClock())
     events = []
     for step in range(100):
         events += mon.step(step, loss=float("nan") if step >= 45 else 2.0, grad_norm=1.0)
-    assert firing(events)[0] == (50, "nonfinite", Severity.ERROR)
+    assert firing(events)[0] == (45, "nonfinite", Severity.ERROR)  # not at the next sampled step (50)
     e = events[0]
     assert math.isnan(e.value) and "loss is nan" in e.message
 
@@ -308,3 +308,4 @@ def test_a_nan_loss_does_not_resolve_a_loss_spike():
     events = run(mon, range(1100), make)
     assert ("loss_spike", Status.FIRING) in {(e.rule, e.status) for e in events}
     assert [e for e in events if e.rule == "loss_spike" and e.status is Status.RESOLVED] == []
+
