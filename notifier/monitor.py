@@ -284,10 +284,10 @@ class Monitor:
             loss = d.acc_loss / d.acc_n if d.acc_n else None
             d.acc_loss, d.acc_n = 0.0, 0
             step = opt
-        elif step % si and (not li or step % li):
-            # Not a sampled step; but a NaN/Inf handed in anyway is sampled at once, not 9 steps later.
-            if (loss is None or loss - loss == 0.0) and (grad_norm is None or grad_norm - grad_norm == 0.0):
-                return _EMPTY
+        elif (step % si and (not li or step % li)
+              # not a sampled step; but a NaN/Inf handed in anyway is sampled at once, not 9 steps later
+              and (loss is None or loss - loss == 0.0) and (grad_norm is None or grad_norm - grad_norm == 0.0)):
+            return _EMPTY
         return self._sample(d, step, raw, now, loss, lr, grad_norm, throughput)
 
     def samples(self, step: int) -> bool:
