@@ -140,8 +140,11 @@ async def ingest(request: web.Request) -> web.Response:
     _job_only(request)
     env: Envelope = await _body(request, Envelope)
     _check_project(request, env.project)
-    if any(e.run_id != env.run_id for e in env.events) or any(s.run_id != env.run_id for s in env.samples):
-        raise web.HTTPUnprocessableEntity(reason="every event and sample must carry the envelope's run_id")
+    carried = [e.run_id for e in env.events] + [s.run_id for s in env.samples] + [a.run_id for a in env.actions] + \
+        [h.run_id for h in env.heartbeats]
+    if any(r != env.run_id for r in carried):
+        raise web.HTTPUnprocessableEntity(reason="every event, sample, action and heartbeat must carry the "
+                                                 "envelope's run_id")
     return web.json_response(request.app[DISPATCHER].ingest(env, await request.read()), status=202)
 
 

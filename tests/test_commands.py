@@ -332,3 +332,20 @@ def test_commands_over_socket_mode_reach_the_same_service(tmp_path, slack, env, 
     finally:
         b.stop()
 
+
+
+def test_a_job_cannot_answer_another_runs_command(bot):
+    report(bot)
+    report(bot, run="run-7")
+    slash(bot.url, "pause run-42")
+    (cmd,) = poll(bot).commands
+    forged = ActionResult(run_id="run-7", device="0", step=1, time=time.time(), action="pause", ok=True,
+                          detail="paused", command_id=cmd.id)
+    body = encode(Envelope(run_id="run-7", device="0", sent_at=time.time(), project="llm", actions=[forged]))
+    assert bot.request("POST", "/v1/ingest", body)[0] == 202
+    assert bot.store.commands.get(cmd.id)["status"] == "pending"  # run-7's job cannot close run-42's command
+    mixed = encode(Envelope(run_id="run-7", device="0", sent_at=time.time(), project="llm",
+                            actions=[ActionResult(run_id="run-42", device="0", step=1, time=time.time(),
+                                                  action="pause", ok=True, detail="x", command_id=cmd.id)]))
+    code, body = bot.request("POST", "/v1/ingest", mixed)
+    assert code == 422 and "envelope's run_id" in body["error"]

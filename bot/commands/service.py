@@ -326,8 +326,8 @@ class CommandService:
             if a.command_id is None:
                 continue
             c = self.store.commands.get(a.command_id)
-            if c is None or c["status"] in FINAL or a.device in c["results"]:
-                continue
+            if c is None or c["run_id"] != a.run_id or c["status"] in FINAL or a.device in c["results"]:
+                continue  # unknown, another run's (a job answers only its own), closed, or a repeat
             results = dict(c["results"])
             results[a.device] = {"ok": a.ok, "step": a.step, "detail": a.detail, "path": a.path}
             if a.ok and a.action in ("pause", "resume"):  # known now, not at the next heartbeat
