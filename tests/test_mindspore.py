@@ -421,3 +421,24 @@ def test_a_real_training_reports_to_the_bot(tmp_path, monkeypatch):
         assert set(bot.auth) == {"Bearer job-token-1"}
     finally:
         bot.stop()
+
+
+def test_a_command_delivered_twice_at_once_is_applied_once_at_its_step():
+    """At-least-once delivery reaches a job from two threads (the long poll and the answers to its posts):
+    JobControl takes each command id once, and holds it until its apply step."""
+    from notifier.mindspore import JobControl
+    from notifier.wire import Command
+
+    control = JobControl(Monitor(cfg(), "dup"))
+    cmds = [Command(id="c1", run_id="dup", action="loosen_threshold", apply_step=5,
+                    params={"rule": "grad_norm_spike", "factor": 2.0}, issued_by="alice")]
+    threads = [threading.Thread(target=control.take_commands, args=(cmds,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert control.apply(4) == []  # not yet
+    (res,) = control.apply(5)
+    assert res.command_id == "c1" and res.ok and "WARNING 4 -> 8, ERROR 10 -> 20" in res.detail
+    control.take_commands(cmds)  # delivered again later: already taken
+    assert control.apply(6) == [] and not control.has_pending

@@ -57,7 +57,9 @@ class JobControl:
         self.on_paused = on_paused  # called while paused: (step, seconds paused), every heartbeat_every
         self.results: deque[ActionResult] = deque(maxlen=1000)
         self._pending: deque[Request] = deque()
-        self._seen: deque[str] = deque(maxlen=10_000)  # command ids taken (delivery is at-least-once)
+        # Command ids taken (delivery is at-least-once, from two threads: the poll and the sender's answers).
+        self._seen: dict[str, None] = {}
+        self._seen_lock = threading.Lock()
         self._undo: dict[str, Any] = {}  # loosen_threshold's levels to restore, by token
         self._resume = threading.Event()
         self._resumed_by: Request | None = None
@@ -80,9 +82,12 @@ class JobControl:
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}; actions are {', '.join(ACTIONS)}")
         if command_id is not None:
-            if command_id in self._seen:
-                return
-            self._seen.append(command_id)
+            with self._seen_lock:
+                if command_id in self._seen:
+                    return
+                self._seen[command_id] = None
+                if len(self._seen) > 10_000:
+                    del self._seen[next(iter(self._seen))]
         req = Request(action, params, source, command_id, at_step)
         if action == "resume":
             if not self.paused:
