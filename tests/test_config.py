@@ -221,3 +221,12 @@ def test_alerting_off_is_said(caplog):
     with caplog.at_level(logging.INFO, logger="msmon"):
         Monitor({"monitor_config": {"monitor_on": True, "alert": {"enable": False}}}, run_id="r").close()
     assert "alerting is off (monitor_config.alert.enable is false)" in caplog.text
+
+
+def test_two_configs_never_share_their_rules_params():
+    """Defaults are deep copies: a level set in one config (a legacy threshold, or live by loosen-threshold)
+    must not appear in another built in the same process."""
+    one = Monitor({"monitor_config": {"monitor_on": True, "alert": {"grad_norm_threshold": 10.0}}}, "a")
+    one.set_threshold("grad_norm_spike", 99.0)
+    other = load_config({"monitor_config": {"monitor_on": True}})
+    assert (other.alert.rules.get("grad_norm").error, other.alert.rules.get("grad_norm_spike").warning) == (None, 4.0)

@@ -7,6 +7,7 @@ here knows about monitoring; `model.py` declares the schema.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -43,9 +44,9 @@ def setting(default: Any, doc: str, **bounds: Any) -> Any:
 
 
 def _copy(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value)
-    return type(value)(value)
+    """A deep copy: a shallow one would share nested defaults (alert.rules' params) between configs, so a
+    level changed live in one Monitor (loosen-threshold, a legacy threshold) would change every other."""
+    return copy.deepcopy(value)
 
 
 class Context:
