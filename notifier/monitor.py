@@ -458,7 +458,7 @@ class Monitor:
         set, else ERROR) becomes `value`; the other level moves in proportion. Returns a description
         and an opaque `undo` for `restore()`."""
         found = self._params_of(rule)
-        main = found[0][1]
+        main = next((params for name, params in found if name == "default"), found[0][1])  # not a warmup's
         base = main.warning if main.warning is not None else main.error
         if base is None:
             raise ValueError(f"rule {rule} has no level set: nothing to loosen (set one with set_threshold)")

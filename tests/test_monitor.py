@@ -309,3 +309,21 @@ def test_a_nan_loss_does_not_resolve_a_loss_spike():
     assert ("loss_spike", Status.FIRING) in {(e.rule, e.status) for e in events}
     assert [e for e in events if e.rule == "loss_spike" and e.status is Status.RESOLVED] == []
 
+
+
+def test_loosen_moves_every_phase_in_proportion_from_the_default_levels_and_restores():
+    mon = Monitor(config(alert={"grad_norm_threshold": 10.0, "phases": [
+        {"name": "warmup", "start_step": 0, "end_step": 100, "rules": {"grad_norm": {"error": 50.0}}}]}), "r",
+        sinks=[], clock=FakeClock())
+    desc, undo = mon.loosen("grad_norm", value=15.0)  # the default phase's ERROR level 10 -> 15, not warmup's 50
+    assert desc == "grad_norm WARNING 5 -> 7.5, ERROR 10 -> 15"
+    levels = {name: params.levels for name, params in mon._params_of("grad_norm")}
+    assert levels == {"warmup": (37.5, 75.0), "default": (7.5, 15.0)}
+    mon.restore(undo)
+    assert {name: params.levels for name, params in mon._params_of("grad_norm")} == {
+        "warmup": (25.0, 50.0), "default": (5.0, 10.0)}
+    with pytest.raises(ValueError, match="factor must be a positive number"):
+        mon.loosen("grad_norm", factor=0.0)
+    bare = Monitor(config(), "r", sinks=[], clock=FakeClock())  # grad_norm has no level without a threshold
+    with pytest.raises(ValueError, match="rule grad_norm has no level set"):
+        bare.loosen("grad_norm", factor=1.5)
