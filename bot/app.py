@@ -27,7 +27,7 @@ from .metrics import BotMetrics
 from .outbox import Outbox
 from .pipeline.ratelimit import RateLimiter
 from .receivers import Receiver
-from .receivers.console import ConsoleReceiver
+from .receivers.console import ConsoleReceiver, save_png
 from .slack_inbound import add_slack_routes
 from .store import Store
 from .watchdog import Watchdog
@@ -239,15 +239,10 @@ async def _save_chart(app: web.Application, answer: Answer) -> str | None:
     cfg = app[CONFIG].console
     if answer.chart is None or not cfg.charts:
         return None
-    from .chart import render_chart
+    from .chart import render_chart_off_loop
 
     event = answer.chart
-    png = await asyncio.get_running_loop().run_in_executor(None, render_chart, event)
-    os.makedirs(cfg.charts_dir, exist_ok=True)
-    path = os.path.join(cfg.charts_dir, f"status-{event.run_id}-step{event.step}.png")
-    with open(path, "wb") as f:
-        f.write(png)
-    return path
+    return save_png(cfg.charts_dir, f"status-{event.run_id}-step{event.step}.png", await render_chart_off_loop(event))
 
 
 async def get_command(request: web.Request) -> web.Response:

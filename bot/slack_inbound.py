@@ -77,12 +77,12 @@ class SlackInbound:
     def _chart_later(self, answer: Answer, origin: Origin) -> None:
         if answer.chart is None or not self.charts or not origin.channel:
             return
-        from .chart import render_chart
+        from .chart import render_chart_off_loop
 
         event = answer.chart
 
         async def draw() -> None:
-            png = await asyncio.get_running_loop().run_in_executor(None, render_chart, event)
+            png = await render_chart_off_loop(event)
             self.svc.note(dataclasses.replace(origin, response_url=None),
                           f"chart of run {event.run_id} at step {event.step:,}", chart=png)
 

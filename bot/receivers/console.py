@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import sys
@@ -12,6 +11,15 @@ from notifier.wire import Severity, Status
 
 from . import Message, Note
 from .render import text
+
+
+def save_png(directory: str, name: str, png: bytes) -> str:
+    """Write a chart into the charts folder; its path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    with open(path, "wb") as f:
+        f.write(png)
+    return path
 
 
 class ConsoleReceiver:
@@ -25,14 +33,10 @@ class ConsoleReceiver:
     async def _chart(self, msg: Message, ref: str) -> str | None:
         if self.charts_dir is None or msg.severity is not Severity.ERROR or msg.status is not Status.FIRING:
             return None
-        from ..chart import render_chart  # matplotlib only when a chart is drawn
+        from ..chart import render_chart_off_loop  # matplotlib only when a chart is drawn
 
-        png = await asyncio.get_running_loop().run_in_executor(None, render_chart, msg.lead)
-        os.makedirs(self.charts_dir, exist_ok=True)
-        path = os.path.join(self.charts_dir, f"{msg.run_id}-{msg.rule}-step{msg.lead.step}-{ref}.png")
-        with open(path, "wb") as f:
-            f.write(png)
-        return path
+        png = await render_chart_off_loop(msg.lead)
+        return save_png(self.charts_dir, f"{msg.run_id}-{msg.rule}-step{msg.lead.step}-{ref}.png", png)
 
     def _write(self, prefix: str, body: str) -> None:
         self.out.write("\n".join(f"[msmon] {prefix}{line}" for line in body.splitlines()) + "\n")
@@ -53,8 +57,5 @@ class ConsoleReceiver:
     async def note(self, channel: str, note: Note) -> None:
         path = None
         if note.chart is not None and self.charts_dir is not None:
-            os.makedirs(self.charts_dir, exist_ok=True)
-            path = os.path.join(self.charts_dir, f"status-{note.command_id or next(self._ids)}.png")
-            with open(path, "wb") as f:
-                f.write(note.chart)
+            path = save_png(self.charts_dir, f"status-{note.command_id or next(self._ids)}.png", note.chart)
         self._write("", note.text + (f"\nchart: {path}" if path else ""))

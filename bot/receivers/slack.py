@@ -110,10 +110,10 @@ class SlackReceiver:
         return ts
 
     async def _chart(self, channel: str, ts: str, msg: Message) -> None:
-        from ..chart import render_chart
+        from ..chart import render_chart_off_loop
 
         try:
-            png = await asyncio.get_running_loop().run_in_executor(None, render_chart, msg.lead)
+            png = await render_chart_off_loop(msg.lead)
             await self._call("files_upload_v2", self.client.files_upload_v2(
                 channel=channel, content=png, filename=f"{msg.run_id}-{msg.rule}-step{msg.lead.step}.png",
                 title=f"{msg.rule} at step {msg.lead.step}", thread_ts=ts))
