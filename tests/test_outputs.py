@@ -152,3 +152,20 @@ def test_log_line_variants():
     assert format_log_line(s) == "[step 7] loss: 2 | throughput: 12.5 samples/s"
     assert format_log_line(s, with_device=True).startswith("[step 7] [device 3] ")
     assert format_log_line(Sample(run_id="r", device="0", step=1, time=0.0)) == "[step 1]"
+
+
+@pytest.mark.parametrize("run_id", ["../../escape", "a/b", "x\x00y", "r" * 300, "..", "<!channel>"])
+def test_csv_and_tensorboard_paths_from_hostile_run_ids_stay_in_their_folders(tmp_path, run_id):
+    """A run id is job data: it names files only as a safe slug, inside the configured folder."""
+    out = tmp_path / "out"
+    cfg = config(step_interval=1, csv={"enable": True, "path": os.fspath(out / "csv" / "{run_id}-{device}.csv")},
+                 tensorboard={"enable": True, "log_dir": os.fspath(out / "tb")})
+    mon = Monitor(cfg, run_id, clock=FakeClock())
+    for step in range(3):
+        mon.step(step, loss=1.0)
+    mon.close()
+    written = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files]
+    assert written and all(os.path.realpath(p).startswith(os.fspath(out) + os.sep) for p in written)
+    (csv_file,) = [p for p in written if p.endswith(".csv")]
+    assert os.path.dirname(csv_file) == os.fspath(out / "csv")
+    assert all(len(os.path.basename(p)) <= 255 for p in written)

@@ -7,6 +7,7 @@ import math
 import os
 from typing import IO, Any
 
+from ..safenames import slug
 from ..wire import Sample
 
 CSV_COLUMNS: tuple[str, ...] = (
@@ -34,7 +35,9 @@ class CsvSink:
         self._files: dict[str, tuple[IO[str], Any]] = {}
 
     def path_for(self, device: str) -> str:
-        return self.template.format(run_id=self.run_id, device=device)
+        """The file for `device`: the run id and device enter the path only as safe slugs
+        (notifier.safenames), so a run id like `../../x` stays a file name."""
+        return self.template.format(run_id=slug(self.run_id), device=slug(device))
 
     def _writer(self, device: str) -> Any:
         path = self.path_for(device)

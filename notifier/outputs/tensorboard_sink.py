@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from ..safenames import inside, slug
 from ..wire import Sample
 
 TAGS: tuple[tuple[str, str], ...] = (
@@ -28,11 +28,11 @@ class TensorBoardSink:
             raise RuntimeError("monitor_config.tensorboard.enable is true but tensorboardX is not installed: "
                                "pip install tensorboardX, or set enable: false") from exc
         self._cls = SummaryWriter
-        self.root = os.path.join(log_dir, run_id)
+        self.root = inside(log_dir, slug(run_id))
         self._writers: dict[str, Any] = {}
 
     def dir_for(self, device: str) -> str:
-        return os.path.join(self.root, f"device_{device}")
+        return inside(self.root, f"device_{slug(device)}")
 
     def write(self, s: Sample) -> None:
         w = self._writers.get(s.device)
