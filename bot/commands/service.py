@@ -175,7 +175,10 @@ class CommandService:
         elif p.verb == "loosen-threshold":
             params = {"rule": p.rule, "value": p.value, "factor": p.factor, "duration": p.duration}
             params = {k: v for k, v in params.items() if v is not None}
-        apply_step = self.apply_step(run, now)
+        # Never before a command accepted earlier and still waiting: every rank applies a run's commands in
+        # acceptance order, so a resume's "at once" cannot overtake a pending pause (it cancels it instead).
+        waiting = self.store.commands.open_for(run["run_id"])
+        apply_step = max([self.apply_step(run, now), *(int(c["apply_step"] or 0) for c in waiting)])
         with self.store.tx():
             cmd = self.store.commands.add(
                 created_at=now, user=origin.user, source=origin.source, project=run["project"], run_id=run["run_id"],
@@ -186,7 +189,9 @@ class CommandService:
         log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
                  p.text(), origin.who, origin.source, run["run_id"], apply_step)
         who = "every rank" if len(run["devices"]) > 1 else "the job"
-        when = ("resumes as soon as it gets it" if p.verb == "resume" else
+        pauses = [c["id"] for c in waiting if c["action"] == "pause"]
+        when = ((f"cancels {', '.join(pauses)} if not paused yet, else " if pauses else "")
+                + "resumes as soon as it gets it") if p.verb == "resume" else (
                 f"applies it at step {apply_step:,} (last reported step {run['last_step'] or 0:,})")
         gone = (f" Careful: run {run['run_id']} has sent no heartbeat for a while (gone?); the command waits "
                 f"{self.cfg.commands.expire_after:.0f} s for it." if run["gone"] else "")
