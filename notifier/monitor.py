@@ -127,6 +127,7 @@ class Monitor:
         self._seen: set[str] = set()
         self._n_samples = 0
         self._closed = False
+        self._held_at: float | None = None  # hold_clock(): when a pause on purpose began
         _ensure_visible_logging()
         self._writer: BackgroundWriter | None = None
         self.transport: BotTransport | None = None
@@ -493,6 +494,26 @@ class Monitor:
                 expect = getattr(r.detector, "expect_change", None)
                 if expect is not None:
                     expect()
+
+    def hold_clock(self) -> None:
+        """A pause on purpose begins (JobControl's `pause`): the time until `release_clock()` is not
+        training, so it is left out of step times and throughput (no step_stall, no throughput drop)."""
+        if self._held_at is None:
+            self._held_at = self._clock()
+
+    def release_clock(self) -> None:
+        """The pause ends: every device's last step and last sample move on by the time held."""
+        held, self._held_at = self._held_at, None
+        if held is None:
+            return
+        span = self._clock() - held
+        if span <= 0.0:
+            return
+        for d in self._devices.values():
+            if d.prev_t is not None:
+                d.prev_t += span
+            if d.last_t is not None:
+                d.last_t += span
 
     def flush(self) -> None:
         """Write out queued CSV / TensorBoard rows now."""

@@ -1,12 +1,15 @@
 """Job actions applied at a step boundary: save_checkpoint, pause/resume, scale_lr, set_threshold, stop.
 
-Requests may come from any thread (a rule's `actions:`, code, later the bot's chat commands);
-they queue here and run on the training thread between two steps, the only place where the
-weights are consistent and a checkpoint is meaningful.
+Requests may come from any thread (a rule's `actions:`, code, the bot's chat commands); they queue
+here and run on the training thread between two steps, the only place where the weights are
+consistent and a checkpoint is meaningful. `CommandOrder` (pure) decides what applies when, in the
+order the bot accepted the commands; `JobControl` carries it out.
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import logging
 import os
 import threading
@@ -28,17 +31,189 @@ ACTIONS = ("save_checkpoint", "pause", "resume", "scale_lr", "set_threshold", "l
 
 
 class Request:
-    __slots__ = ("action", "params", "source", "command_id", "at_step")
+    """One action asked for: by a chat command (`command_id` cN), a rule's `actions:`, or code."""
+
+    __slots__ = ("action", "params", "source", "command_id", "at_step", "key")
 
     def __init__(self, action: str, params: dict[str, Any], source: str, command_id: str | None = None,
                  at_step: int | None = None) -> None:
         self.action, self.params, self.source = action, params, source
         self.command_id, self.at_step = command_id, at_step
+        self.key = (0, 0)  # its place in the acceptance order, given by CommandOrder.offer
+
+    @property
+    def name(self) -> str:
+        """How answers name it: `pause c17`, or `pause (code)`."""
+        return f"{self.action} {self.command_id}" if self.command_id else f"{self.action} ({self.source})"
+
+    def due(self, step: int) -> bool:
+        return self.at_step is None or step >= self.at_step
+
+
+def acceptance_order(command_id: str | None) -> int | None:
+    """The bot's acceptance order of a chat command: N of its id `cN`, the sequence number of its row in
+    the bot's commands table (the job's poll cursor counts the same numbers); None for any other id."""
+    if command_id and command_id[:1] == "c" and command_id[1:].isascii() and command_id[1:].isdigit():
+        return int(command_id[1:])
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+    """One thing a rank does at a step boundary, as CommandOrder decided it: "run" (carry out
+    `req.action`), "pause" (start the pause `req`), "resume" (end the pause in effect; `req` says by
+    whom: a resume, code, the pause's timeout, a stop) or "skip" (answer `req` without applying it).
+    `detail` is the answer."""
+
+    kind: str
+    req: Request
+    detail: str = ""
+
+
+class CommandOrder:
+    """Which requests take effect at a step boundary, and in which order. Pure: no threads, no clock
+    (`now` is passed in), no MindSpore; JobControl carries the decisions out.
+
+    Chat commands are ordered by the bot's acceptance order (`acceptance_order`); a request made in the
+    job (code, a rule's `actions:`) comes after every command seen so far. Then:
+
+    - a request applies at the first boundary at or after its apply step, and never before an earlier
+      one (the first pending request not yet due holds the later ones back);
+    - a pause falling due is cancelled when a resume accepted after it is already known;
+    - while paused, a resume or a stop accepted after the pause acts at once, at the paused step (a stop
+      releases the pause, then stops); the resume also cancels pauses accepted before it still waiting;
+      a request due at the paused step still applies (a checkpoint while paused); a pause ends by itself
+      at its timeout;
+    - after a stop nothing more applies: what is pending, and whatever comes later, is answered;
+    - a command id is taken once (delivery is at-least-once, from two threads).
+
+    Every request is answered exactly once, applied or skipped with the reason, whatever the order and
+    the number of its deliveries (tests/test_command_order.py checks this with hypothesis)."""
+
+    def __init__(self, pause_timeout: float | None = None, remember: int = 10_000) -> None:
+        self.pause_timeout = pause_timeout
+        self.pending: list[Request] = []  # in acceptance order
+        self._seen: dict[str, None] = {}  # command ids taken, oldest first (bounded)
+        self._remember = remember
+        self._newest = 0  # the highest acceptance order seen
+        self._made = 0  # requests made in the job so far
+        self._resumed: Request | None = None  # the newest resume decided
+        self._cancelled: dict[tuple[int, int], list[str]] = {}  # a pending resume -> the pauses it cancelled
+        self.paused: Request | None = None  # the pause in effect
+        self.paused_step = 0
+        self.paused_since = 0.0
+        self.until: float | None = None  # when the pause in effect ends by itself
+        self.stopped: Request | None = None
+        self.stopped_step = 0
+
+    def offer(self, req: Request) -> bool:
+        """Take a request; False for a command id already taken."""
+        cid = req.command_id
+        if cid is not None:
+            if cid in self._seen:
+                return False
+            self._seen[cid] = None
+            if len(self._seen) > self._remember:
+                del self._seen[next(iter(self._seen))]
+        seq = acceptance_order(cid)
+        if seq is not None:
+            req.key = (seq, 0)
+            self._newest = max(self._newest, seq)
+        else:
+            self._made += 1
+            req.key = (self._newest, self._made)
+        bisect.insort(self.pending, req, key=lambda r: r.key)
+        return True
+
+    def decide(self, step: int, now: float) -> list[Outcome]:
+        """Everything to do at this step boundary, in order. While paused, call it again whenever a request
+        arrives or `until` passes (the step stays, `now` moves on)."""
+        out: list[Outcome] = []
+        while True:
+            more = self._next(step, now)
+            if not more:
+                return out
+            out += more
+
+    def _next(self, step: int, now: float) -> list[Outcome]:
+        if self.stopped is not None:
+            taken, self.pending = self.pending, []
+            why = f"not applied: the job stopped at step {self.stopped_step} ({self.stopped.name})"
+            return [Outcome("skip", r, why) for r in taken]
+        if self.paused is not None:
+            return self._while_paused(step, now)
+        if not self.pending or not self.pending[0].due(step):
+            return []
+        head = self.pending.pop(0)
+        if head.action == "pause":
+            later = next((r for r in self.pending if r.action == "resume"), None)
+            if later is not None:
+                self._cancelled.setdefault(later.key, []).append(head.name)
+                return [Outcome("skip", head, _cancelled_by(later))]
+            if self._resumed is not None and head.key < self._resumed.key:  # reached this rank after it
+                return [Outcome("skip", head, _cancelled_by(self._resumed))]
+            return [self._enter(head, step, now)]
+        if head.action == "resume":
+            self._resumed = head
+            gone = self._cancelled.pop(head.key, None)
+            why = f" (it cancelled {', '.join(gone)} before that applied)" if gone else ""
+            return [Outcome("skip", head, "the job was not paused: nothing to resume" + why)]
+        if head.action == "stop":
+            self.stopped, self.stopped_step = head, step
+        return [Outcome("run", head)]
+
+    def _while_paused(self, step: int, now: float) -> list[Outcome]:
+        pause = self.paused
+        assert pause is not None
+        if self.until is not None and now >= self.until:
+            return [self._leave(Request("resume", {}, f"its {self.until - self.paused_since:.0f} s timeout"), now)]
+        for r in self.pending:
+            if r.action in ("resume", "stop") and r.key > pause.key:
+                self.pending.remove(r)
+                if r.action == "stop":
+                    self.stopped, self.stopped_step = r, step
+                    return [self._leave(Request("resume", {}, r.name), now), Outcome("run", r)]
+                moot = [q for q in self.pending if q.action == "pause" and q.key < r.key]
+                for q in moot:
+                    self.pending.remove(q)
+                self._resumed = r
+                return [*(Outcome("skip", q, _cancelled_by(r)) for q in moot), self._leave(r, now)]
+        if not self.pending or not self.pending[0].due(step):
+            return []
+        head = self.pending.pop(0)
+        if head.action == "pause":
+            return [Outcome("skip", head, f"already paused at step {self.paused_step} ({pause.name})")]
+        if head.action == "resume":
+            return [Outcome("skip", head, f"not applied: it was accepted before {pause.name}, the pause in effect")]
+        return [Outcome("run", head)]  # at the paused step: the weights are as consistent as at any boundary
+
+    def _enter(self, req: Request, step: int, now: float) -> Outcome:
+        limit = req.params.get("timeout")
+        if limit is None:
+            limit = self.pause_timeout
+        try:
+            limit = None if limit is None else float(limit)
+        except (TypeError, ValueError):
+            return Outcome("skip", req, f"not applied: a pause's timeout is a number of seconds, not {limit!r}")
+        self.paused, self.paused_step, self.paused_since = req, step, now
+        self.until = None if limit is None else now + limit
+        how = f"; resumes by itself after {limit:.0f} s" if limit is not None else "; waiting for resume"
+        return Outcome("pause", req, f"paused at step {step}{how}")
+
+    def _leave(self, by: Request, now: float) -> Outcome:
+        detail = f"resumed at step {self.paused_step} after {now - self.paused_since:.1f} s paused"
+        self.paused = self.until = None
+        return Outcome("resume", by, detail)
+
+
+def _cancelled_by(later: Request) -> str:
+    return f"not applied: {later.name}, accepted after it, cancels it"
 
 
 class JobControl:
     """Executes job actions for one training process. Thread-safe `request()`; `apply()` on the
-    training thread at a step boundary."""
+    training thread at a step boundary. What applies when is CommandOrder's decision; the actions
+    themselves (checkpoint, LR, request_stop, the pause's wait) are here."""
 
     def __init__(
         self,
@@ -48,26 +223,33 @@ class JobControl:
         heartbeat_every: float = 30.0,
         on_result: Callable[[ActionResult], None] | None = None,
         on_paused: Callable[[int, float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.monitor = monitor
         self.checkpoint_dir = checkpoint_dir
-        self.pause_timeout = pause_timeout
         self.heartbeat_every = heartbeat_every
         self.on_result = on_result
         self.on_paused = on_paused  # called while paused: (step, seconds paused), every heartbeat_every
         self.results: deque[ActionResult] = deque(maxlen=1000)
-        self._pending: deque[Request] = deque()
-        # Command ids taken (delivery is at-least-once, from two threads: the poll and the sender's answers).
-        self._seen: dict[str, None] = {}
-        self._seen_lock = threading.Lock()
+        self._order = CommandOrder(pause_timeout)
+        self._cond = threading.Condition()  # guards _order; wakes a pause when a request arrives
+        self._woken = False
+        self._clock = clock
+        self._beat_at = 0.0
         self._undo: dict[str, Any] = {}  # loosen_threshold's levels to restore, by token
-        self._resume = threading.Event()
-        self._resumed_by: Request | None = None
         self.last_step = 0  # the last step boundary seen
         self.paused = False
         self.train_network: Any = None
         self.optimizer: Any = None
         self.stop_requested = False
+
+    @property
+    def pause_timeout(self) -> float | None:
+        return self._order.pause_timeout
+
+    @pause_timeout.setter
+    def pause_timeout(self, value: float | None) -> None:
+        self._order.pause_timeout = value
 
     def bind(self, train_network: Any, optimizer: Any) -> None:
         self.train_network, self.optimizer = train_network, optimizer
@@ -76,27 +258,21 @@ class JobControl:
 
     def request(self, action: str, source: str = "code", command_id: str | None = None, at_step: int | None = None,
                 **params: Any) -> None:
-        """Queue an action for the first step boundary at or after `at_step` (None: the next one).
-        A chat command's id makes it idempotent: a second delivery of the same id is ignored.
-        `resume` acts at once (the job is blocked in its pause)."""
+        """Queue an action for the first step boundary at or after `at_step` (None: the next one), after
+        every request accepted before it. A chat command's id makes it idempotent: a second delivery of
+        the same id is ignored. A `resume` or `stop` reaches a paused job at once."""
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}; actions are {', '.join(ACTIONS)}")
-        if command_id is not None:
-            with self._seen_lock:
-                if command_id in self._seen:
-                    return
-                self._seen[command_id] = None
-                if len(self._seen) > 10_000:
-                    del self._seen[next(iter(self._seen))]
         req = Request(action, params, source, command_id, at_step)
-        if action == "resume":
-            if not self.paused:
-                self._result(self.last_step, req, True, "the job was not paused: nothing to resume", None)
+        with self._cond:
+            if not self._order.offer(req):
                 return
-            self._resumed_by = req
-            self._resume.set()
-            return
-        self._pending.append(req)
+            # after a stop there is no step boundary left to answer at: answer now
+            late = self._order.decide(self.last_step, self._clock()) if self._order.stopped is not None else []
+            self._woken = True
+            self._cond.notify_all()
+        for o in late:
+            self._carry_out(self.last_step, None, o)
 
     def listen(self) -> None:
         """Take the bot's chat commands, when the Monitor reports to a bot and `bot.commands` is on."""
@@ -111,7 +287,7 @@ class JobControl:
             self.request(str(act["action"]), f"rule {ev.rule} {ev.severity.value}", **params)
 
     def take_commands(self, commands: list[Command]) -> None:
-        """Chat commands from the bot (any thread): queued for their apply step."""
+        """Chat commands from the bot (any thread): queued for their apply step, in acceptance order."""
         for c in commands:
             params = dict(c.params)
             if c.action == "loosen_threshold" and params.get("duration"):
@@ -124,34 +300,75 @@ class JobControl:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending)
+        return bool(self._order.pending)
 
     # -- the training thread -------------------------------------------------------------------
 
     def apply(self, step: int, run_context: Any = None) -> list[ActionResult]:
-        """Run every queued action that is due, in order; the others wait for their step. Never raises:
-        a failed action is a result with ok=False."""
-        done = []
+        """Carry out what is due at this step boundary, in acceptance order; the rest waits for its step.
+        A pause waits here, on the training thread, until a resume, a stop or its timeout (requests due
+        meanwhile still apply). Never raises: a failed action is a result with ok=False."""
+        done: list[ActionResult] = []
         self.last_step = step
-        for _ in range(len(self._pending)):
-            req = self._pending.popleft()
-            if req.at_step is not None and step < req.at_step:
-                self._pending.append(req)  # not yet: every rank acts at the same step
-                continue
-            try:
-                if req.action == "pause":  # reports itself: when the pause starts, and when it ends
-                    self._do_pause(step, run_context, req, **req.params)
-                    continue
-                outcome = getattr(self, "_do_" + req.action)(step, run_context, **req.params)
-            except Exception as exc:  # noqa: BLE001 - an action must not take training down
-                done.append(self._result(step, req, False, f"{type(exc).__name__}: {exc}", None))
-                continue
-            done.append(self._result(step, req, True, *outcome))
-        return done
+        while True:
+            with self._cond:
+                self._woken = False
+                todo = self._order.decide(step, self._clock())
+            done += [self._carry_out(step, run_context, o) for o in todo]
+            if self._order.paused is None:
+                return done
+            self._hold(step)
 
-    def _result(self, step: int, req: Request, ok: bool, detail: str, path: str | None) -> ActionResult:
+    def _hold(self, step: int) -> None:
+        """Paused: wait for a request, the pause's timeout or the next "still paused" line."""
+        with self._cond:
+            until = self._order.until
+            wake = self._beat_at if until is None else min(self._beat_at, until)
+            if not self._woken:
+                self._cond.wait(max(wake - self._clock(), 0.0))
+        now = self._clock()
+        if now < self._beat_at or self._woken or (until is not None and now >= until):
+            return
+        self._beat_at = now + self.heartbeat_every
+        waited = now - self._order.paused_since
+        log.info("[run %s step %d] still paused after %.0f s; `resume %s` (or `stop %s confirm`) in chat, or "
+                 "resume() from code, lets it go on", self.monitor.run_id, step, waited, self.monitor.run_id,
+                 self.monitor.run_id)
+        if self.on_paused is not None:
+            try:
+                self.on_paused(step, waited)
+            except Exception:  # noqa: BLE001 - a hook must not take training down
+                log.exception("msmon: on_paused hook failed")
+
+    def _carry_out(self, step: int, run_context: Any, o: Outcome) -> ActionResult:
+        req, tr = o.req, self.monitor.transport
+        if o.kind == "skip":
+            return self._result(step, req, True, o.detail, None, planned=False)
+        if o.kind == "pause":
+            self.paused = True
+            self.monitor.hold_clock()  # time paused on purpose is no step time: no step_stall after it
+            if tr is not None:
+                tr.progress(step, paused=True)  # heartbeats now say "alive, paused"
+            self._beat_at = self._clock() + self.heartbeat_every
+            log.warning("[run %s step %d] %s (%s); heartbeats say paused, no step runs until a resume or a stop",
+                        self.monitor.run_id, step, o.detail, req.source)
+            return self._result(step, req, True, o.detail, None)
+        if o.kind == "resume":
+            self.paused = False
+            self.monitor.release_clock()
+            if tr is not None:
+                tr.progress(step, paused=False)
+            return self._result(step, req, True, o.detail, None, planned=False)
+        try:
+            detail, path = getattr(self, "_do_" + req.action)(step, run_context, **req.params)
+        except Exception as exc:  # noqa: BLE001 - an action must not take training down
+            return self._result(step, req, False, f"{type(exc).__name__}: {exc}", None)
+        return self._result(step, req, True, detail, path)
+
+    def _result(self, step: int, req: Request, ok: bool, detail: str, path: str | None,
+                planned: bool = True) -> ActionResult:
         mon = self.monitor
-        if req.at_step is not None and step > req.at_step:
+        if planned and req.at_step is not None and step > req.at_step:
             detail += (f" (at step {step}, {step - req.at_step} after the planned step {req.at_step}: the command "
                        "reached this rank late)")
         params = {k: v for k, v in req.params.items() if k != "undo"}
@@ -185,40 +402,6 @@ class JobControl:
         path = os.path.join(self.checkpoint_dir, name)
         ms.save_checkpoint(self.train_network, path)
         return f"checkpoint of step {step} written to {path}", path
-
-    def _do_pause(self, step: int, run_context: Any, req: Request | None = None,
-                  timeout: float | None = None) -> None:
-        limit = timeout if timeout is not None else self.pause_timeout
-        self._resume.clear()
-        self._resumed_by = None
-        self.paused = True
-        tr = self.monitor.transport
-        if tr is not None:
-            tr.progress(step, paused=True)  # heartbeats now say "alive, paused"
-        started = time.monotonic()
-        how = f"; resumes by itself after {limit:.0f} s" if limit else "; waiting for resume"
-        if req is not None:
-            self._result(step, req, True, f"paused at step {step}{how}", None)
-        log.warning("[run %s step %d] paused%s", self.monitor.run_id, step, how)
-        try:
-            while True:
-                waited = time.monotonic() - started
-                slice_ = self.heartbeat_every if limit is None else min(self.heartbeat_every, max(limit - waited, 0))
-                if self._resume.wait(slice_):
-                    break
-                waited = time.monotonic() - started
-                if limit is not None and waited >= limit:
-                    break
-                log.info("[run %s step %d] still paused after %.0f s", self.monitor.run_id, step, waited)
-                if self.on_paused is not None:
-                    self.on_paused(step, waited)
-        finally:
-            self.paused = False
-            if tr is not None:
-                tr.progress(step, paused=False)
-        waited = time.monotonic() - started
-        by = self._resumed_by or Request("resume", {}, f"its {limit:.0f} s timeout" if limit else "code")
-        self._result(step, by, True, f"resumed at step {step} after {waited:.1f} s paused", None)
 
     def _do_scale_lr(self, step: int, run_context: Any, factor: float) -> tuple[str, None]:
         if self.optimizer is None:
@@ -259,11 +442,15 @@ class JobControl:
         return f"{rule} levels restored", None
 
     def _do_stop(self, step: int, run_context: Any) -> tuple[str, str | None]:
-        detail, path = self.save_checkpoint(step)
-        self.stop_requested = True
+        self.stop_requested = True  # first: a stop applies even when its checkpoint cannot be written
         if run_context is not None:
             run_context.request_stop()
+        try:
+            detail, path = self.save_checkpoint(step)
+        except Exception as exc:  # noqa: BLE001 - reported as the stop's failure; the job stops all the same
+            raise ActionError(f"stopping after step {step}, but the checkpoint failed: {type(exc).__name__}: "
+                              f"{exc}") from exc
         return f"stopping after step {step}; {detail}", path
 
 
-__all__ = ["ACTIONS", "ActionError", "JobControl", "LrHandle"]
+__all__ = ["ACTIONS", "ActionError", "CommandOrder", "JobControl", "LrHandle", "Outcome", "Request", "acceptance_order"]
