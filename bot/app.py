@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from notifier.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode
 
@@ -41,6 +41,7 @@ OUTBOX = web.AppKey("outbox", Outbox)
 CONFIG = web.AppKey("config", BotConfig)
 TOKENS = web.AppKey("tokens", list)
 COMMANDS = web.AppKey("commands", CommandService)
+REFUSED = web.AppKey("refused", Counter)  # cross-project requests refused, by route
 PROJECT = web.RequestKey("project", str)
 OPERATOR = web.RequestKey("operator", str)  # the operator's name; "" for a job's token
 
@@ -70,7 +71,10 @@ def _authenticate(request: web.Request) -> tuple[str, str] | None:
     header = request.headers.get("Authorization", "")
     if not header.startswith("Bearer "):
         return None
-    given = header[7:].strip().encode()
+    try:
+        given = header[7:].strip().encode()
+    except UnicodeEncodeError:  # raw bytes that are not UTF-8: no token of ours
+        return None
     found = None
     for project, operator, token in request.app[TOKENS]:
         if hmac.compare_digest(given, token) and found is None:
@@ -109,6 +113,8 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
                       "send smaller batches")
     except web.HTTPException as exc:
         resp = _error(exc.status, exc.reason)
+        if "Allow" in exc.headers:  # a 405 says which methods the route takes
+            resp.headers["Allow"] = exc.headers["Allow"]
     except Exception:  # noqa: BLE001 - a bug: say so, keep serving
         log.exception("msmon bot: internal error on %s", request.path)
         resp = _error(500, "internal error (logged by the bot)")
@@ -130,28 +136,44 @@ async def _body(request: web.Request, type_: Any) -> Any:
         raise web.HTTPBadRequest(reason=f"body is not valid JSON: {exc}") from None
 
 
-def _check_project(request: web.Request, project: str) -> None:
-    allowed = request[PROJECT]
-    if allowed != "*" and allowed != project:
-        raise web.HTTPForbidden(reason=f"this token is for project {allowed!r}, not {project!r}")
+def _own(request: web.Request, run_id: str, claimed: str | None = None) -> str:
+    """The project of `run_id` (for a new run: `claimed`, else the token's), checked: a run belongs to the
+    project of the token that created it, and a job token reaches only its own project's runs. A refusal
+    is a 403, logged (no secret) and counted (msmon_cross_project_refused_total)."""
+    token = request[PROJECT]
+    run = request.app[STORE].run(run_id)
+    owner = run["project"] if run is not None else claimed if claimed is not None else \
+        token if token != "*" else "default"
+    if token in ("*", owner) and claimed in (None, owner):
+        return owner
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else request.path
+    request.app[REFUSED].labels(route).inc()
+    says = f", and says project {claimed!r}" if claimed not in (None, owner) else ""
+    log.warning("msmon bot: REFUSED %s from %s: a token of project %r sent for run %r, which belongs to project "
+                "%r%s. A job token reaches only its own project's runs: check the job's bot.token and bot.project "
+                "(and run ids shared between projects).", route, request.remote, token, run_id, owner, says)
+    if token not in ("*", owner):
+        raise web.HTTPForbidden(reason=f"this token is for project {token!r}, not {owner!r} (run {run_id!r})")
+    raise web.HTTPForbidden(reason=f"run {run_id!r} belongs to project {owner!r}, not {claimed!r}")
 
 
 async def ingest(request: web.Request) -> web.Response:
     _job_only(request)
     env: Envelope = await _body(request, Envelope)
-    _check_project(request, env.project)
     carried = [e.run_id for e in env.events] + [s.run_id for s in env.samples] + [a.run_id for a in env.actions] + \
         [h.run_id for h in env.heartbeats]
     if any(r != env.run_id for r in carried):
         raise web.HTTPUnprocessableEntity(reason="every event, sample, action and heartbeat must carry the "
                                                  "envelope's run_id")
-    return web.json_response(request.app[DISPATCHER].ingest(env, await request.read()), status=202)
+    body = await request.read()
+    _own(request, env.run_id, env.project)  # no await from here to the commit: nobody re-homes it in between
+    return web.json_response(request.app[DISPATCHER].ingest(env, body), status=202)
 
 
 async def heartbeat(request: web.Request) -> web.Response:
     _job_only(request)
     hb: Heartbeat = await _body(request, Heartbeat)
-    request.app[DISPATCHER].heartbeat(hb, request[PROJECT])
+    request.app[DISPATCHER].heartbeat(hb, _own(request, hb.run_id))
     return web.json_response({"ok": True}, status=202)
 
 
@@ -194,8 +216,8 @@ async def run_detail(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
     request.app[DISPATCHER].flush()
     r = request.app[STORE].run(run_id)
-    if r is None or request[PROJECT] not in ("*", r["project"]):
-        known = [x["run_id"] for x in request.app[STORE].runs()][:20]
+    if r is None or request[PROJECT] not in ("*", r["project"]):  # another project's run is not there for it
+        known = [x["run_id"] for x in request.app[STORE].runs() if request[PROJECT] in ("*", x["project"])][:20]
         return _error(404, f"no run {run_id!r}", known_runs=known)
     return web.json_response(_run_view(request, r, detail=True))
 
@@ -205,9 +227,7 @@ async def poll_commands(request: web.Request) -> web.Response:
     or after `wait` seconds (at most commands.long_poll)."""
     _job_only(request)
     poll: Poll = await _body(request, Poll)
-    run = request.app[STORE].run(poll.run_id)
-    if run is not None:
-        _check_project(request, run["project"])
+    _own(request, poll.run_id)
     svc = request.app[COMMANDS]
     wait = min(max(poll.wait, 0.0), request.app[CONFIG].commands.long_poll)
     cmds, cursor = svc.poll(poll.run_id, poll.device, poll.after)
@@ -299,6 +319,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     disp.wake = outbox.wake
     app[CONFIG], app[STORE], app[METRICS], app[DISPATCHER], app[OUTBOX] = cfg, store, m, disp, outbox
     app[TOKENS] = _tokens(cfg)
+    app[REFUSED] = Counter("msmon_cross_project_refused_total", "job requests refused for another project's run, "
+                           "by route", ["route"], registry=m.registry)
     svc = CommandService(cfg, store, disp, clock)
     svc.wake_outbox = outbox.wake
     disp.on_actions, disp.commands_for = svc.results, svc.pending_for

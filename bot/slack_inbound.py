@@ -16,10 +16,12 @@ import json
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
+import msgspec
 from aiohttp import web
 from slack_sdk.signature import Clock, SignatureVerifier
 
@@ -27,6 +29,96 @@ from .commands.service import Answer, CommandService, Origin
 from .config import BotConfig
 
 log = logging.getLogger("msmon.bot")
+
+WINDOW = 300.0  # seconds: Slack's timestamp window (SignatureVerifier refuses anything older or newer)
+
+
+class BadRequest(ValueError):
+    """A Slack request that is signed but not the shape Slack sends; the message says what is wrong."""
+
+
+class ReplayGuard:
+    """The signatures of the Slack requests taken inside the timestamp window, so that one signed request
+    counts once (a replay of `/msmon scale-lr run 0.5` would otherwise scale the LR again).
+
+    Bounded: at most `capacity` in memory, each forgotten once its timestamp is outside the window (the
+    verifier refuses it as stale from then on). `persist(signature, ts, now)` (the Store's, optional) keeps
+    them in SQLite too and returns False for one already there, so a restart inside the window still
+    refuses a replay, and one evicted from memory is still caught. Pure otherwise: the clock is injected.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time, window: float = WINDOW, capacity: int = 100_000,
+                 persist: Callable[[str, int, float], bool] | None = None) -> None:
+        self.clock, self.window, self.capacity, self.persist = clock, window, capacity, persist
+        self._seen: OrderedDict[str, int] = OrderedDict()  # signature -> its request timestamp, in arrival order
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def first(self, signature: str, ts: int) -> bool:
+        """Whether this is the first time this signature is seen (and remember it)."""
+        now = self.clock()
+        while self._seen:
+            oldest_sig, oldest_ts = next(iter(self._seen.items()))
+            if oldest_ts + self.window >= now and len(self._seen) < self.capacity:
+                break
+            del self._seen[oldest_sig]
+        if signature in self._seen:
+            return False
+        self._seen[signature] = ts
+        return self.persist is None or self.persist(signature, ts, now - self.window)
+
+
+_Str = Annotated[str, msgspec.Meta(max_length=2000)]  # Slack's own longest values (a button's value: 2000)
+
+
+class _User(msgspec.Struct):
+    id: _Str
+    username: _Str = ""
+    name: _Str = ""
+
+
+class _Action(msgspec.Struct):
+    value: _Str
+
+
+class _Channel(msgspec.Struct):
+    id: _Str | None = None
+
+
+class _Container(msgspec.Struct):
+    channel_id: _Str | None = None
+
+
+class _Message(msgspec.Struct):
+    ts: _Str | None = None
+    thread_ts: _Str | None = None
+
+
+class _Click(msgspec.Struct):
+    """The parts of a block_actions payload msmon reads (the rest is ignored)."""
+
+    user: _User
+    actions: Annotated[list[_Action], msgspec.Meta(min_length=1, max_length=25)]
+    channel: _Channel | None = None
+    container: _Container | None = None
+    message: _Message | None = None
+    response_url: _Str | None = None
+
+
+def _click(payload: Any) -> _Click | None:
+    """A block_actions payload checked for shape; None for other interaction types (ignored)."""
+    if not isinstance(payload, dict):
+        raise BadRequest("not an interaction: the payload is not an object")
+    kind = payload.get("type")
+    if not isinstance(kind, str):
+        raise BadRequest("not an interaction: the payload has no type")
+    if kind != "block_actions":
+        return None
+    try:
+        return msgspec.convert(payload, _Click)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"not a button click Slack sends: {exc}") from None
 
 
 class _AppClock(Clock):
@@ -38,8 +130,10 @@ class _AppClock(Clock):
 
 
 class SlackInbound:
-    def __init__(self, svc: CommandService, verifier: SignatureVerifier | None, charts: bool = True) -> None:
+    def __init__(self, svc: CommandService, verifier: SignatureVerifier | None, charts: bool = True,
+                 replays: ReplayGuard | None = None) -> None:
         self.svc, self.verifier, self.charts = svc, verifier, charts
+        self.replays = replays if replays is not None else ReplayGuard()
         self.tasks: set[asyncio.Task[None]] = set()
 
     # -- what Slack sends, verified (HTTP) or trusted (Socket Mode) ----------------------------------
@@ -54,21 +148,19 @@ class SlackInbound:
         return _message(answer)
 
     async def interaction(self, payload: dict[str, Any]) -> dict[str, Any] | None:
-        """A button click on an alert (or on a confirmation); answers go in the alert's thread."""
-        if payload.get("type") != "block_actions" or not payload.get("actions"):
+        """A button click on an alert (or on a confirmation); answers go in the alert's thread.
+        BadRequest when the payload is not the shape Slack sends."""
+        click = _click(payload)
+        if click is None:
             return None
-        action = payload["actions"][0]
-        user = payload.get("user") or {}
-        message = payload.get("message") or {}
-        channel = (payload.get("channel") or {}).get("id") or (payload.get("container") or {}).get("channel_id")
-        thread = message.get("thread_ts") or message.get("ts")
-        origin = Origin(source="slack-button", user=user.get("id", ""),
-                        user_name=user.get("username") or user.get("name", ""), receiver="slack", channel=channel,
-                        thread_ts=thread)
-        answer = self.svc.submit(str(action.get("value", "")), origin)
-        if answer.private and payload.get("response_url"):
-            self.svc.note(dataclasses.replace(origin, response_url=payload["response_url"]), answer.text,
-                          private=True)
+        channel = (click.channel.id if click.channel else None) or (
+            click.container.channel_id if click.container else None)
+        thread = (click.message.thread_ts or click.message.ts) if click.message else None
+        origin = Origin(source="slack-button", user=click.user.id, user_name=click.user.username or click.user.name,
+                        receiver="slack", channel=channel, thread_ts=thread)
+        answer = self.svc.submit(click.actions[0].value, origin)
+        if answer.private and click.response_url:
+            self.svc.note(dataclasses.replace(origin, response_url=click.response_url), answer.text, private=True)
         else:
             self.svc.note(origin, f"{origin.who}: {answer.text}")
         self._chart_later(answer, origin)
@@ -93,6 +185,7 @@ class SlackInbound:
     # -- HTTP ----------------------------------------------------------------------------------------
 
     async def _verified(self, request: web.Request) -> bytes:
+        """The raw body of a request Slack signed, inside the timestamp window, seen for the first time."""
         body = await request.read()
         if self.verifier is None:
             raise web.HTTPUnauthorized(reason="this bot has no Slack signing secret configured "
@@ -102,12 +195,22 @@ class SlackInbound:
         if not ts or not sig:
             raise web.HTTPUnauthorized(reason="unsigned request: X-Slack-Request-Timestamp and X-Slack-Signature "
                                               "are required")
+        if not (ts.isascii() and ts.isdigit() and len(ts) <= 12):
+            log.warning("msmon bot: refused a Slack request from %s: its timestamp is not a number", request.remote)
+            raise web.HTTPUnauthorized(reason="X-Slack-Request-Timestamp must be unix seconds (digits only)")
+        if not (sig.isascii() and sig.startswith("v0=") and len(sig) <= 128):
+            log.warning("msmon bot: refused a Slack request from %s: malformed signature", request.remote)
+            raise web.HTTPUnauthorized(reason="X-Slack-Signature must be v0=<hex digest>")
         if not self.verifier.is_valid(body, ts, sig):
-            stale = not ts.isdigit() or abs(self.verifier.clock.now() - int(ts)) > 300
+            stale = abs(self.verifier.clock.now() - int(ts)) > WINDOW
             log.warning("msmon bot: refused a Slack request from %s: %s", request.remote,
                         "stale timestamp" if stale else "bad signature")
             raise web.HTTPUnauthorized(reason="stale request (timestamp outside 5 minutes)" if stale
                                        else "invalid signature")
+        if not self.replays.first(sig, int(ts)):
+            log.warning("msmon bot: refused a replayed Slack request to %s from %s (its signature was already taken "
+                        "at timestamp %s); nothing was done twice", request.path, request.remote, ts)
+            raise web.HTTPUnauthorized(reason="replayed request: this signed request was already taken once")
         return body
 
     async def http_command(self, request: web.Request) -> web.Response:
@@ -122,11 +225,12 @@ class SlackInbound:
         form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
         try:
             payload = json.loads(form.get("payload", ""))
-        except ValueError:
+        except (ValueError, RecursionError):
             raise web.HTTPBadRequest(reason="not an interaction: the payload field is not JSON") from None
-        if not isinstance(payload, dict):
-            raise web.HTTPBadRequest(reason="not an interaction: the payload is not an object")
-        answer = await self.interaction(payload)
+        try:
+            answer = await self.interaction(payload)
+        except BadRequest as exc:
+            raise web.HTTPBadRequest(reason=str(exc)) from None
         return web.json_response(answer) if answer else web.Response(status=200)
 
 
@@ -150,7 +254,8 @@ def add_slack_routes(app: web.Application, cfg: BotConfig, svc: CommandService,
         log.info("msmon bot: no Slack signing secret in %s: /slack/commands and /slack/interactions refuse every "
                  "request", cfg.slack.signing_secret_env)
     verifier = SignatureVerifier(secret, clock=_AppClock(clock)) if secret else None
-    inbound = SlackInbound(svc, verifier, cfg.console.charts)
+    replays = ReplayGuard(clock, persist=svc.store.commands.first_signed)
+    inbound = SlackInbound(svc, verifier, cfg.console.charts, replays)
     app.router.add_post("/slack/commands", inbound.http_command)
     app.router.add_post("/slack/interactions", inbound.http_interaction)
     return inbound

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import re
+from collections import OrderedDict
 from typing import Any, Protocol
 
 import aiohttp
@@ -40,6 +41,7 @@ WORKING_ANSWER: dict[str, Any] = {
     "response_type": "ephemeral",
     "text": ":hourglass_flowing_sand: msmon is working on it; the answer follows here.",
 }
+SEEN_ENVELOPES = 10_000  # envelope ids remembered (with their answers) to take a redelivery once
 
 
 class Inbound(Protocol):
@@ -53,7 +55,7 @@ class Inbound(Protocol):
 
     async def interaction(self, payload: dict[str, Any]) -> dict[str, Any] | None:
         """A block_actions payload (the parsed JSON Slack sends as the `payload` form field); returns an
-        immediate answer or None."""
+        immediate answer or None. Raises ValueError for a payload that is not the shape Slack sends."""
         ...
 
 
@@ -124,6 +126,9 @@ class SocketModeBridge:
         self._client: SocketModeClient | None = None
         self._http: aiohttp.ClientSession | None = None  # for late answers to response URLs
         self._late: set[asyncio.Future[None]] = set()  # waits on handlers still running after their ack
+        # envelope id -> its answer once its handler is done: Slack redelivers an envelope whose ack it
+        # missed, with the same id; the redelivery gets the same answer and runs nothing again. Bounded.
+        self._seen: OrderedDict[str, tuple[bool, dict[str, Any] | None]] = OrderedDict()  # id -> (done, answer)
 
     def __repr__(self) -> str:  # the default would be harmless, but make sure no token ever shows
         return f"SocketModeBridge(started={self._client is not None}, base_url={self._base_url!r})"
@@ -199,14 +204,27 @@ class SocketModeBridge:
 
     async def _on_request(self, client: AsyncBaseSocketModeClient, req: SocketModeRequest) -> None:
         """slack-sdk calls this for every envelope (each in its own task); it acks, whatever happens."""
+        if req.envelope_id in self._seen:
+            done_before, answer = self._seen[req.envelope_id]
+            log.info("msmon bot: Socket Mode %s redelivered; acked again, not run again", _describe(req))
+            await self._ack(client, req, answer if done_before else dict(WORKING_ANSWER))
+            return
+        self._seen[req.envelope_id] = (False, None)
+        while len(self._seen) > SEEN_ENVELOPES:
+            self._seen.popitem(last=False)
         task = asyncio.ensure_future(self._handle(req))
         done, _ = await asyncio.wait({task}, timeout=self._ack_timeout)
         if done:
             try:
                 answer = task.result()
+            except ValueError as exc:  # not the shape Slack sends: say so, no traceback
+                log.warning("msmon bot: Socket Mode %s refused: %s", _describe(req), exc)
+                answer = {"response_type": "ephemeral", "text": f":warning: msmon could not read that request: {exc}"}
             except Exception:  # noqa: BLE001 - a handler's bug must not leave the envelope unacked
                 log.exception("msmon bot: Socket Mode %s failed; answered with an error", _describe(req))
                 answer = dict(ERROR_ANSWER)
+            if req.envelope_id in self._seen:
+                self._seen[req.envelope_id] = (True, answer)
         else:
             log.warning("msmon bot: Socket Mode %s took over %.1f s; acked as in progress", _describe(req),
                         self._ack_timeout)

@@ -36,6 +36,8 @@ CREATE TABLE IF NOT EXISTS commands (
     run_id TEXT, text TEXT, verb TEXT, action TEXT, params TEXT, apply_step INTEGER, status TEXT, detail TEXT,
     results TEXT DEFAULT '{}', origin TEXT DEFAULT '{}', expires_at REAL, updated_at REAL);
 CREATE INDEX IF NOT EXISTS commands_open ON commands(status, run_id);
+CREATE TABLE IF NOT EXISTS slack_signed (signature TEXT PRIMARY KEY, ts INTEGER);
+CREATE INDEX IF NOT EXISTS slack_signed_ts ON slack_signed(ts);
 CREATE TABLE IF NOT EXISTS silences (
     id INTEGER PRIMARY KEY AUTOINCREMENT, expires_at REAL, run_id TEXT, rule TEXT, device TEXT,
     severity TEXT, created_by TEXT, comment TEXT);
@@ -87,12 +89,12 @@ class Store:
             devices = [*devices, device]
         progressed = step is not None and (last_step is None or step > last_step)
         self.db.execute(
-            "UPDATE runs SET project=?, labels=?, devices=?, last_seen=?, gone=0,"
+            "UPDATE runs SET labels=?, devices=?, last_seen=?, gone=0,"  # the project stays its creator's
             " last_step=CASE WHEN ? THEN ? ELSE last_step END,"
             " last_progress=CASE WHEN ? THEN ? ELSE last_progress END,"
             " last_heartbeat=CASE WHEN ? THEN ? ELSE last_heartbeat END,"
             " paused=COALESCE(?, paused) WHERE run_id=?",
-            (project, json.dumps(labels), json.dumps(devices), now, progressed, step, progressed, now,
+            (json.dumps(labels), json.dumps(devices), now, progressed, step, progressed, now,
              heartbeat, now, None if paused is None else int(paused), run_id))
         self._remember_run(run_id, devices, step if progressed else last_step)
 
@@ -320,6 +322,13 @@ class CommandLog:
         cols = ", ".join(f"{k}=?" for k in fields)
         vals = [json.dumps(v) if k in _COMMAND_JSON else v for k, v in fields.items()]
         self.db.execute(f"UPDATE commands SET {cols}, updated_at=? WHERE id=?", (*vals, now, cid))  # noqa: S608
+
+    def first_signed(self, signature: str, ts: int, horizon: float) -> bool:
+        """Record a signed Slack request; False when its signature was already recorded (a replay).
+        Signatures with a timestamp before `horizon` are stale for the verifier anyway: forgotten here."""
+        self.db.execute("DELETE FROM slack_signed WHERE ts<?", (horizon,))
+        cur = self.db.execute("INSERT OR IGNORE INTO slack_signed(signature, ts) VALUES(?,?)", (signature, ts))
+        return cur.rowcount == 1
 
     def recent(self, limit: int = 100, run_id: str | None = None) -> list[dict[str, Any]]:
         q, args = "SELECT * FROM commands", []

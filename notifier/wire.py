@@ -14,11 +14,29 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, TypeVar
+import re
+from array import array
+from itertools import accumulate
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 SCHEMA_VERSION = 1
+
+# -- limits: what a sane job sends, enforced on decode (docs/openapi.yaml states the same numbers) ------
+MAX_ID = 256  # run_id, device, rule, action, command id, label keys
+MAX_TEXT = 16_384  # message, hint, detail, a path
+MAX_ITEMS = 10_000  # records of one kind in one envelope; values in one chart window
+MAX_COUNT = 2**53 - 1  # steps and counts: exact in every JSON reader (and far inside SQLite's 64 bits)
+MAX_DEPTH = 32  # JSON nesting; the schema itself needs 6
+RunId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID)]
+Id = Annotated[str, msgspec.Meta(max_length=MAX_ID)]
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+Step = Annotated[int, msgspec.Meta(ge=-MAX_COUNT, le=MAX_COUNT)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Version = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+Labels = Annotated[dict[Id, Text], msgspec.Meta(max_length=64)]
+Params = Annotated[dict[Id, object], msgspec.Meta(max_length=64)]
 
 
 class Severity(str, enum.Enum):
@@ -40,9 +58,9 @@ class Status(str, enum.Enum):
 class Sample(msgspec.Struct, kw_only=True, gc=False):
     """The metrics of one sampled step on one device (also one CSV row)."""
 
-    run_id: str
-    device: str
-    step: int
+    run_id: RunId
+    device: Id
+    step: Step
     time: float  # unix seconds
     loss: float | None = None
     learning_rate: float | None = None
@@ -57,34 +75,34 @@ class Sample(msgspec.Struct, kw_only=True, gc=False):
 class Window(msgspec.Struct, kw_only=True):
     """Recent values of every metric, oldest first, for the snapshot chart."""
 
-    steps: list[int]
-    loss: list[float | None]
-    learning_rate: list[float | None]
-    grad_norm: list[float | None]
-    tokens_per_s: list[float | None]
+    steps: Annotated[list[Step], msgspec.Meta(max_length=MAX_ITEMS)]
+    loss: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)]
+    learning_rate: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)]
+    grad_norm: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)]
+    tokens_per_s: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)]
 
 
 class Event(msgspec.Struct, kw_only=True):
     """An alert (or its resolution) raised by a rule on one device of one run."""
 
-    run_id: str
-    device: str
-    step: int
+    run_id: RunId
+    device: Id
+    step: Step
     time: float
-    rule: str
+    rule: Id
     severity: Severity
     status: Status
     value: float
     threshold: float
-    message: str
-    hint: str = ""
-    metric: str = ""
+    message: Text
+    hint: Text = ""
+    metric: Id = ""
     baseline: float | None = None
-    phase: str = "default"
+    phase: Id = "default"
     repeat: bool = False  # a reminder that a rule is still firing, not a new alert
-    actions: list[dict[str, object]] = msgspec.field(default_factory=list)
+    actions: Annotated[list[Params], msgspec.Meta(max_length=64)] = msgspec.field(default_factory=list)
     window: Window | None = None
-    schema: int = SCHEMA_VERSION
+    schema: Version = SCHEMA_VERSION
 
     @property
     def fingerprint(self) -> tuple[str, str, str]:
@@ -95,18 +113,18 @@ class Event(msgspec.Struct, kw_only=True):
 class ActionResult(msgspec.Struct, kw_only=True):
     """What a job action (save_checkpoint, pause, resume, scale_lr, set_threshold, stop) did."""
 
-    run_id: str
-    device: str
-    step: int
+    run_id: RunId
+    device: Id
+    step: Step
     time: float
-    action: str
+    action: Id
     ok: bool
-    detail: str  # e.g. the checkpoint path, "lr 3e-4 -> 1.5e-4", or what went wrong
-    params: dict[str, object] = msgspec.field(default_factory=dict)
-    source: str = ""  # "rule grad_norm ERROR", "command c17 from @alice", "code"
-    path: str | None = None  # the checkpoint written, if any
-    command_id: str | None = None  # set when the action came from a chat command
-    schema: int = SCHEMA_VERSION
+    detail: Text  # e.g. the checkpoint path, "lr 3e-4 -> 1.5e-4", or what went wrong
+    params: Params = msgspec.field(default_factory=dict)
+    source: Text = ""  # "rule grad_norm ERROR", "command c17 from @alice", "code"
+    path: Text | None = None  # the checkpoint written, if any
+    command_id: Id | None = None  # set when the action came from a chat command
+    schema: Version = SCHEMA_VERSION
 
 
 class Command(msgspec.Struct, kw_only=True):
@@ -129,10 +147,10 @@ class Poll(msgspec.Struct, kw_only=True):
     """A job's long poll for commands: those of its run issued after `after` (a cursor the bot hands
     back), waiting up to `wait` seconds for one."""
 
-    run_id: str
-    device: str
-    after: int = 0
-    wait: float = 20.0
+    run_id: RunId
+    device: Id
+    after: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
+    wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 20.0
 
 
 class PollAnswer(msgspec.Struct, kw_only=True):
@@ -143,31 +161,32 @@ class PollAnswer(msgspec.Struct, kw_only=True):
 class Heartbeat(msgspec.Struct, kw_only=True):
     """Sent every few seconds by a job's transport thread: alive, and at which step."""
 
-    run_id: str
-    device: str
+    run_id: RunId
+    device: Id
     time: float
-    step: int | None = None  # the last step reported (None: not started)
+    step: Step | None = None  # the last step reported (None: not started)
     paused: bool = False
-    host: str = ""
-    pid: int = 0
-    total_steps: int | None = None  # the run's plan (monitor_config training.*), for status and ETA
+    host: Id = ""
+    pid: Annotated[int, msgspec.Meta(ge=0, le=2**32)] = 0
+    total_steps: Count | None = None  # the run's plan (monitor_config training.*), for status and ETA
     target_loss: float | None = None
 
 
 class Envelope(msgspec.Struct, kw_only=True):
     """One POST from a job to the bot: whatever accumulated since the last one."""
 
-    run_id: str
-    device: str
+    run_id: RunId
+    device: Id
     sent_at: float
-    project: str = "default"
-    labels: dict[str, str] = msgspec.field(default_factory=dict)
-    events: list[Event] = msgspec.field(default_factory=list)
-    samples: list[Sample] = msgspec.field(default_factory=list)
-    heartbeats: list[Heartbeat] = msgspec.field(default_factory=list)
-    actions: list[ActionResult] = msgspec.field(default_factory=list)
-    dropped: dict[str, int] = msgspec.field(default_factory=dict)  # kind -> items dropped while unreachable
-    schema: int = SCHEMA_VERSION
+    project: Id = "default"
+    labels: Labels = msgspec.field(default_factory=dict)
+    events: Annotated[list[Event], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(default_factory=list)
+    samples: Annotated[list[Sample], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(default_factory=list)
+    heartbeats: Annotated[list[Heartbeat], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(default_factory=list)
+    actions: Annotated[list[ActionResult], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(default_factory=list)
+    # kind -> items dropped while unreachable
+    dropped: Annotated[dict[Id, Count], msgspec.Meta(max_length=64)] = msgspec.field(default_factory=dict)
+    schema: Version = SCHEMA_VERSION
 
 
 # -- JSON with NaN and Inf ------------------------------------------------------------------
@@ -241,12 +260,29 @@ def _untag(obj: Any, t: Any) -> Any:
 
 
 _INFO: dict[Any, Any] = {}
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = bytes(c for c in range(256) if c not in b"[]{}")
+_LEVEL = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 / -1 as signed bytes
+
+
+def nesting(data: bytes) -> int:
+    """How deep arrays and objects nest in JSON `data` (brackets inside strings do not count). Passes in C:
+    strings cut out, brackets kept as +1/-1, their running sum; about 3 us per KB."""
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return 0 if b"[" not in data and b"{" not in data else 1  # cannot be too deep: not measured
+    outside = _STRING.sub(b"", data) if b"\\" in data else b"".join(data.split(b'"')[::2])
+    return max(accumulate(array("b", outside.translate(_LEVEL, _NOT_BRACKET))), default=0)
 
 
 def decode(raw: bytes | str, type: type[T]) -> T:  # noqa: A002 - msgspec's own name for it
     """Parse and validate wire JSON into `type`; raises msgspec.ValidationError / DecodeError with
-    the path of what is wrong (the bot turns those into 4xx answers)."""
+    the path of what is wrong (the bot turns those into 4xx answers). JSON nested deeper than
+    MAX_DEPTH is refused before decoding (a DecodeError): the untyped parts (params) would otherwise
+    carry it into code that recurses."""
     data = raw.encode() if isinstance(raw, str) else raw
+    depth = nesting(data)
+    if depth > MAX_DEPTH:
+        raise msgspec.DecodeError(f"JSON nested {depth} levels deep; at most {MAX_DEPTH} are accepted")
     if b'"NaN"' not in data and b'Infinity"' not in data:
         return msgspec.json.decode(data, type=type)  # nothing tagged: msgspec's own fast, strict path
     info = _INFO.get(type)

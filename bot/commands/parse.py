@@ -89,6 +89,8 @@ ALIASES: dict[str, str] = {
 
 MAX_DURATION_S = 30 * 86400.0
 MAX_LR_FACTOR = 100.0
+MAX_ID = 256  # run, device and rule ids: as long as the wire schema allows (notifier/wire.py)
+MAX_COMMAND = 4000  # characters of one command's text (Slack's own limit on a slash command's)
 _ID = re.compile(r"[A-Za-z0-9._:@+-]+")
 _RULE = re.compile(r"[a-z_][a-z0-9_]*")
 _PLAIN_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)")
@@ -218,6 +220,8 @@ def _factor(token: str, maximum: float = math.inf) -> float:
 
 
 def _ident(token: str, what: str) -> str:
+    if len(token) > MAX_ID:
+        raise CommandError(f"a {what} id has at most {MAX_ID} characters; '{token[:40]}...' has {len(token):,}")
     if "/" in token:
         raise CommandError(f"{what} ids have no '/': '{token}'")
     if not _ID.fullmatch(token):
@@ -231,6 +235,8 @@ def _run(token: str) -> str:
 
 def _rule(token: str) -> str:
     rule = token.lower()
+    if len(rule) > MAX_ID:
+        raise CommandError(f"a rule name has at most {MAX_ID} characters; '{token[:40]}...' has {len(token):,}")
     if not _RULE.fullmatch(rule):
         raise CommandError(f"'{token}' is not a rule name (letters, digits and _, not starting with a digit)")
     return rule
@@ -345,6 +351,8 @@ def _tokens(text: str) -> list[str]:
 
 def parse(text: str) -> Parsed:
     """Parse one command; raises CommandError (its text is the answer for the user)."""
+    if len(text) > MAX_COMMAND:
+        raise CommandError(f"a command has at most {MAX_COMMAND:,} characters; this one has {len(text):,}")
     tokens = _tokens(text)
     if not tokens:
         return Parsed("help")
