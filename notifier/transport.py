@@ -1,16 +1,24 @@
-"""Job -> bot transport: the training thread only appends to bounded deques; two daemon threads
-deliver (batches with retries, backoff and jitter, a disk spool while the bot is unreachable) and
-send heartbeats. Standard library only: nothing heavy on the notifier's import path.
+"""Job -> bot transport: the edge around `notifier.sendq.SendQueue`, the pure state machine that
+decides what is sent, when, and what a full queue drops. Here live the sockets, the threads and the
+spool file; nothing here decides anything the state machine can.
 
-Priorities, highest first: ERROR events and action results ("high"), WARNING and resolved events
-("mid"), metric samples ("low"). When memory or the spool runs out, low goes first, then mid;
-high is never dropped. Whatever was dropped is counted and reported in the next envelope.
+* The training thread only encodes an item (to know its size) and queues it under a lock that is
+  never held across I/O: O(1), never blocks on the network, never raises.
+* The sender thread asks the queue for a batch, POSTs it, and tells the queue what came back. Any
+  answer, or no answer, becomes a `Fault`: nothing from the network or the peer ends the thread.
+  Each kind of fault is logged once, with what to do about it.
+* The heartbeat and command long-poll threads are as hard to kill.
+* The spool (one JSONL file per run and device, one `SpoolRecord` a line through the wire codec) is
+  a snapshot of what the bot has not taken yet, rewritten atomically while the bot is down and at
+  close; a job that starts with the same run id and device sends it first.
+
+Standard library and msgspec only: nothing heavy on the notifier's import path.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import http.client
 import logging
 import os
 import random
@@ -18,83 +26,196 @@ import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from .wire import ActionResult, Command, Envelope, Event, Heartbeat, Poll, Sample, Severity, encode
+from .safenames import inside, slug
+from .sendq import Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, Tier, classify, judge, retry_after
+from .wire import ActionResult, Command, Envelope, Event, Heartbeat, Poll, PollAnswer, Sample, decode, encode
 
 log = logging.getLogger("msmon")
 
-KINDS = ("high", "mid", "low")
-_NAMES = {"high": "errors and action results", "mid": "warnings", "low": "metric samples"}
+_NAMES = {"errors": "ERROR events", "actions": "action results", "resolutions": "resolutions",
+          "warnings": "WARNING events", "samples": "metric samples"}
 
 
-class _Rejected(Exception):
-    """The bot answered 4xx: retrying the same data would not help (except after a fix of the token)."""
+class SpoolRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One line of the spool: exactly one of the three kinds of item."""
 
-    def __init__(self, code: int, detail: str) -> None:
-        super().__init__(f"HTTP {code}: {detail}")
-        self.code, self.detail = code, detail
+    event: Event | None = None
+    sample: Sample | None = None
+    action: ActionResult | None = None
+
+    @classmethod
+    def of(cls, item: Item) -> SpoolRecord:
+        if isinstance(item, Event):
+            return cls(event=item)
+        if isinstance(item, Sample):
+            return cls(sample=item)
+        return cls(action=item)
+
+    @property
+    def item(self) -> Item | None:
+        return self.event or self.sample or self.action
 
 
-_TAG: dict[type, bytes] = {Event: b"e", Sample: b"s", ActionResult: b"a"}
-_FIELD = {b"e": b"events", b"s": b"samples", b"a": b"actions"}
+class IngestAnswer(msgspec.Struct, kw_only=True):
+    commands: list[Command] = msgspec.field(default_factory=list)
 
 
 class Spool:
-    """Append-only JSONL files per priority under `directory`, bounded in bytes (high excepted)."""
+    """What the bot has not taken yet, on disk: `<run>@<device>.spool.jsonl` under `directory`
+    (names from `safenames.slug`, checked with `inside`), rewritten whole and atomically."""
 
-    def __init__(self, directory: str, stem: str, max_bytes: int) -> None:
+    def __init__(self, directory: str, run_id: str, device: str) -> None:
         self.directory = directory
-        self.max_bytes = max_bytes
         os.makedirs(directory, exist_ok=True)
-        self.paths = {k: os.path.join(directory, f"{stem}.{k}.jsonl") for k in KINDS}
-
-    def size(self, kind: str | None = None) -> int:
-        kinds = KINDS if kind is None else (kind,)
-        return sum(os.path.getsize(self.paths[k]) for k in kinds if os.path.exists(self.paths[k]))
-
-    def append(self, kind: str, items: list[bytes]) -> dict[str, int]:
-        """Write items (one JSON line each); returns what was dropped to stay in bounds."""
-        with open(self.paths[kind], "ab") as f:
-            for item in items:
-                f.write(item + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        dropped: dict[str, int] = {}
-        for victim in ("low", "mid"):  # high (ERRORs, action results) is never dropped
-            if self.size() <= self.max_bytes:
-                break
-            n = self.count(victim)
-            if n:
-                os.remove(self.paths[victim])
-                dropped[victim] = n
-        return dropped
-
-    def count(self, kind: str) -> int:
-        path = self.paths[kind]
-        if not os.path.exists(path):
-            return 0
-        with open(path, "rb") as f:
-            return sum(1 for _ in f)
-
-    def read(self, kind: str) -> list[bytes]:
-        path = self.paths[kind]
-        if not os.path.exists(path):
-            return []
-        with open(path, "rb") as f:
-            return [line.rstrip(b"\n") for line in f if line.strip()]
-
-    def clear(self, kind: str) -> None:
-        if os.path.exists(self.paths[kind]):
-            os.remove(self.paths[kind])
+        stem = f"{slug(run_id)}@{slug(device)}"  # '@' never occurs in a slug: no two jobs share a file
+        self.path = inside(directory, stem + ".spool.jsonl")
+        self.dead_path = inside(directory, stem + ".dead.jsonl")
+        self._legacy_stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{run_id}-{device}")
+        self.bad_lines = 0
 
     def empty(self) -> bool:
-        return self.size() == 0
+        try:
+            return os.path.getsize(self.path) == 0
+        except OSError:
+            return True
+
+    def load(self) -> list[Item]:
+        """The spooled items, oldest first; unreadable lines (a torn write, a disk fault) are counted
+        in `bad_lines` and skipped. Spools of earlier msmon versions are read too, then removed."""
+        items: list[Item] = []
+        for path, parse in [(self.path, self._record), *self._legacy()]:
+            try:
+                with open(path, "rb") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    items.append(parse(line))
+                except (msgspec.ValidationError, msgspec.DecodeError, ValueError, KeyError):
+                    self.bad_lines += 1
+            if path != self.path:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+        return items
+
+    @staticmethod
+    def _record(line: bytes) -> Item:
+        item = decode(line, SpoolRecord).item
+        if item is None:
+            raise ValueError("an empty spool record")
+        return item
+
+    def _legacy(self) -> list[tuple[str, Callable[[bytes], Item]]]:
+        kinds: dict[bytes, type[Event] | type[Sample] | type[ActionResult]] = {
+            b"e": Event, b"s": Sample, b"a": ActionResult}
+
+        def parse(line: bytes) -> Item:
+            return decode(line[1:], kinds[line[:1]])
+
+        paths = [os.path.join(self.directory, f"{self._legacy_stem}.{k}.jsonl") for k in ("high", "mid", "low")]
+        return [(p, parse) for p in paths if os.path.exists(p)]
+
+    def write(self, items: list[Item]) -> int:
+        """Replace the spool with `items` (none: remove it); returns the bytes written."""
+        if not items:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+            return 0
+        data = b"\n".join(encode(SpoolRecord.of(x)) for x in items) + b"\n"
+        tmp = self.path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        return len(data)
+
+    def dead_letter(self, entries: list[Entry]) -> None:
+        """Keep what the bot refuses on its own, for a person to look at (appended, never sent again)."""
+        with open(self.dead_path, "ab") as f:
+            for e in entries:
+                f.write(encode(SpoolRecord.of(e.item)) + b"\n")
+
+
+def check_url(url: str) -> str:
+    """The bot's base URL without a trailing slash, or ValueError saying what is wrong with it."""
+    bad = [c for c in url if c.isspace() or ord(c) < 32 or ord(c) == 127]
+    if bad:
+        raise ValueError(f"bot.url {url!r} contains {bad[0]!r}: a URL has no spaces or control characters")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"bot.url {url!r} is not an http:// or https:// URL with a host "
+                         "(e.g. http://msmon-bot:8080)")
+    try:
+        _ = parts.port
+    except ValueError as exc:
+        raise ValueError(f"bot.url {url!r}: {exc}") from None
+    return url.rstrip("/")
+
+
+def _public(url: str) -> str:
+    """The URL as it may be logged: no user:password."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+@dataclass
+class Reply:
+    """What one request came to: an answer (status, body, Retry-After) and its fault, if any."""
+
+    fault: Fault | None
+    status: int = 0
+    body: bytes = b""
+    retry_after: str | None = None
+    detail: str = ""
+
+
+def _fault_of(exc: BaseException) -> Fault:
+    if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
+        reason = exc.reason
+        if isinstance(reason, BaseException):
+            return _fault_of(reason)
+        return Fault.BAD_URL if "unknown url type" in str(reason) else Fault.UNREACHABLE
+    if isinstance(exc, TimeoutError):
+        return Fault.TIMEOUT
+    if isinstance(exc, http.client.IncompleteRead):
+        return Fault.TRUNCATED
+    if isinstance(exc, OSError):  # refused, reset, closed without a word, no route
+        return Fault.UNREACHABLE
+    if isinstance(exc, http.client.HTTPException):  # a status line or headers that are not HTTP
+        return Fault.NOT_HTTP
+    if isinstance(exc, ValueError):  # http.client.InvalidURL and kin
+        return Fault.BAD_URL
+    return Fault.BUG
+
+
+_ADVICE = {
+    Fault.UNREACHABLE: "is the bot running and is bot.url right?",
+    Fault.TIMEOUT: "the bot or the network is overloaded; delivery goes on when it answers",
+    Fault.NOT_HTTP: "something other than the msmon bot listens at bot.url (another service, a TLS port?)",
+    Fault.TRUNCATED: "the answer was cut short: a proxy or the network dropped the connection",
+    Fault.BAD_ANSWER: "a proxy or captive portal answered instead of the bot; check bot.url",
+    Fault.SERVER: "the bot failed; see its log",
+    Fault.RATE_LIMITED: "the bot asked the job to slow down",
+    Fault.AUTH: "check the job token (the environment variable named by bot.token_env)",
+    Fault.TOO_LARGE: "a batch was over the bot's byte limit; smaller batches are tried",
+    Fault.REJECTED: "the bot refused data as invalid; this is a bug, please report it",
+    Fault.BAD_URL: "fix bot.url",
+    Fault.BUG: "this is a bug in msmon, please report it",
+}
 
 
 class BotTransport:
@@ -112,46 +233,75 @@ class BotTransport:
         spool_dir: str = "./msmon_spool",
         spool_max_bytes: int = 64 << 20,
         max_queue: int = 10_000,
+        max_errors: int = 10_000,
         batch_max: int = 500,
+        batch_max_bytes: int = 1 << 20,
         flush_interval: float = 1.0,
         heartbeat_interval: float = 5.0,
         timeout: float = 5.0,
         backoff: tuple[float, float] = (0.5, 30.0),
+        probe_interval: float = 1.0,
         on_commands: Callable[[list[Command]], None] | None = None,
         poll_wait: float = 20.0,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.url = check_url(url)
+        self._public_url = _public(self.url)
         self.run_id, self.device = run_id, str(device)
         self._token = token
         self.project, self.labels = project, dict(labels or {})
-        self.max_queue, self.batch_max = max_queue, batch_max
-        self.flush_interval, self.heartbeat_interval = flush_interval, heartbeat_interval
-        self.timeout, self.backoff = timeout, backoff
+        self.heartbeat_interval, self.timeout, self.backoff = heartbeat_interval, timeout, backoff
         self.on_commands = on_commands
         self.poll_wait = poll_wait
         self._cursor = 0  # the bot's command sequence number this job has seen up to
-        self._clock = clock
-        self._q: dict[str, deque[Any]] = {k: deque() for k in KINDS}
-        self.dropped: dict[str, int] = {}
-        self.delivered = 0
+        self._clock, self._mono = clock, monotonic
         self.last_step: int | None = None
         self.paused = False
         self.total_steps: int | None = None  # the run's plan, sent with heartbeats (set by the Monitor)
         self.target_loss: float | None = None
-        self.connected: bool | None = None  # None until the first attempt
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{run_id}-{device}")
-        self.spool = Spool(spool_dir, safe, spool_max_bytes)
+        self._rng = rng or random.Random()
+        self.limits = Limits(max_queue=max_queue, max_bytes=spool_max_bytes, max_high=max_errors,
+                             batch_max=batch_max, batch_max_bytes=batch_max_bytes, flush_interval=flush_interval,
+                             backoff=backoff, probe_interval=probe_interval)
+        self._q = SendQueue(self.limits, self._rng)
+        self._lock = threading.Lock()  # the queue's; never held across I/O
+        self._changed = threading.Condition(self._lock)  # an answer came: flush() and close() wait on it
+        self._spool_lock = threading.Lock()  # one spool write at a time
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._lock = threading.Lock()  # one delivery at a time (sender thread, close())
+        self._closed = False
         self._complained: set[str] = set()
-        self._retry_after: float | None = None
+        self._unencodable = 0
+        self.spool = Spool(spool_dir, run_id, self.device)
+        self._restore()
         self._sender = threading.Thread(target=self._send_loop, name="msmon-sender", daemon=True)
         self._beater = threading.Thread(target=self._beat_loop, name="msmon-heartbeat", daemon=True)
+        self._poller: threading.Thread | None = None
         self._sender.start()
         self._beater.start()
-        self._poller: threading.Thread | None = None
+
+    # -- what tests and the status line read ----------------------------------------------------
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Items dropped since start, by class (errors, actions, resolutions, warnings, samples)."""
+        with self._lock:
+            return dict(self._q.dropped)
+
+    @property
+    def delivered(self) -> int:
+        return self._q.delivered
+
+    @property
+    def connected(self) -> bool | None:
+        return self._q.connected
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self._q.stats(), "dropped": dict(self._q.dropped), "dead": dict(self._q.dead),
+                    "refused": dict(self._q.refused), "connected": self._q.connected}
 
     def listen(self, on_commands: Callable[[list[Command]], None]) -> None:
         """Take chat commands: long-poll the bot for them from a thread of their own and hand each
@@ -161,273 +311,322 @@ class BotTransport:
             self._poller = threading.Thread(target=self._poll_loop, name="msmon-commands", daemon=True)
             self._poller.start()
 
-    # -- the training thread: O(1), never blocks, never raises ------------------------------
+    # -- the training thread: O(1), never blocks on the network, never raises --------------------
 
     def event(self, ev: Event) -> None:
-        high = ev.severity is Severity.ERROR and ev.status.value == "firing"
-        self._put("high" if high else "mid", ev)
-        if high:
-            self._wake.set()  # an ERROR goes out now, not at the next flush
+        self._put(ev)
 
     def sample(self, s: Sample) -> None:
-        self._put("low", s)
+        self._put(s)
 
     def action(self, r: ActionResult) -> None:
-        self._put("high", r)
-        self._wake.set()
+        self._put(r)
 
     def progress(self, step: int, paused: bool = False) -> None:
         self.last_step = step
         self.paused = paused
 
-    def _put(self, kind: str, item: Any) -> None:
-        q = self._q
-        if len(q["high"]) + len(q["mid"]) + len(q["low"]) >= self.max_queue:
-            victim = "low" if q["low"] else "mid" if q["mid"] and kind != "low" else None
-            if victim is None:
-                if kind != "high":
-                    self._count_drop(kind, 1)
-                    return
+    def _put(self, item: Item) -> None:
+        try:
+            size = len(encode(item))
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            self._unencodable += 1
+            self._complain("unencodable", f"msmon: run {self.run_id}: a {type(item).__name__} could not be encoded "
+                                          f"for the bot ({exc}) and is not sent; this is a bug, please report it")
+            return
+        with self._lock:
+            self._q.enqueue(item, self._mono(), size)
+            cap = self._q.cap_reached
+        if cap:
+            self._complain("cap", f"msmon: run {self.run_id}: {self.limits.max_high} ERROR events and action "
+                                  f"results are waiting for the bot at {self._public_url}; newer ones are dropped and "
+                                  "counted until it takes them. Is the bot down? (BotTransport max_errors)")
+        if classify(item)[1] is Tier.HIGH:
+            self._wake.set()  # an ERROR goes out now, not at the next flush (or at the next probe)
+
+    # -- the sender thread -----------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                wait = self._cycle()
+            except Exception:  # noqa: BLE001 - a bug must not end delivery: say so once, go on
+                if "sender-bug" not in self._complained:
+                    self._complained.add("sender-bug")
+                    log.exception("msmon: run %s: the sender hit a bug (please report it); it goes on", self.run_id)
+                wait = 1.0
+            if wait > 0:
+                self._wake.wait(wait)
+                self._wake.clear()
+
+    def _cycle(self) -> float:
+        """One step of the sender: send a due batch and apply its answer, or persist, or say how long
+        to sleep. Returns the seconds to wait before the next step (0: go on at once)."""
+        now = self._mono()
+        with self._lock:
+            if self._closed:
+                return 1.0
+            batch = self._q.take(now)
+            if batch is None:
+                due = self._q.next_due(now)
+                persist = self._q.persist_due(now)
+        if batch is None:
+            if persist:
+                self._persist()
+            idle = 1.0 if self._q.connected is False else self.limits.flush_interval
+            return min(idle, max(due - now, 0.01)) if due is not None else idle
+        reply = self._exchange("/v1/ingest", encode(self._envelope(batch)), self.timeout)
+        with self._changed:
+            if self._closed:
+                return 1.0
+            now = self._mono()
+            if reply.fault is None:
+                out = self._q.accepted(batch, now)
             else:
-                q[victim].popleft()
-                self._count_drop(victim, 1)
-        q[kind].append(item)
+                wait = retry_after(reply.retry_after, self._clock(), self.backoff[1])
+                out = self._q.failed(batch, now, reply.fault, wait)
+            self._changed.notify_all()
+            persist = self._q.persist_due(now)
+        self._report(batch, reply, out)
+        if reply.fault is None:
+            self._commands(self._ingest_commands(reply.body))
+        if persist:
+            self._persist()
+        return 0.0
 
-    def _count_drop(self, kind: str, n: int) -> None:
-        name = {"high": "errors", "mid": "warnings", "low": "samples"}[kind]
-        self.dropped[name] = self.dropped.get(name, 0) + n
-        if kind == "high":
-            log.error("msmon: run %s lost %d ERROR events or action results (see the log above for why)",
-                      self.run_id, n)
-
-    # -- delivery -------------------------------------------------------------------------------
-
-    def _take(self) -> dict[str, list[Any]]:
-        batch: dict[str, list[Any]] = {k: [] for k in KINDS}
-        room = self.batch_max
-        for k in KINDS:
-            q = self._q[k]
-            while q and room:
-                batch[k].append(q.popleft())
-                room -= 1
-        return batch
-
-    def _envelope(self, batch: dict[str, list[Any]], heartbeat: bool = False) -> Envelope:
-        # Sent by priority, but listed in the order they happened: the bot's inhibit stage must see a
-        # WARNING that came first before the ERROR that followed it.
-        events = sorted((x for x in batch["high"] + batch["mid"] if isinstance(x, Event)), key=lambda e: e.step)
-        actions = [x for x in batch["high"] if isinstance(x, ActionResult)]
+    def _envelope(self, batch: Batch) -> Envelope:
         env = Envelope(run_id=self.run_id, device=self.device, sent_at=self._clock(), project=self.project,
-                       labels=self.labels, events=events, samples=list(batch["low"]), actions=actions,
-                       dropped=dict(self.dropped))
-        if heartbeat:
-            env.heartbeats.append(self._heartbeat())
+                       labels=self.labels, dropped=dict(batch.dropped))
+        for e in batch.entries:
+            if isinstance(e.item, Event):
+                env.events.append(e.item)
+            elif isinstance(e.item, Sample):
+                env.samples.append(e.item)
+            else:
+                env.actions.append(e.item)
         return env
 
-    def _heartbeat(self) -> Heartbeat:
-        return Heartbeat(run_id=self.run_id, device=self.device, time=self._clock(), step=self.last_step,
-                         paused=self.paused, host=socket.gethostname(), pid=os.getpid(),
-                         total_steps=self.total_steps, target_loss=self.target_loss)
-
-    def _post(self, path: str, body: bytes, timeout: float | None = None) -> dict[str, Any]:
-        req = urllib.request.Request(self.url + path, data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        if self._token:
-            req.add_header("Authorization", f"Bearer {self._token}")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:  # noqa: S310 - configured URL
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode("utf-8", "replace")
-            if exc.code == 429 or exc.code >= 500:
-                retry = exc.headers.get("Retry-After")
-                raise ConnectionError(f"HTTP {exc.code} {detail}", float(retry) if retry else None) from None
-            raise _Rejected(exc.code, detail) from None
-        try:
-            answer = json.loads(raw) if raw else {}
-        except ValueError:
-            answer = {}
-        return answer if isinstance(answer, dict) else {}
-
-    def _deliver(self, env: Envelope) -> None:
-        answer = self._post("/v1/ingest", encode(env))
-        for name, n in env.dropped.items():  # reported: start counting afresh
-            left = self.dropped.get(name, 0) - n
-            if left > 0:
-                self.dropped[name] = left
+    def _report(self, batch: Batch, reply: Reply, out: Outcome) -> None:
+        """Log what an answer means for the person on call: each kind of fault once, recovery, drops."""
+        if out.fault is not None and out.first_of_kind:
+            what = f"HTTP {reply.status}" if reply.status else out.fault.value
+            if out.fault is Fault.AUTH:
+                log.error("msmon: the bot at %s refused run %s: %s %s. %s; data is kept in %s until it is accepted",
+                          self._public_url, self.run_id, what, reply.detail, _ADVICE[out.fault], self.spool.directory)
+            elif out.fault.refuses_data:
+                log.error("msmon: the bot at %s refused a batch of run %s device %s (%s %s): %s",
+                          self._public_url, self.run_id, self.device, what, reply.detail, _ADVICE[out.fault])
             else:
-                self.dropped.pop(name, None)
-        if env.dropped:
+                log.warning("msmon: cannot reach the bot at %s (%s: %s); run %s keeps training, retries with backoff "
+                            "and spools to %s. %s", self._public_url, what, reply.detail, self.run_id,
+                            self.spool.directory, _ADVICE[out.fault])
+        if out.dead:
+            self._write_dead(out.dead)
+            kinds = ", ".join(f"{n} {_NAMES[k]}" for k, n in self._q.dead.items())
+            self._complain(f"dead-{out.dead[0].cls}", f"msmon: the bot at {self._public_url} refuses some data of run "
+                           f"{self.run_id} ({reply.detail}); so far {kinds}; kept in {self.spool.dead_path}. "
+                           f"{_ADVICE[Fault.REJECTED]}")
+        if out.recovered:
+            log.info("msmon: delivering run %s to the bot at %s again", self.run_id, self._public_url)
+        if out.reported:
             log.warning("msmon: run %s device %s: the bot is reachable again; %s were dropped while it was not",
-                        self.run_id, self.device, ", ".join(f"{n} {k}" for k, n in env.dropped.items()))
-        self.delivered += len(env.events) + len(env.samples) + len(env.actions)
-        self._commands(answer.get("commands"))
+                        self.run_id, self.device, ", ".join(f"{n} {_NAMES.get(k, k)}" for k, n in out.reported.items()))
 
-    def _commands(self, raw: Any) -> None:
-        """Hand commands from the bot (a poll's or an ingest's answer) to the job; duplicates are
-        expected (at-least-once delivery) and dropped by id where they are applied."""
-        if not raw or self.on_commands is None:
-            return
+    def _write_dead(self, entries: list[Entry]) -> None:
         try:
-            cmds = msgspec.convert(raw, list[Command])
-        except msgspec.ValidationError as exc:
+            self.spool.dead_letter(entries)
+        except (OSError, TypeError, ValueError, msgspec.EncodeError) as exc:
+            self._complain("dead-write", f"msmon: cannot write dead letters to {self.spool.dead_path}: {exc}")
+
+    def _persist(self) -> None:
+        """Rewrite the spool from the queue's snapshot (at most one writer; the queue is not held)."""
+        with self._spool_lock:
+            with self._lock:
+                items = self._q.snapshot()
+            try:
+                self.spool.write(items)
+            except (OSError, TypeError, ValueError, msgspec.EncodeError) as exc:
+                self._complain("spool", f"msmon: run {self.run_id}: cannot write the spool {self.spool.path} ({exc}); "
+                                        "undelivered data is only in memory. Check the disk and bot.spool_dir")
+                return
+            with self._lock:
+                self._q.persisted(self._mono(), len(items))
+
+    def _restore(self) -> None:
+        items = self.spool.load()
+        if self.spool.bad_lines:
+            log.warning("msmon: run %s: %d unreadable lines in the spool %s were skipped", self.run_id,
+                        self.spool.bad_lines, self.spool.path)
+        if not items:
+            return
+        sized = []
+        for item in items:
+            with contextlib.suppress(TypeError, ValueError, msgspec.EncodeError):
+                sized.append((item, len(encode(item))))
+        with self._lock:
+            self._q.restore(sized, self._mono())
+        log.info("msmon: run %s: %d items spooled by an earlier start go to the bot first", self.run_id, len(sized))
+
+    # -- HTTP: every outcome is a Reply, nothing raises ---------------------------------------------
+
+    def _exchange(self, path: str, body: bytes, timeout: float) -> Reply:
+        try:
+            req = urllib.request.Request(self.url + path, data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            if self._token:
+                req.add_header("Authorization", f"Bearer {self._token}")
+            try:
+                with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - checked http(s) URL
+                    status, raw = resp.status, resp.read()
+                    after = resp.headers.get("Retry-After")
+            except urllib.error.HTTPError as exc:
+                status, after = exc.code, exc.headers.get("Retry-After") if exc.headers else None
+                try:
+                    raw = exc.read()[:300]
+                except Exception:  # noqa: BLE001 - the error page itself is broken: the status is enough
+                    raw = b""
+        except Exception as exc:  # noqa: BLE001 - whatever the network or the peer did, it is a Fault
+            return Reply(_fault_of(exc), detail=f"{type(exc).__name__}: {exc}"[:300])
+        fault = judge(status, raw)
+        detail = "" if fault is None else raw[:200].decode("utf-8", "replace").strip()
+        return Reply(fault, status, raw, after, detail)
+
+    def _ingest_commands(self, body: bytes) -> list[Command]:
+        try:
+            return decode(body, IngestAnswer).commands
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             self._complain("bad-commands", f"msmon: run {self.run_id}: the bot sent commands this notifier cannot "
                                            f"read ({exc}); is the bot newer than the job's msmon? Commands ignored.")
+            return []
+
+    def _commands(self, cmds: list[Command]) -> None:
+        """Hand commands from the bot (a poll's or an ingest's answer) to the job; duplicates are
+        expected (at-least-once delivery) and dropped by id where they are applied."""
+        if not cmds or self.on_commands is None:
             return
         try:
             self.on_commands(cmds)
         except Exception:  # noqa: BLE001 - the job's handler must not end the thread
             log.exception("msmon: on_commands hook failed")
 
-    def _poll_loop(self) -> None:
-        """Long-polls the bot for chat commands to this run (at-least-once: the cursor only moves
-        once an answer arrived)."""
-        delay = self.backoff[0]
-        while not self._stop.is_set():
-            poll = Poll(run_id=self.run_id, device=self.device, after=self._cursor, wait=self.poll_wait)
-            try:
-                answer = self._post("/v1/commands/poll", encode(poll), timeout=self.poll_wait + 10.0)
-            except _Rejected as exc:
-                self._complain("poll-rejected", f"msmon: run {self.run_id}: the bot refused the command poll "
-                                                f"(HTTP {exc.code}: {exc.detail}); chat commands will not reach "
-                                                "this job. Check the job's token and the bot's version.")
-                self._stop.wait(60.0)
-                continue
-            except Exception:  # noqa: BLE001 - unreachable: try again later, as the sender does
-                self._stop.wait(delay * (0.5 + random.random()))
-                delay = min(delay * 2.0, self.backoff[1])
-                continue
-            delay = self.backoff[0]
-            cursor = answer.get("cursor")
-            if isinstance(cursor, int):
-                self._cursor = max(self._cursor, cursor)
-            self._commands(answer.get("commands"))
-
-    def _drain_spool(self) -> None:
-        """Deliver what was spooled, most important first; stops at the first failure. Items keep
-        their wire encoding on disk (a type tag, then the item's JSON) and are sent as envelopes."""
-        for kind in KINDS:
-            lines = self.spool.read(kind)
-            if not lines:
-                continue
-            for i in range(0, len(lines), self.batch_max):
-                chunk = lines[i:i + self.batch_max]
-                parts: dict[bytes, list[bytes]] = {b"events": [], b"samples": [], b"actions": []}
-                for line in chunk:
-                    field = _FIELD.get(line[:1])
-                    if field is not None:
-                        parts[field].append(line[1:])
-                head = encode(Envelope(run_id=self.run_id, device=self.device, sent_at=self._clock(),
-                                       project=self.project, labels=self.labels))[:-1]
-                body = head + b"".join(b',"%s":[%s]' % (f, b",".join(v)) for f, v in parts.items() if v) + b"}"
-                try:
-                    self._post("/v1/ingest", body)
-                except _Rejected as exc:
-                    if exc.code in (401, 403):
-                        raise
-                    self._complain(f"bad-{kind}", f"msmon: the bot refused {len(chunk)} spooled {_NAMES[kind]} of "
-                                   f"run {self.run_id} as invalid ({exc}); they are dropped")
-                    self._count_drop(kind, len(chunk))
-                self.delivered += len(chunk)
-            self.spool.clear(kind)
-
-    def _spool_batch(self, batch: dict[str, list[Any]]) -> None:
-        for kind in KINDS:
-            items = batch[kind]
-            if items:
-                lost = self.spool.append(kind, [_TAG[type(x)] + encode(x) for x in items])
-                for k, n in lost.items():
-                    self._count_drop(k, n)
-
-    def _once(self, heartbeat: bool = False) -> bool:
-        """One delivery attempt of the spool and the queues; False if the bot was unreachable."""
-        with self._lock:
-            batch = self._take()
-            try:
-                if not self.spool.empty():
-                    self._drain_spool()
-                env = self._envelope(batch, heartbeat)
-                if env.events or env.samples or env.actions or env.heartbeats or env.dropped:
-                    self._deliver(env)
-                    while any(self._q.values()):
-                        self._deliver(self._envelope(self._take()))
-            except _Rejected as exc:
-                if exc.code in (401, 403):
-                    self._complain("auth", f"msmon: the bot at {self.url} refused run {self.run_id}: {exc}. Check the "
-                                   "job token (the environment variable named by bot.token_env); data is kept in "
-                                   f"{self.spool.directory} until it is accepted")
-                    self._spool_batch(batch)
-                    self.connected = False
-                    self._retry_after = None
-                    return False
-                self._complain("invalid", f"msmon: the bot at {self.url} refused a batch from run {self.run_id} as "
-                               f"invalid ({exc}); it is dropped. This is a bug: please report it")
-                for kind in KINDS:
-                    if batch[kind]:
-                        self._count_drop(kind, len(batch[kind]))
-                return True
-            except (OSError, ConnectionError) as exc:
-                retry_after = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], float) else None
-                self._spool_batch(batch)
-                if self.connected is not False:
-                    log.warning("msmon: cannot reach the bot at %s (%s); run %s keeps training and spools to %s",
-                                self.url, exc.args[0] if exc.args else exc, self.run_id, self.spool.directory)
-                self.connected = False
-                self._retry_after = retry_after
-                return False
-        if self.connected is False:
-            log.info("msmon: delivering to the bot at %s again", self.url)
-        self.connected = True
-        return True
-
     def _complain(self, key: str, message: str) -> None:
         if key not in self._complained:
             self._complained.add(key)
             log.error("%s", message)
 
-    def _send_loop(self) -> None:
-        delay = self.backoff[0]
-        while not self._stop.is_set():
-            self._wake.wait(self.flush_interval)
-            self._wake.clear()
-            if self._stop.is_set():
-                break
-            if not any(self._q.values()) and self.spool.empty() and not self.dropped:
-                continue
-            if self._once():
-                delay = self.backoff[0]
-                continue
-            wait = self._retry_after if self._retry_after is not None else delay * (0.5 + random.random())
-            delay = min(delay * 2.0, self.backoff[1])
-            self._stop.wait(wait)
+    def _note(self, thread: str, reply: Reply) -> None:
+        """A heartbeat or poll fault: logged once per kind, at WARNING (the sender says the rest)."""
+        assert reply.fault is not None
+        key = f"{thread}-{reply.fault.value}"
+        if key not in self._complained:
+            self._complained.add(key)
+            what = f"HTTP {reply.status}" if reply.status else reply.fault.value
+            log.warning("msmon: run %s: the %s to %s failed (%s: %s); it goes on. %s", self.run_id, thread,
+                        self._public_url, what, reply.detail, _ADVICE[reply.fault])
+
+    # -- the heartbeat and command threads ----------------------------------------------------------
+
+    def _heartbeat(self) -> Heartbeat:
+        return Heartbeat(run_id=self.run_id, device=self.device, time=self._clock(), step=self.last_step,
+                         paused=self.paused, host=socket.gethostname(), pid=os.getpid(),
+                         total_steps=self.total_steps, target_loss=self.target_loss)
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
-            with contextlib.suppress(Exception):  # a missed heartbeat is what the bot watches for
-                self._post("/v1/heartbeat", encode(self._heartbeat()))
+            try:
+                reply = self._exchange("/v1/heartbeat", encode(self._heartbeat()), min(self.timeout,
+                                                                                       self.heartbeat_interval))
+                if reply.fault is not None:
+                    self._note("heartbeat", reply)  # a missed heartbeat is what the bot watches for
+            except Exception:  # noqa: BLE001 - a bug must not end the heartbeats
+                self._complain("heartbeat-bug", "msmon: the heartbeat thread hit a bug (please report it); it goes on")
+
+    def _poll_loop(self) -> None:
+        """Long-polls the bot for chat commands to this run (at-least-once: the cursor only moves
+        once an answer arrived)."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                wait = self._poll_once()
+            except Exception:  # noqa: BLE001 - a bug must not end the command poll
+                self._complain("poll-bug", "msmon: the command poll hit a bug (please report it); it goes on")
+                wait = None
+            if wait == 0.0:
+                failures = 0
+                continue
+            failures += 1
+            lo, hi = self.backoff
+            delay = min(hi, lo * 2.0 ** min(failures - 1, 64)) * (0.5 + self._rng.random())
+            self._stop.wait(min(wait if wait is not None else delay, hi * 2))
+
+    def _poll_once(self) -> float | None:
+        """One long poll; 0.0 when it worked, else the seconds to wait (None: the usual backoff)."""
+        poll = Poll(run_id=self.run_id, device=self.device, after=self._cursor, wait=self.poll_wait)
+        reply = self._exchange("/v1/commands/poll", encode(poll), self.poll_wait + 10.0)
+        if reply.fault is not None:
+            if reply.fault in (Fault.AUTH, Fault.REJECTED):
+                self._complain("poll-rejected", f"msmon: run {self.run_id}: the bot refused the command poll "
+                                                f"(HTTP {reply.status}: {reply.detail}); chat commands will not "
+                                                "reach this job. Check the job's token and the bot's version.")
+                return 60.0
+            self._note("command poll", reply)
+            return retry_after(reply.retry_after, self._clock(), self.backoff[1])
+        try:
+            answer = decode(reply.body, PollAnswer)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            self._complain("bad-poll", f"msmon: run {self.run_id}: the bot's answer to the command poll cannot be "
+                                       f"read ({exc}); is the bot newer than the job's msmon? Commands ignored.")
+            return None
+        self._cursor = max(self._cursor, answer.cursor)
+        self._commands(answer.commands)
+        return 0.0
+
+    # -- the end --------------------------------------------------------------------------------
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Try to deliver everything now (from the calling thread); True if all went out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._once() and not any(self._q.values()) and self.spool.empty():
-                return True
-            time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
-        return False
+        """Deliver everything now (the sender does, this waits); True if all went out in time."""
+        deadline = self._mono() + max(timeout, 0.0)
+        with self._changed:
+            self._q.hurry(self._mono())
+            self._wake.set()
+            while self._q.pending() or self._q.unreported():
+                left = deadline - self._mono()
+                if left <= 0 or self._closed:
+                    return False
+                self._changed.wait(min(left, 0.05))
+                self._q.hurry(self._mono())
+                self._wake.set()
+        return True
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the threads; deliver what is left, or keep it in the spool for the next start."""
-        ok = self.flush(timeout)
+        """Deliver what is left within `timeout` seconds, or keep it in the spool for the next start;
+        returns in time even when the bot hangs (a request in flight is left to its daemon thread)."""
+        start = self._mono()
+        margin = min(0.25, timeout / 4)
+        ok = self.flush(max(timeout - margin, 0.0))
+        with self._lock:
+            self._closed = True
         self._stop.set()
         self._wake.set()
-        self._sender.join(timeout=timeout)
-        self._beater.join(timeout=1.0)
-        if not ok:
+
+        def left() -> float:
+            return max(timeout - margin / 2 - (self._mono() - start), 0.0)
+
+        self._sender.join(timeout=left())
+        self._beater.join(timeout=min(left(), 1.0))
+        with self._spool_lock:
             with self._lock:
-                self._spool_batch(self._take())
-            log.warning("msmon: run %s: the bot was not reachable at exit; undelivered data stays in %s and "
-                        "goes out when a job with the same run id and device starts again", self.run_id,
-                        self.spool.directory)
+                items = self._q.snapshot()
+            try:
+                self.spool.write(items)
+            except (OSError, TypeError, ValueError, msgspec.EncodeError) as exc:
+                log.error("msmon: run %s: cannot write the spool %s at exit (%s); %d undelivered items are lost",
+                          self.run_id, self.spool.path, exc, len(items))
+                return
+        if not ok or items:
+            log.warning("msmon: run %s: the bot at %s did not take everything before exit; %d items stay in %s and "
+                        "go out when a job with the same run id and device starts again", self.run_id,
+                        self._public_url, len(items), self.spool.path)
 
 
-__all__ = ["BotTransport", "Spool"]
+__all__ = ["BotTransport", "Reply", "Spool", "SpoolRecord", "check_url"]

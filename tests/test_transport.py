@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 
 import pytest
 
-from notifier.transport import BotTransport
+from notifier.transport import BotTransport, SpoolRecord
 from notifier.wire import ActionResult, Envelope, Event, Sample, Severity, Status, decode, encode
+from tests.helpers import wait_for
 from tests.recording_bot import RecordingBot
+from tests.test_transport_chaos import FAULTS, FaultyBot
 
 
 def ev(step: int, sev: Severity = Severity.ERROR, value: float = 1.0) -> Event:
@@ -173,3 +176,118 @@ def test_commands_in_the_answer_reach_the_job(bot, tmp_path):
     t.event(ev(1))
     assert bot.wait_for(lambda: [(c.id, c.action, c.apply_step) for c in got] == [("c1", "pause", 5)])
     t.close()
+
+
+# -- delivery you can trust: each of these failed on the transport before sendq ----------------------
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_the_sender_survives_each_broken_answer_and_logs_it_once(tmp_path, fault, caplog):
+    """Each broken reply three times, then proper answers: the ERROR arrives once, the sender lives,
+    and what was wrong is logged once (not per retry)."""
+    peer = FaultyBot([fault] * 3, hang_s=0.8)
+    try:
+        with caplog.at_level(logging.WARNING, logger="msmon"):
+            t = BotTransport(peer.url, "run-1", "0", token="t", spool_dir=str(tmp_path / "spool"),
+                             flush_interval=0.05, heartbeat_interval=60.0, timeout=0.5, backoff=(0.05, 0.2))
+            t.event(ev(1))
+            assert wait_for(lambda: peer.errors(), timeout=15)
+            time.sleep(0.2)
+            assert t._sender.is_alive()
+            t.close()
+        assert [e.step for e in peer.errors()] == [1]
+        assert [r for _, r in peer.requests if r != "ok"] == [fault] * 3
+        faults = [r for r in caplog.records if r.levelno >= logging.WARNING and "reachable again" not in r.message]
+        assert len(faults) == 1, [r.message for r in faults]
+    finally:
+        peer.stop()
+
+
+def test_1200_items_with_failing_posts_after_the_first_arrive_once_each(tmp_path):
+    """1,200 items queued, a first POST accepted and the next ones failing: an item leaves the queue
+    only when the bot took it, so nothing vanishes and nothing comes twice."""
+    peer = FaultyBot(["gate", "ok", "500-html", "500-html", "500-html"])
+    try:
+        t = BotTransport(peer.url, "run-1", "0", token="t", spool_dir=str(tmp_path / "spool"),
+                         flush_interval=0.05, heartbeat_interval=60.0, timeout=2.0, backoff=(0.05, 0.2))
+        t.event(ev(0))
+        assert wait_for(lambda: peer.requests)  # the first POST waits at the gate ...
+        for i in range(1, 1200):  # ... while 1,199 more are queued
+            t.event(ev(i, Severity.ERROR if i % 3 == 0 else Severity.WARNING))
+        peer.gate.set()
+        assert wait_for(lambda: len(peer.events()) >= 1200, timeout=15)
+        time.sleep(0.2)
+        t.close()
+        steps = [e.step for e in peer.events()]
+        assert steps == list(range(1200))  # each once, in order
+        assert t.dropped == {}
+    finally:
+        peer.stop()
+
+
+def test_episodes_keep_their_order_across_an_outage(bot, tmp_path):
+    """Firing and resolved events of several alerts, through an outage with a spool too small for all:
+    each alert's events arrive in the order raised, and no resolution is lost while its firing arrives."""
+    bot.stop()
+    t = transport(bot, tmp_path, spool_max_bytes=30_000)
+    raised = []
+    for i in range(300):
+        t.sample(sample(i))
+        if i % 10 == 0:
+            rule = f"r{i % 40}"
+            sev = Severity.ERROR if i % 20 == 0 else Severity.WARNING
+            for status in (Status.FIRING, Status.RESOLVED):
+                e = Event(run_id="run-1", device="0", step=i, time=float(i), rule=rule, severity=sev,
+                          status=status, value=1.0, threshold=1.0, message="m")
+                t.event(e)
+                raised.append((rule, i, status))
+    assert wait_for(lambda: not t.spool.empty(), timeout=5)
+    bot.start()
+    assert wait_for(lambda: sum(e.severity is Severity.ERROR for e in bot.events()) == 30, timeout=15)
+    t.close()
+    got = [(e.rule, e.step, e.status) for e in bot.events()]
+    assert got == [x for x in raised if x in set(got)]  # order kept
+    for rule, step, status in got:
+        if status is Status.FIRING:
+            assert (rule, step, Status.RESOLVED) in got  # a kept firing keeps its resolution
+    assert all(x in got for x in raised if x[0] in ("r0", "r20"))  # ERROR episodes: all of them
+
+
+def test_close_returns_within_its_timeout_against_a_hanging_bot(bot, tmp_path):
+    bot.mode = "hang"
+    t = transport(bot, tmp_path, timeout=5.0)
+    t.event(ev(1))
+    time.sleep(0.2)  # the first POST hangs
+    t0 = time.monotonic()
+    t.close(timeout=1.0)
+    took = time.monotonic() - t0
+    print(f"\nclose() against a hanging bot: {took:.2f} s (timeout 1.0 s)")
+    assert took < 1.3
+    assert not t.spool.empty()  # the ERROR waits on disk for the next start
+    bot.mode = "ok"
+    bot.hang.set()
+
+
+@pytest.mark.parametrize("url", ["http://bot host:8080", "ftp://bot:21", "bot:8080", "http://", "http://b\x00t"])
+def test_an_unusable_url_is_refused_at_construction(tmp_path, url):
+    with pytest.raises(ValueError, match="bot.url"):
+        BotTransport(url, "run-1", "0", spool_dir=str(tmp_path / "spool"))
+
+
+def test_spool_files_are_named_safely_and_distinctly(bot, tmp_path):
+    bot.stop()
+    spool = tmp_path / "spool"
+    ts = [BotTransport(bot.url, run, dev, spool_dir=str(spool), flush_interval=0.05, heartbeat_interval=60.0,
+                       backoff=(0.05, 0.1)) for run, dev in [("../../escape", "0"), ("a/b", "0"), ("a_b", "0")]]
+    for t in ts:
+        t.event(ev(1))
+    for t in ts:
+        t.close(timeout=0.3)
+    paths = {t.spool.path for t in ts}
+    assert len(paths) == 3
+    assert all(os.path.dirname(p) == os.path.realpath(spool) for p in paths)
+    assert not (tmp_path.parent / "escape").exists() and not any(tmp_path.parent.glob("escape*"))
+    for p in paths:  # one wire-codec record a line, no hand-built JSON
+        for line in open(p, "rb"):
+            rec = decode(line, SpoolRecord)
+            assert rec.event is not None and rec.event.step == 1

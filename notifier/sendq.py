@@ -1,0 +1,487 @@
+"""The job's send queue as a pure state machine: what waits, what goes in the next batch, what is in
+flight, what an answer does, when to try again, what a full queue drops, and what the spool holds.
+
+No threads, sockets, files or clock in here: the edge (`notifier.transport`) calls it under one lock
+with `now` from its clock and does the I/O it asks for. Every rule below is a unit test away.
+
+Items and their classes (the names the envelope's `dropped` counts use):
+
+| item                          | class         | tier | bounded by                              |
+|-------------------------------|---------------|------|-----------------------------------------|
+| ERROR event, firing           | `errors`      | high | `max_high` (refused and reported there) |
+| action result                 | `actions`     | high | `max_high`                              |
+| ERROR event, resolved         | `resolutions` | high | never dropped (one per firing)          |
+| WARNING event, firing         | `warnings`    | mid  | `max_queue` items / `max_bytes`          |
+| WARNING event, resolved       | `resolutions` | mid  | same, dropped only after every firing   |
+| metric sample                 | `samples`     | low  | same, dropped first                     |
+
+Guarantees (tests/test_sendq.py checks them for any sequence of inputs):
+
+* an item leaves the queue only when the bot accepted it (`accepted`), or as a counted drop, or as a
+  dead letter the bot refused on its own (never for a fault of the network or of the answer);
+* an item is in at most one batch at a time, so one process never delivers it twice;
+* events go out in the order they were queued (one run's episodes keep firing -> resolved order),
+  across failures, partial acceptance and a restart from the spool;
+* a high item the queue took is never dropped; a resolution is never dropped while a firing event
+  of the same alert is still queued;
+* every drop is counted by class and reported in the next accepted envelope.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import math
+import random
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from .wire import ActionResult, Event, Sample, Severity, Status
+
+Item = Event | Sample | ActionResult
+
+
+class Tier(enum.IntEnum):
+    LOW = 0
+    MID = 1
+    HIGH = 2
+
+
+def classify(item: Item) -> tuple[str, Tier]:
+    """The drop class and tier of an item (see the table in the module docstring)."""
+    if isinstance(item, Sample):
+        return "samples", Tier.LOW
+    if isinstance(item, ActionResult):
+        return "actions", Tier.HIGH
+    tier = Tier.HIGH if item.severity is Severity.ERROR else Tier.MID
+    if item.status is Status.RESOLVED:
+        return "resolutions", tier
+    return ("errors" if tier is Tier.HIGH else "warnings"), tier
+
+
+class Fault(str, enum.Enum):
+    """What went wrong with one request, as far as the job can tell."""
+
+    UNREACHABLE = "unreachable"  # refused, reset, DNS, no route
+    TIMEOUT = "timeout"  # no answer within the timeout
+    NOT_HTTP = "not-http"  # the peer answered something that is not HTTP
+    TRUNCATED = "truncated"  # the answer's body ended early
+    BAD_ANSWER = "bad-answer"  # 2xx, but not the bot's JSON object: a proxy, a captive portal
+    SERVER = "server-error"  # 5xx
+    RATE_LIMITED = "rate-limited"  # 429
+    AUTH = "auth"  # 401 / 403: the job's token
+    TOO_LARGE = "too-large"  # 413: the batch is over the bot's byte limit
+    REJECTED = "rejected"  # any other 4xx: the bot refuses the data itself
+    BAD_URL = "bad-url"  # the configured URL cannot be used
+    BUG = "bug"  # anything else: contained, retried
+
+    @property
+    def refuses_data(self) -> bool:
+        """The bot looked at this batch and will not take it: retrying it whole cannot help."""
+        return self in (Fault.TOO_LARGE, Fault.REJECTED)
+
+
+def judge(status: int, body: bytes) -> Fault | None:
+    """The fault in a complete HTTP answer, or None when the bot accepted the request."""
+    if 200 <= status < 300:
+        try:
+            answer = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            return Fault.BAD_ANSWER
+        return None if isinstance(answer, dict) else Fault.BAD_ANSWER
+    if status in (401, 403):
+        return Fault.AUTH
+    if status == 413:
+        return Fault.TOO_LARGE
+    if status == 429:
+        return Fault.RATE_LIMITED
+    if 400 <= status < 500:
+        return Fault.REJECTED
+    return Fault.SERVER  # 5xx, and 1xx/3xx the client did not follow: try again later
+
+
+def retry_after(value: str | None, now: float, cap: float) -> float | None:
+    """Seconds to wait from a Retry-After header: delta seconds or an HTTP date, bounded to [0, cap];
+    None when absent or unreadable (then the usual backoff applies)."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - now
+    if math.isnan(seconds):
+        return None
+    return min(max(seconds, 0.0), cap)
+
+
+@dataclass(eq=False)
+class Entry:
+    seq: int
+    item: Item
+    cls: str
+    tier: Tier
+    size: int
+    since: float  # when it was queued (the edge's clock)
+    in_flight: bool = False
+
+    @property
+    def key(self) -> tuple[str, str, str] | None:
+        """The alert an event belongs to (None for samples and action results)."""
+        return self.item.fingerprint if isinstance(self.item, Event) else None
+
+
+@dataclass(eq=False)
+class Batch:
+    """One request's worth of entries: action results, then events, then samples, each in queue order."""
+
+    id: int
+    entries: list[Entry]
+    dropped: dict[str, int]  # the drop counts this envelope reports
+    probe: bool = False
+
+    @property
+    def items(self) -> list[Item]:
+        return [e.item for e in self.entries]
+
+
+@dataclass
+class Outcome:
+    """What an answer changed, for the edge to log and act on."""
+
+    delivered: int = 0
+    dead: list[Entry] = field(default_factory=list)  # refused by the bot on their own: dead letters
+    fault: Fault | None = None
+    first_of_kind: bool = False  # log this fault: the first time this kind happened
+    recovered: bool = False  # the first accepted request after a failure
+    reported: dict[str, int] = field(default_factory=dict)  # drop counts the bot now knows
+    delay: float = 0.0  # seconds until the next attempt
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_queue: int = 10_000  # mid + low items held
+    max_bytes: int = 64 << 20  # mid + low encoded bytes held (what the spool may take)
+    max_high: int = 10_000  # ERROR firings and action results held; reported when reached
+    batch_max: int = 500
+    batch_max_bytes: int = 1 << 20  # the bot takes 4 MiB by default
+    flush_interval: float = 1.0  # low and mid items wait at most this long for company
+    backoff: tuple[float, float] = (0.5, 30.0)
+    probe_interval: float = 1.0  # while the bot is down, high items are tried this often
+    probe_max: int = 20  # entries in a probe batch
+    persist_interval: float = 1.0  # the spool is rewritten at most this often
+
+
+_STREAMS = ("actions", "events", "samples")  # a batch lists them in this order
+
+
+def _stream(item: Item) -> str:
+    if isinstance(item, Event):
+        return "events"
+    return "samples" if isinstance(item, Sample) else "actions"
+
+
+class SendQueue:
+    """The pure state machine. Not thread-safe: the edge calls it under one lock.
+
+    Entries wait in three streams (action results, events, samples), each oldest first. A batch takes
+    from the front of each; a failed or partly accepted batch puts what is left back at the front, so
+    the order in which things were queued is the order in which they reach the bot.
+    """
+
+    def __init__(self, limits: Limits | None = None, rng: random.Random | None = None) -> None:
+        self.limits = limits or Limits()
+        self._rng = rng or random.Random()
+        self._free: dict[str, OrderedDict[int, Entry]] = {s: OrderedDict() for s in _STREAMS}
+        # eviction pools, oldest first, of free (not in flight) mid entries
+        self._pool: dict[str, OrderedDict[int, Entry]] = {"warnings": OrderedDict(), "resolutions": OrderedDict()}
+        self._seq = 0
+        self._batch_id = 0
+        self._in_flight: Batch | None = None
+        self._firing: dict[tuple[str, str, str], int] = {}  # queued firing events per alert
+        self._held = {Tier.LOW: 0, Tier.MID: 0, Tier.HIGH: 0}
+        self._held_bytes = 0  # mid + low
+        self._unreported: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}  # every drop since start, by class
+        self.refused: dict[str, int] = {}  # high items refused at the max_high cap, by class
+        self.dead: dict[str, int] = {}  # dead letters, by class
+        self.delivered = 0
+        self.connected: bool | None = None  # None: nothing tried yet
+        self._failures = 0
+        self._not_before = 0.0  # no attempt before this
+        self._backoff_until = 0.0  # the end of the backoff proper (probes for high items may come sooner)
+        self._limit: int | None = None  # a shrunken batch size while isolating a refused item
+        self._faults_seen: set[Fault] = set()
+        self._hurry = False
+        self._dirty = False
+        self._spooled = False  # the spool holds records (of this or an earlier process)
+        self._next_persist = 0.0
+        self.cap_reached = False  # max_high was hit (the edge reports it)
+
+    # -- the job's side -----------------------------------------------------------------------
+
+    def enqueue(self, item: Item, now: float, size: int) -> bool:
+        """Queue an item (size: its encoded bytes). False when it was refused or dropped at once."""
+        cls, tier = classify(item)
+        if tier is Tier.HIGH and cls != "resolutions" and self._held[Tier.HIGH] >= self.limits.max_high:
+            self.refused[cls] = self.refused.get(cls, 0) + 1
+            self._count_drop(cls, 1)
+            self.cap_reached = True
+            return False
+        self._seq += 1
+        entry = Entry(self._seq, item, cls, tier, size, now)
+        self._account(entry, +1)
+        self._put(entry)
+        self._dirty = True
+        if tier is Tier.HIGH:
+            # an ERROR rings the sender: now when connected, at the next probe while the bot is down
+            soon = now if self.connected is not False else now + self.limits.probe_interval
+            self._not_before = min(self._not_before, soon)
+            return True
+        self._evict()
+        return entry.seq in self._free[_stream(item)]
+
+    def restore(self, items: Iterable[tuple[Item, int]], now: float) -> None:
+        """Rebuild the queue from what a previous process spooled ((item, size), oldest first): it goes
+        out before anything queued since."""
+        restored: list[Entry] = []
+        for item, size in items:
+            self._seq += 1
+            restored.append(Entry(self._seq, item, *classify(item), size, now))
+        for entry in reversed(restored):
+            self._account(entry, +1)
+            self._put(entry, front=True)
+        if restored:
+            self._spooled = True
+            self._evict()
+
+    def hurry(self, now: float) -> None:
+        """Everything is due now (flush, close): no waiting for the flush interval or the backoff."""
+        self._hurry = True
+        self._not_before = min(self._not_before, now)
+
+    # -- the sender's side --------------------------------------------------------------------
+
+    def pending(self) -> int:
+        """Entries not yet accepted (in flight included)."""
+        return sum(self._held.values())
+
+    def has_high(self) -> bool:
+        return self._held[Tier.HIGH] > 0
+
+    def next_due(self, now: float) -> float | None:
+        """When the next batch is due (<= now: at once); None when nothing is to be sent."""
+        if self._in_flight is not None:
+            return None
+        if not self.pending() and not self._unreported:
+            self._hurry = False
+            return None
+        if self.connected is False or self._hurry or self.has_high() or self._unreported:
+            return self._not_before
+        if self._held[Tier.LOW] + self._held[Tier.MID] >= self.limits.batch_max:
+            return self._not_before
+        oldest = min((next(iter(q.values())).since for q in self._free.values() if q), default=now)
+        return max(self._not_before, oldest + self.limits.flush_interval)
+
+    def take(self, now: float) -> Batch | None:
+        """The next batch to send, or None if none is due. One batch is in flight at a time. While
+        the bot is down and its backoff runs, a due batch is a probe: a few high-priority entries."""
+        due = self.next_due(now)
+        if due is None or due > now:
+            return None
+        probe = self.connected is False and not self._hurry and now < self._backoff_until
+        room = self.limits.batch_max if self._limit is None else self._limit
+        if probe:
+            room = min(room, self.limits.probe_max)
+        budget = self.limits.batch_max_bytes
+        chosen: list[Entry] = []
+        for name in _STREAMS if not probe else _STREAMS[:2]:
+            q = self._free[name]
+            while q and len(chosen) < room:
+                entry = next(iter(q.values()))
+                if chosen and entry.size > budget:
+                    break
+                self._unput(entry)
+                chosen.append(entry)
+                budget -= entry.size
+        if not chosen and not self._unreported:
+            return None
+        for entry in chosen:
+            entry.in_flight = True
+        self._batch_id += 1
+        self._in_flight = Batch(self._batch_id, chosen, dict(self._unreported), probe)
+        return self._in_flight
+
+    def accepted(self, batch: Batch, now: float, count: int | None = None) -> Outcome:
+        """The bot took the batch (or its first `count` entries: the rest go back, in place)."""
+        self._check(batch)
+        n = len(batch.entries) if count is None else max(0, min(count, len(batch.entries)))
+        for entry in batch.entries[:n]:
+            entry.in_flight = False
+            self._account(entry, -1)
+        self._give_back(batch.entries[n:])
+        self.delivered += n
+        out = Outcome(delivered=n, recovered=self.connected is False, reported=dict(batch.dropped))
+        for cls, k in batch.dropped.items():
+            left = self._unreported.get(cls, 0) - k
+            if left > 0:
+                self._unreported[cls] = left
+            else:
+                self._unreported.pop(cls, None)
+        self.connected = True
+        self._failures = 0
+        self._not_before = self._backoff_until = now
+        if self._limit is not None and n == len(batch.entries):
+            self._limit = None if 2 * n >= self.limits.batch_max else 2 * n
+        self._dirty = self._dirty or n > 0
+        return out
+
+    def failed(self, batch: Batch, now: float, fault: Fault, wait: float | None = None) -> Outcome:
+        """The request failed: the entries go back in place; or, when the bot refused the data itself,
+        the batch is halved until the one entry it refuses is found, and that one is a dead letter.
+        `wait`: the peer's Retry-After in seconds (already bounded by `retry_after`)."""
+        self._check(batch)
+        out = Outcome(fault=fault, first_of_kind=fault not in self._faults_seen)
+        self._faults_seen.add(fault)
+        if fault.refuses_data:
+            if len(batch.entries) <= 1:
+                for entry in batch.entries:
+                    entry.in_flight = False
+                    self._account(entry, -1)
+                    self.dead[entry.cls] = self.dead.get(entry.cls, 0) + 1
+                    out.dead.append(entry)
+                if not batch.entries:  # only drop counts, and those refused: stop reporting them
+                    self._unreported.clear()
+                self._limit = None
+            else:
+                self._give_back(batch.entries)
+                self._limit = max(1, len(batch.entries) // 2)
+            self._not_before = now  # the bot is up: go on at once
+            self._dirty = True
+            return out
+        self._give_back(batch.entries)
+        self.connected = False
+        self._failures += 1
+        lo, hi = self.limits.backoff
+        delay = min(hi, lo * 2.0 ** min(self._failures - 1, 64) * (0.5 + self._rng.random()))
+        if wait is not None:
+            delay = min(max(wait, 0.0), hi)
+        self._backoff_until = now + delay
+        if self._hurry:
+            delay = min(delay, lo)
+        elif self.has_high():
+            delay = min(delay, self.limits.probe_interval)
+        self._not_before = now + delay
+        out.delay = delay
+        return out
+
+    def _check(self, batch: Batch) -> None:
+        if batch is not self._in_flight:
+            raise ValueError(f"batch {batch.id} is not the one in flight")
+        self._in_flight = None
+
+    # -- the spool ----------------------------------------------------------------------------
+
+    def persist_due(self, now: float) -> bool:
+        """The spool should be rewritten now: the queue changed while the bot is down, or the spool
+        holds records the bot has taken since."""
+        if not self._dirty or now < self._next_persist:
+            return False
+        return self.connected is False or self._spooled
+
+    def snapshot(self) -> list[Item]:
+        """Every item not yet accepted, in queue order (the batch in flight included: its fate is open)."""
+        flying = self._in_flight.entries if self._in_flight is not None else []
+        out: list[Item] = []
+        for name in _STREAMS:
+            out.extend(e.item for e in flying if _stream(e.item) == name)
+            out.extend(e.item for e in self._free[name].values())
+        return out
+
+    def persisted(self, now: float, count: int) -> None:
+        """The edge wrote `count` records (a snapshot) to the spool."""
+        self._dirty = False
+        self._spooled = count > 0
+        self._next_persist = now + self.limits.persist_interval
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        return {"queued": self.pending(), "high": self._held[Tier.HIGH], "mid": self._held[Tier.MID],
+                "low": self._held[Tier.LOW], "bytes": self._held_bytes, "delivered": self.delivered}
+
+    def unreported(self) -> dict[str, int]:
+        return dict(self._unreported)
+
+    def _put(self, entry: Entry, front: bool = False) -> None:
+        targets = [self._free[_stream(entry.item)]]
+        if entry.tier is Tier.MID:
+            targets.append(self._pool[entry.cls])
+        for q in targets:
+            q[entry.seq] = entry
+            if front:
+                q.move_to_end(entry.seq, last=False)
+
+    def _unput(self, entry: Entry) -> None:
+        del self._free[_stream(entry.item)][entry.seq]
+        if entry.tier is Tier.MID:
+            del self._pool[entry.cls][entry.seq]
+
+    def _give_back(self, entries: list[Entry]) -> None:
+        for entry in reversed(entries):
+            entry.in_flight = False
+            self._put(entry, front=True)
+
+    def _account(self, entry: Entry, sign: int) -> None:
+        self._held[entry.tier] += sign
+        if entry.tier is not Tier.HIGH:
+            self._held_bytes += sign * entry.size
+        key = entry.key
+        if key is not None and entry.cls != "resolutions":
+            left = self._firing.get(key, 0) + sign
+            if left:
+                self._firing[key] = left
+            else:
+                self._firing.pop(key, None)
+
+    def _over(self) -> bool:
+        held = self._held[Tier.LOW] + self._held[Tier.MID]
+        return held > self.limits.max_queue or self._held_bytes > self.limits.max_bytes
+
+    def _evict(self) -> None:
+        """Drop to the bounds: the oldest samples first, then the oldest WARNING firings, then the
+        oldest resolutions whose alert has no firing event queued. High and in-flight entries stay."""
+        for q in (self._free["samples"], self._pool["warnings"], self._pool["resolutions"]):
+            held, size = self._held[Tier.LOW] + self._held[Tier.MID], self._held_bytes
+            victims: list[Entry] = []
+            for entry in q.values():
+                if held <= self.limits.max_queue and size <= self.limits.max_bytes:
+                    break
+                if entry.cls == "resolutions" and entry.key in self._firing:
+                    continue  # its firing event is still queued (in flight): keep the pair
+                victims.append(entry)
+                held, size = held - 1, size - entry.size
+            for entry in victims:
+                self._unput(entry)
+                self._account(entry, -1)
+                self._count_drop(entry.cls, 1)
+                self._dirty = True
+            if not self._over():
+                return
+
+    def _count_drop(self, cls: str, n: int) -> None:
+        self.dropped[cls] = self.dropped.get(cls, 0) + n
+        self._unreported[cls] = self._unreported.get(cls, 0) + n
+
+
+__all__ = ["Batch", "Entry", "Fault", "Item", "Limits", "Outcome", "SendQueue", "Tier", "classify", "judge",
+           "retry_after"]
