@@ -22,6 +22,7 @@ from notifier.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode
 
 from .commands.service import Answer, CommandService, Origin, view
 from .config import BotConfig
+from .delivery import Policy
 from .dispatch import Dispatcher
 from .metrics import BotMetrics
 from .outbox import Outbox
@@ -262,7 +263,13 @@ async def _save_chart(app: web.Application, answer: Answer) -> str | None:
     from .chart import render_chart_off_loop
 
     event = answer.chart
-    return save_png(cfg.charts_dir, f"status-{event.run_id}-step{event.step}.png", await render_chart_off_loop(event))
+    try:  # the file is a slug of the run id inside charts_dir (save_png); a chart never fails the command
+        return save_png(cfg.charts_dir, f"status-{event.run_id}-step{event.step}.png",
+                        await render_chart_off_loop(event))
+    except Exception as exc:  # noqa: BLE001 - matplotlib or the disk: the answer goes without its chart
+        log.warning("msmon bot: status chart of run %r step %d not drawn or written to %s: %s: %s", event.run_id,
+                    event.step, cfg.charts_dir, type(exc).__name__, str(exc).strip().splitlines()[:1])
+        return None
 
 
 async def get_command(request: web.Request) -> web.Response:
@@ -274,12 +281,28 @@ async def get_command(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True, "outbox_depth": request.app[STORE].depth()})
+    store = request.app[STORE]
+    return web.json_response({"ok": True, "outbox_depth": store.depth(), "dead_letters": store.dead_count()})
+
+
+async def dead_letters(request: web.Request) -> web.Response:
+    """Operators: the outbox rows given up on, newest first (what, where, how often tried, the last error)."""
+    _operator_only(request)
+    try:
+        limit = min(max(int(request.query.get("limit", "100")), 1), 1000)
+    except ValueError:
+        raise web.HTTPBadRequest(reason="limit must be a whole number (1 to 1000)") from None
+    store = request.app[STORE]
+    rows = [{"id": r.id, "receiver": r.receiver, "channel": r.channel, "kind": r.kind, "key": r.key,
+             "run_id": r.run_id, "created_at": r.created_at, "dead_at": r.dead_at, "attempts": r.attempts,
+             "error": r.error, "posted_ref": r.posted_ref} for r in store.dead_letters(limit)]
+    return web.json_response({"count": store.dead_count(), "dead": rows})
 
 
 async def metrics(request: web.Request) -> web.Response:
     m = request.app[METRICS]
     m.outbox_depth.set(request.app[STORE].depth())
+    m.outbox_dead.set(request.app[STORE].dead_count())
     return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -308,14 +331,14 @@ async def _every(period: float, fn: Callable[[], object], stop: asyncio.Event) -
 
 
 def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
-               receivers: dict[str, Receiver] | None = None) -> web.Application:
+               receivers: dict[str, Receiver] | None = None, delivery: Policy | None = None) -> web.Application:
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard])
     store = Store(cfg.state_path)
     m = BotMetrics()
     disp = Dispatcher(cfg, store, m, clock)
     rl = cfg.rate_limit
     outbox = Outbox(store, receivers or build_receivers(cfg),
-                    RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock)
+                    RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock, policy=delivery)
     disp.wake = outbox.wake
     app[CONFIG], app[STORE], app[METRICS], app[DISPATCHER], app[OUTBOX] = cfg, store, m, disp, outbox
     app[TOKENS] = _tokens(cfg)
@@ -332,6 +355,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/commands", post_command)
     app.router.add_get("/v1/commands/{command_id}", get_command)
     app.router.add_post("/v1/commands/poll", poll_commands)
+    app.router.add_get("/v1/outbox/dead", dead_letters)
     inbound = add_slack_routes(app, cfg, svc, clock)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

@@ -78,11 +78,14 @@ def render_chart(event: Event, *, width_px: int = 1200) -> bytes:
     # Header: title, then the message wrapped to the figure's width.
     title = _title(event)
     title_pt = min(g.pt(17), _fit_pt(title, width - 2 * g.px(12), bold=True))
-    fig.text(g.fx(12), g.fy(10), title, color=colour, fontsize=title_pt, fontweight="bold", va="top")
+    # Job text is text: parse_math=False, or `loss $\frac{1}{$` is mathtext that fails to draw.
+    fig.text(g.fx(12), g.fy(10), title, color=colour, fontsize=title_pt, fontweight="bold", va="top",
+             parse_math=False)
     y = g.px(10) + _line_px(title_pt) + g.px(4)
     message_pt = g.pt(12.5)
     message = _wrap(event.message, _chars_per_line(width - 2 * g.px(12), message_pt), MESSAGE_LINES)
-    fig.text(g.fx(12), g.fy(y), message, color=TEXT_COLOUR, fontsize=message_pt, va="top", linespacing=1.3)
+    fig.text(g.fx(12), g.fy(y), message, color=TEXT_COLOUR, fontsize=message_pt, va="top", linespacing=1.3,
+             parse_math=False)
     y += message.count("\n") * _line_px(message_pt) * 1.3 + _line_px(message_pt)
 
     window = event.window

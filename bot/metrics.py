@@ -20,5 +20,9 @@ class BotMetrics:
         self.delivery_errors = Counter("msmon_delivery_errors_total", "failed delivery attempts", ["receiver"],
                                        registry=r)
         self.outbox_depth = Gauge("msmon_outbox_depth", "undelivered messages", registry=r)
+        self.outbox_dead = Gauge("msmon_outbox_dead_letters", "messages given up on (GET /v1/outbox/dead lists them)",
+                                 registry=r)
+        self.dead_letters = Counter("msmon_dead_letters_total", "messages given up on by this process, by receiver",
+                                    ["receiver"], registry=r)
         self.error_latency = Histogram("msmon_error_latency_seconds", "ERROR arrival to receiver call",
                                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)

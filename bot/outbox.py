@@ -1,23 +1,30 @@
 """The delivery worker: takes due outbox rows, sends each group as one message through its
 receiver within the rate limits, and marks the rows delivered only after the receiver said OK.
 
-Rows stay in SQLite until then, so a crash, a restart or a Slack outage loses nothing; a retry
-after a failure re-sends. A message is re-sent only if the process dies between the receiver's
-OK and the commit right after it (a window of one SQLite write).
+Rows stay in SQLite until then, so a crash, a restart or a Slack outage loses nothing. This is the
+edge around `bot.delivery.Scheduler` (when to try, when to give up: pure): it reads typed rows,
+decodes each payload once per attempt, calls the receiver, turns whatever happened into an outcome
+and writes the scheduler's verdict back. Whatever a receiver raises stays with its row group:
+counted, retried with backoff, dead-lettered after a bound, never a hot loop, never in the way of
+the other rows. A new message's reference is stored the moment it is posted, before its chart is
+attached, so a retry attaches the chart without posting the text again. A message is re-sent only
+if the process dies between the receiver's OK and the SQLite write right after it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import random
 import time
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 
 from notifier.wire import Event, Severity, Status, decode
 
+from .delivery import Deferred, Failed, FailureKind, OutboxRow, Outcome, Plan, Policy, Scheduler, Sent, Verdict
 from .metrics import BotMetrics
 from .pipeline.group import firing_key
 from .pipeline.ratelimit import RateLimiter
@@ -25,8 +32,6 @@ from .receivers import DeliveryError, Message, Note, Receiver
 from .store import Store
 
 log = logging.getLogger("msmon.bot")
-
-BACKOFF = (1.0, 300.0)
 
 
 class Payload(msgspec.Struct):
@@ -39,30 +44,59 @@ class Payload(msgspec.Struct):
     thread: bool = False
 
 
-def _payload(row: dict[str, Any]) -> Payload:
-    return decode(row["payload"], Payload)
-
-
-def _events(rows: list[dict[str, Any]]) -> list[Event]:
+def _events(payloads: list[Payload]) -> list[Event]:
     """Latest event per device, in order of arrival."""
     by_device: dict[str, Event] = {}
-    for r in rows:
-        ev = _payload(r).event
-        by_device[ev.device] = ev
+    for p in payloads:
+        by_device[p.event.device] = p.event
     return list(by_device.values())
 
 
-def _message(key: str, rows: list[dict[str, Any]], repeat: bool = False) -> Message:
-    events = _events(rows)
+def _message(key: str, payloads: list[Payload], repeat: bool = False) -> Message:
+    events = _events(payloads)
     lead = events[0]
-    return Message(key=key, run_id=lead.run_id, project=_payload(rows[0]).project, rule=lead.rule,
+    return Message(key=key, run_id=lead.run_id, project=payloads[0].project, rule=lead.rule,
                    severity=lead.severity, status=lead.status, events=events, repeat=repeat)
+
+
+def _first_line(exc: BaseException) -> str:
+    """`ValueError: ...` on one line (matplotlib's mathtext errors start with a newline)."""
+    line = next((s.strip() for s in str(exc).splitlines() if s.strip()), "")
+    return f"{type(exc).__name__}: {line}"[:300] if line else type(exc).__name__
+
+
+@dataclasses.dataclass
+class _Try:
+    """One attempt at a group: its rows and their payloads (decoded once), and the message's
+    reference once it is out."""
+
+    receiver: Receiver
+    rows: list[OutboxRow]
+    plan: Plan
+    payloads: list[Payload] = dataclasses.field(default_factory=list)
+    notes: list[Note] = dataclasses.field(default_factory=list)
+    posted: str | None = None
+
+    @property
+    def head(self) -> OutboxRow:
+        return self.rows[0]
+
+    @property
+    def ids(self) -> list[int]:
+        return [r.id for r in self.rows]
+
+    def what(self) -> str:
+        """For log lines: which message of which run, to where."""
+        h = self.head
+        return f"{h.kind} {h.key!r} of run {h.run_id!r} to {h.receiver} {h.channel}"
 
 
 class Outbox:
     def __init__(self, store: Store, receivers: dict[str, Receiver], limiter: RateLimiter, metrics: BotMetrics,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, policy: Policy | None = None,
+                 rand: Callable[[], float] = random.random) -> None:
         self.store, self.receivers, self.limiter, self.metrics, self.clock = store, receivers, limiter, metrics, clock
+        self.scheduler = Scheduler(policy, rand)
         self.doorbell = asyncio.Event()
 
     def wake(self) -> None:
@@ -73,11 +107,16 @@ class Outbox:
         if waiting:
             self.store.due_now(self.clock())
             log.info("msmon bot: %d undelivered messages in the outbox from before; delivering them now", waiting)
+        dead = self.store.dead_count()
+        if dead:
+            log.warning("msmon bot: %d dead letters in the outbox (never delivered; GET /v1/outbox/dead lists them)",
+                        dead)
         while not stop.is_set():
             try:
                 await self.deliver_due()
-            except Exception:  # noqa: BLE001 - the worker must outlive any one bad row
-                log.exception("msmon bot: delivery round failed; retrying")
+            except Exception:  # noqa: BLE001 - SQLite trouble; every row's own failure is handled in _send
+                log.exception("msmon bot: delivery round failed; retrying in 1 s")
+                await asyncio.sleep(1.0)
             nxt = self.store.next_due_at()
             wait = 1.0 if nxt is None else min(max(nxt - self.clock(), 0.01), 1.0)
             self.doorbell.clear()
@@ -88,101 +127,188 @@ class Outbox:
                 t.cancel()
 
     async def deliver_due(self) -> int:
-        """One pass over the due rows; returns how many messages went out."""
+        """One pass over the due groups, oldest first; returns how many messages went out."""
         now = self.clock()
         sent = 0
-        done: set[tuple[str, str, str, str]] = set()
-        for row in self.store.due(now):
-            gk = (row["receiver"], row["channel"], row["key"], row["kind"])
-            if gk in done:
-                continue
-            done.add(gk)
+        for gk in self.scheduler.groups(self.store.due(now), now):
             rows = self.store.pending(*gk)
             if not rows:
                 continue
-            wait = self.limiter.wait(row["channel"], row["run_id"], now)
+            head = rows[0]
+            at = self.clock()  # a 429 earlier in this round paces the rest of its lane
+            paced = self.scheduler.paced_until(head.lane, at) - at
+            wait = paced if paced > 0.0 else self.limiter.wait(head.channel, head.run_id, now)
             if wait > 0.0:
-                self.store.retry_later([r["id"] for r in rows], now + wait, "rate limited", count_attempt=False)
+                self._settle(rows, Deferred(wait), head.receiver)
                 continue
             if await self._send(rows):
                 sent += 1
         self.metrics.outbox_depth.set(self.store.depth())
+        self.metrics.outbox_dead.set(self.store.dead_count())
         return sent
 
-    async def _send(self, rows: list[dict[str, Any]]) -> bool:
-        head = rows[0]
-        receiver = self.receivers.get(head["receiver"]) or self.receivers["console"]
-        channel, key, kind = head["channel"], head["key"], head["kind"]
-        ids = [r["id"] for r in rows]
-        try:
-            if kind == "alert":
-                await self._alert(receiver, channel, key, rows)
-            elif kind == "note":
-                for r in rows:
-                    await receiver.note(channel, decode(r["payload"], Note))
-            elif kind == "repeat":
-                msg = _message(key, rows, repeat=True)
-                ref = self.store.message(key)
-                if ref is not None:
-                    await receiver.reply(channel, ref["ts"], msg)
-                else:
-                    ts = await receiver.post(channel, msg)
-                    self.store.save_message(key, receiver.name, channel, ts, self.clock())
-            else:
-                await self._resolve(receiver, channel, key, rows)
-        except DeliveryError as exc:
-            attempts = max(r["attempts"] for r in rows) + 1
-            delay = exc.retry_after if exc.retry_after else min(BACKOFF[0] * 2 ** (attempts - 1), BACKOFF[1])
-            self.store.retry_later(ids, self.clock() + delay, str(exc))
-            self.metrics.delivery_errors.labels(receiver.name).inc()
-            log.warning("msmon bot: delivery to %s %s failed (attempt %d, retry in %.0f s): %s", receiver.name,
-                        channel, attempts, delay, exc)
+    async def _send(self, rows: list[OutboxRow]) -> bool:
+        receiver = self.receivers.get(rows[0].receiver) or self.receivers["console"]
+        attempt = self._decode(receiver, rows)
+        if attempt is None:
             return False
-        now = self.clock()
-        self.store.delivered(ids, now)
-        self.metrics.sent.labels(receiver.name, kind).inc()
-        if kind == "alert":
-            for r in rows:
-                p = _payload(r)
-                if p.event.severity is Severity.ERROR and p.received_at is not None:
-                    self.metrics.error_latency.observe(max(now - p.received_at, 0.0))
-        return True
+        try:
+            await self._deliver(attempt)
+            outcome: Outcome = Sent()
+        except DeliveryError as exc:
+            kind: FailureKind = "rate_limited" if exc.retry_after else "transient"
+            outcome = Failed(kind, str(exc), exc.retry_after, attempt.posted)
+        except Exception as exc:  # noqa: BLE001 - a receiver bug or data it cannot take: this row's problem only
+            if max(r.attempts for r in attempt.rows) == 0:
+                log.warning("msmon bot: %s raised an unexpected error; retrying with backoff", attempt.what(),
+                            exc_info=True)
+            outcome = Failed("error", _first_line(exc), None, attempt.posted)
+        verdict = self._settle(attempt.rows, outcome, receiver.name, attempt)
+        return verdict.state == "delivered"
 
-    async def _alert(self, receiver: Receiver, channel: str, key: str, rows: list[dict[str, Any]]) -> None:
+    def _decode(self, receiver: Receiver, rows: list[OutboxRow]) -> _Try | None:
+        """The group's attempt with its payloads decoded; a row that does not decode is a dead letter alone."""
+        attempt = _Try(receiver, [], self.scheduler.plan(rows))
+        for r in rows:
+            try:
+                if r.kind == "note":
+                    attempt.notes.append(decode(r.payload, Note))
+                else:
+                    attempt.payloads.append(decode(r.payload, Payload))
+            except (msgspec.DecodeError, ValueError, TypeError) as exc:
+                self._settle([r], Failed("undecodable", f"payload does not decode: {exc}"), receiver.name)
+                continue
+            attempt.rows.append(r)
+        return attempt if attempt.rows else None
+
+    def _settle(self, rows: list[OutboxRow], outcome: Outcome, receiver: str, attempt: _Try | None = None) -> Verdict:
+        now = self.clock()
+        verdict = self.scheduler.after(rows, outcome, now)
+        ids = [r.id for r in rows]
+        self.store.settle(ids, verdict, now)
+        head = rows[0]
+        what = attempt.what() if attempt else f"{head.kind} {head.key!r} of run {head.run_id!r} to {receiver} " \
+                                                f"{head.channel}"
+        m = self.metrics
+        if verdict.state == "delivered":
+            m.sent.labels(receiver, head.kind).inc()
+            if verdict.error:
+                log.warning("msmon bot: %s is posted but its follow-up (the chart) never went: %s", what, verdict.error)
+            if attempt is not None and head.kind == "alert":
+                for p in attempt.payloads:
+                    if p.event.severity is Severity.ERROR and p.received_at is not None:
+                        m.error_latency.observe(max(now - p.received_at, 0.0))
+        elif verdict.state == "retry":
+            m.delivery_errors.labels(receiver).inc()
+            log.warning("msmon bot: delivery of %s failed (attempt %d of %d; next try in %.1f s): %s", what,
+                        verdict.attempts, self.scheduler.policy.limit(_kind(outcome)), verdict.delay, verdict.error)
+        elif verdict.state == "dead":
+            m.delivery_errors.labels(receiver).inc()
+            m.dead_letters.labels(receiver).inc()
+            log.error("msmon bot: dead letter: %s given up after %d tries; last error: %s. It stays in the outbox "
+                      "(GET /v1/outbox/dead, /healthz dead_letters); fix the cause (the receiver's token, channel or "
+                      "outage) and look at the run's alerts with GET /v1/runs/%s", what, verdict.attempts,
+                      verdict.error, head.run_id)
+        return verdict
+
+    async def _deliver(self, t: _Try) -> None:
+        kind = t.head.kind
+        if kind == "note":
+            for note in t.notes:
+                await t.receiver.note(t.head.channel, note)
+        elif kind == "alert":
+            await self._alert(t)
+        elif kind == "repeat":
+            ref = self.store.message(t.head.key)
+            msg = _message(t.head.key, t.payloads, repeat=True)
+            if not t.plan.post or ref is None:
+                await self._post(t, msg)
+            else:
+                await t.receiver.reply(t.head.channel, ref["ts"], msg)
+        else:
+            await self._resolve(t)
+
+    async def _chart(self, receiver: Receiver, msg: Message) -> None:
+        """Draw the firing ERROR's chart into `msg`; a chart that cannot be drawn only says so."""
+        if not receiver.charts or msg.severity is not Severity.ERROR or msg.status is not Status.FIRING:
+            return
+        try:
+            from .chart import render_chart_off_loop  # matplotlib only when a chart is drawn
+
+            msg.chart = await render_chart_off_loop(msg.lead)
+        except Exception as exc:  # noqa: BLE001 - any failure to draw: the alert goes out without it
+            msg.chart_problem = _first_line(exc)
+            log.warning("msmon bot: the chart of %s for run %r step %d could not be drawn (%s); the alert is sent "
+                        "without it", msg.rule, msg.run_id, msg.lead.step, msg.chart_problem)
+
+    async def _post(self, t: _Try, msg: Message, root_key: str | None = None) -> None:
+        """Post a new message, store its reference at once, then attach its chart (the follow-up)."""
+        await self._chart(t.receiver, msg)
+        channel, key = t.head.channel, t.head.key
+        if t.plan.post:
+            t.posted = await t.receiver.post(channel, msg)
+            with self.store.tx():
+                now = self.clock()
+                self.store.save_message(key, t.receiver.name, channel, t.posted, now)
+                if root_key is not None:
+                    self.store.save_message(root_key, t.receiver.name, channel, t.posted, now)
+                self.store.mark_posted(t.ids, t.posted)
+        ref = t.posted or t.plan.ref
+        assert ref is not None
+        await t.receiver.attach(channel, ref, msg)
+
+    async def _alert(self, t: _Try) -> None:
+        channel, key, name = t.head.channel, t.head.key, t.receiver.name
+        msg = _message(key, t.payloads)
+        if not t.plan.post:  # posted before; its chart is what is left
+            await self._post(t, msg)
+            return
         ref = self.store.message(key)
         if ref is None:
-            msg = _message(key, rows)
-            root_key = f"{msg.run_id}|root|{receiver.name}|{channel}"
+            root_key = f"{msg.run_id}|root|{name}|{channel}"
             root = self.store.message(root_key)
-            if _payload(rows[0]).thread and root is not None:
+            if t.payloads[0].thread and root is not None:
                 # A WARNING goes in the thread of the run's first message in this channel.
-                await receiver.reply(channel, root["ts"], msg)
-                self.store.save_message(key, receiver.name, channel, root["ts"], self.clock())
+                await t.receiver.reply(channel, root["ts"], msg)
+                self.store.save_message(key, name, channel, root["ts"], self.clock())
                 return
-            ts = await receiver.post(channel, msg)
-            now = self.clock()
-            self.store.save_message(key, receiver.name, channel, ts, now)
-            if root is None:
-                self.store.save_message(root_key, receiver.name, channel, ts, now)
+            await self._post(t, msg, root_key if root is None else None)
             return
         # More devices joined the group: rewrite the message with all of them.
-        earlier = self.store.delivered_since(receiver.name, channel, key, "alert", ref["created_at"])
-        await receiver.update(channel, ref["ts"], _message(key, earlier + rows))
+        earlier = self._payloads(self.store.delivered_since(name, channel, key, "alert", ref["created_at"]))
+        await t.receiver.update(channel, ref["ts"], _message(key, earlier + t.payloads))
 
-    async def _resolve(self, receiver: Receiver, channel: str, key: str, rows: list[dict[str, Any]]) -> None:
-        msg = _message(key, rows)
+    def _payloads(self, rows: list[OutboxRow]) -> list[Payload]:
+        """Payloads of rows delivered before (a row that does not decode is left out)."""
+        out = []
+        for r in rows:
+            try:
+                out.append(decode(r.payload, Payload))
+            except (msgspec.DecodeError, ValueError, TypeError):
+                log.warning("msmon bot: outbox row %d does not decode; left out of the message", r.id)
+        return out
+
+    async def _resolve(self, t: _Try) -> None:
+        channel, key, name = t.head.channel, t.head.key, t.receiver.name
+        msg = _message(key, t.payloads)
         fkey = firing_key(msg.lead)
         ref = self.store.message(fkey)
         if ref is None:
             return  # nothing was posted for this episode: nothing to resolve
-        fired = self.store.delivered_since(receiver.name, channel, fkey, "alert", ref["created_at"])
+        fired = self._payloads(self.store.delivered_since(name, channel, fkey, "alert", ref["created_at"]))
         firing_devices = {e.device for e in _events(fired)} if fired else set(msg.devices)
-        resolved_before = self.store.delivered_since(receiver.name, channel, key, "resolve", ref["created_at"])
-        resolved = {e.device for e in _events(resolved_before + rows)}
-        await receiver.reply(channel, ref["ts"], msg)
+        resolved_before = self._payloads(self.store.delivered_since(name, channel, key, "resolve", ref["created_at"]))
+        resolved = {e.device for e in _events(resolved_before + t.payloads)}
+        if t.plan.post:
+            await t.receiver.reply(channel, ref["ts"], msg)
+            t.posted = ref["ts"]
+            self.store.mark_posted(t.ids, ref["ts"])
         if firing_devices <= resolved:
-            view = _message(fkey, fired or rows)
+            view = _message(fkey, fired or t.payloads)
             view.status = Status.RESOLVED
-            await receiver.update(channel, ref["ts"], view)
+            await t.receiver.update(channel, ref["ts"], view)
             self.store.retire_message(fkey, self.clock())
 
+
+def _kind(outcome: Outcome) -> FailureKind:
+    return outcome.kind if isinstance(outcome, Failed) else "transient"

@@ -12,6 +12,7 @@ from typing import Any
 
 from notifier.wire import Severity
 
+from .delivery import OutboxRow, Verdict
 from .pipeline.dedup import NotifyState
 from .pipeline.silence import Silence
 
@@ -27,7 +28,7 @@ CREATE INDEX IF NOT EXISTS alerts_run ON alerts(run_id, status, severity);
 CREATE TABLE IF NOT EXISTS outbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT, created_at REAL, receiver TEXT, channel TEXT, kind TEXT,
     key TEXT, run_id TEXT, payload TEXT, attempts INTEGER DEFAULT 0, next_at REAL, delivered_at REAL,
-    error TEXT);
+    error TEXT, dead_at REAL, posted_ref TEXT);
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox(delivered_at, next_at);
 CREATE TABLE IF NOT EXISTS messages (
     key TEXT PRIMARY KEY, receiver TEXT, channel TEXT, ts TEXT, created_at REAL);
@@ -52,6 +53,7 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process kill
         self.db.executescript(SCHEMA)
+        self._outbox_columns()
         self.commands = CommandLog(self.db)
         # Read-through copies of what ingest reads on every envelope. This Store is their only writer;
         # a rolled-back transaction drops them (they are read again).
@@ -202,42 +204,65 @@ class Store:
 
     # -- outbox ---------------------------------------------------------------------------------
 
-    def pending(self, receiver: str, channel: str, key: str, kind: str) -> list[dict[str, Any]]:
+    def _outbox_columns(self) -> None:
+        """A state file from before dead letters: add their columns (SQLite keeps the rows)."""
+        have = {r[1] for r in self.db.execute("PRAGMA table_info(outbox)")}
+        for column, decl in (("dead_at", "REAL"), ("posted_ref", "TEXT")):
+            if column not in have:
+                self.db.execute(f"ALTER TABLE outbox ADD COLUMN {column} {decl}")
+
+    _PENDING = "delivered_at IS NULL AND dead_at IS NULL"
+
+    def _rows(self, sql: str, args: tuple[Any, ...]) -> list[OutboxRow]:
+        return [OutboxRow(**dict(r)) for r in self.db.execute(sql, args)]
+
+    def pending(self, receiver: str, channel: str, key: str, kind: str) -> list[OutboxRow]:
         """Undelivered rows of one group, whatever their due time (they are sent together)."""
-        rows = self.db.execute("SELECT * FROM outbox WHERE delivered_at IS NULL AND receiver=? AND channel=? AND key=?"
-                               " AND kind=? ORDER BY id", (receiver, channel, key, kind))
-        return [dict(r) for r in rows]
+        return self._rows(f"SELECT * FROM outbox WHERE {self._PENDING} AND receiver=? AND channel=? AND key=?"
+                          " AND kind=? ORDER BY id", (receiver, channel, key, kind))
 
-    def delivered_since(self, receiver: str, channel: str, key: str, kind: str, since: float) -> list[dict[str, Any]]:
-        rows = self.db.execute("SELECT * FROM outbox WHERE delivered_at IS NOT NULL AND receiver=? AND channel=?"
-                               " AND key=? AND kind=? AND delivered_at>=? ORDER BY id",
-                               (receiver, channel, key, kind, since))
-        return [dict(r) for r in rows]
+    def delivered_since(self, receiver: str, channel: str, key: str, kind: str, since: float) -> list[OutboxRow]:
+        return self._rows("SELECT * FROM outbox WHERE delivered_at IS NOT NULL AND receiver=? AND channel=?"
+                          " AND key=? AND kind=? AND delivered_at>=? ORDER BY id",
+                          (receiver, channel, key, kind, since))
 
-    def due(self, now: float, limit: int = 50) -> list[dict[str, Any]]:
-        rows = self.db.execute("SELECT * FROM outbox WHERE delivered_at IS NULL AND next_at<=? ORDER BY id LIMIT ?",
-                               (now, limit))
-        return [dict(r) for r in rows]
+    def due(self, now: float, limit: int = 200) -> list[OutboxRow]:
+        return self._rows(f"SELECT * FROM outbox WHERE {self._PENDING} AND next_at<=? ORDER BY id LIMIT ?",
+                          (now, limit))
 
     def next_due_at(self) -> float | None:
-        r = self.db.execute("SELECT MIN(next_at) AS t FROM outbox WHERE delivered_at IS NULL").fetchone()
+        r = self.db.execute(f"SELECT MIN(next_at) AS t FROM outbox WHERE {self._PENDING}").fetchone()
         return None if r is None else r["t"]
 
-    def delivered(self, ids: list[int], now: float) -> None:
-        self.db.executemany("UPDATE outbox SET delivered_at=?, error=NULL WHERE id=?", [(now, i) for i in ids])
+    def settle(self, ids: list[int], verdict: Verdict, now: float) -> None:
+        """Write a delivery verdict (bot.delivery) to the rows of its group."""
+        delivered = now if verdict.state == "delivered" else None
+        dead = now if verdict.state == "dead" else None
+        self.db.executemany(
+            "UPDATE outbox SET attempts=?, next_at=?, error=?, posted_ref=?, delivered_at=COALESCE(?, delivered_at),"
+            " dead_at=COALESCE(?, dead_at) WHERE id=?",
+            [(verdict.attempts, verdict.next_at, verdict.error, verdict.posted_ref, delivered, dead, i) for i in ids])
 
-    def retry_later(self, ids: list[int], next_at: float, error: str, count_attempt: bool = True) -> None:
-        self.db.executemany("UPDATE outbox SET attempts=attempts+?, next_at=?, error=? WHERE id=?",
-                            [(int(count_attempt), next_at, error[:500], i) for i in ids])
+    def mark_posted(self, ids: list[int], ref: str) -> None:
+        """The group's message is out as `ref`: a retry only runs its follow-up steps."""
+        self.db.executemany("UPDATE outbox SET posted_ref=? WHERE id=?", [(ref, i) for i in ids])
 
     def due_now(self, now: float) -> int:
         """After a restart: what waited for a retry is due at once (the outage may be long over)."""
-        cur = self.db.execute("UPDATE outbox SET next_at=? WHERE delivered_at IS NULL AND next_at>? AND attempts>0",
+        cur = self.db.execute(f"UPDATE outbox SET next_at=? WHERE {self._PENDING} AND next_at>? AND attempts>0",
                               (now, now))
         return cur.rowcount
 
     def depth(self) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
+        return int(self.db.execute(f"SELECT COUNT(*) FROM outbox WHERE {self._PENDING}").fetchone()[0])
+
+    def dead_count(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM outbox WHERE dead_at IS NOT NULL").fetchone()[0])
+
+    def dead_letters(self, limit: int = 100) -> list[OutboxRow]:
+        """Rows given up on, newest first."""
+        return self._rows("SELECT * FROM outbox WHERE dead_at IS NOT NULL ORDER BY dead_at DESC, id DESC LIMIT ?",
+                          (limit,))
 
     # -- messages that can be updated or answered in their thread -------------------------------
 

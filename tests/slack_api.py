@@ -93,6 +93,9 @@ class Call:
 class _Failure:
     status: int
     retry_after: int | None
+    body: str | None = None  # answered as is (an HTML or plain-text error page) instead of Slack's JSON
+    content_type: str = "text/html"
+    when: Callable[[dict[str, Any]], bool] | None = None  # only calls whose params match (others pass)
 
 
 @dataclass
@@ -333,16 +336,22 @@ class SlackAPIServer:
 
     # -- failure injection ---------------------------------------------------------------------
 
-    def fail(self, method: str, status: int = 429, times: int = 1, retry_after: int | None = 1) -> None:
+    def fail(self, method: str, status: int = 429, times: int = 1, retry_after: int | None = 1,
+             body: str | None = None, content_type: str = "text/html",
+             when: Callable[[dict[str, Any]], bool] | None = None) -> None:
         """Answer the next `times` calls to `method` with HTTP `status`.
 
-        429 carries `Retry-After: retry_after` (omit with retry_after=None); other statuses carry no
-        such header. The attempts are recorded in `calls` with failed=True and change no state.
+        429 carries `Retry-After: retry_after` (omit with retry_after=None); other statuses carry it only
+        when `body` is given (a proxy's 503 page may). `body`: answer this text with `content_type`
+        instead of Slack's JSON error (the HTML or plain-text page a load balancer sends on a 5xx).
+        `when(params)`: fail only the calls it is true for (one poison message while others pass).
+        The attempts are recorded in `calls` with failed=True and change no state.
         """
         with self._lock:
             q = self._failures.setdefault(method, deque())
             for _ in range(times):
-                q.append(_Failure(status, retry_after if status == 429 else None))
+                q.append(_Failure(status, retry_after if status == 429 or body is not None else None, body,
+                                  content_type, when))
 
     def pending_failures(self, method: str) -> int:
         with self._lock:
@@ -418,10 +427,14 @@ class SlackAPIServer:
             self._calls.append(call)
             self._lock.notify_all()
 
-    def _take_failure(self, method: str) -> _Failure | None:
+    def _take_failure(self, method: str, params: dict[str, Any] | None = None) -> _Failure | None:
         with self._lock:
-            q = self._failures.get(method)
-            return q.popleft() if q else None
+            q = self._failures.get(method, deque())
+            for f in q:
+                if f.when is None or (params is not None and f.when(params)):
+                    q.remove(f)
+                    return f
+            return None
 
     @staticmethod
     async def _params(request: web.Request) -> dict[str, Any]:
@@ -460,6 +473,8 @@ class SlackAPIServer:
         body = {"ok": False, "error": error}
         self._record(Call(**base, http_status=f.status, failed=True, ok=False, error=error, response=body))
         headers = {"Retry-After": str(f.retry_after)} if f.retry_after is not None else {}
+        if f.body is not None:
+            return web.Response(text=f.body, status=f.status, headers=headers, content_type=f.content_type)
         return web.json_response(body, status=f.status, headers=headers)
 
     async def _handle_api(self, request: web.Request) -> web.Response:
@@ -475,7 +490,7 @@ class SlackAPIServer:
             "http_method": request.method,
             "content_type": request.content_type,
         }
-        failure = self._take_failure(method)
+        failure = self._take_failure(method, params)
         if failure is not None:
             return self._fail_now(base, failure)
         if method == CONNECTIONS_OPEN and token is not None and not token.startswith("xapp-"):

@@ -1,4 +1,10 @@
-"""Where messages go. A receiver posts, updates and replies; it raises DeliveryError to be retried."""
+"""Where messages go. A receiver posts, updates and replies; it raises DeliveryError to be retried.
+
+A new alert is two steps: `post` (the text; its reference is stored at once) and `attach` (the chart
+in its thread), so that a failed attachment is retried without posting the text again. The chart is
+drawn by the outbox before `post`; when it cannot be drawn, `chart_problem` says why and the text
+says so. Job data is escaped by each receiver for its markup (see render.py).
+"""
 
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ class Message:
     status: Status
     events: list[Event]
     repeat: bool = False
+    chart: bytes | None = None  # the PNG to attach (drawn by the outbox for a firing ERROR)
+    chart_problem: str | None = None  # why there is no chart although one was wanted
 
     @property
     def devices(self) -> list[str]:
@@ -53,6 +61,11 @@ class Note(msgspec.Struct):
 
 class Receiver(Protocol):
     name: str
+    charts: bool  # wants a chart for each firing ERROR
+
+    async def attach(self, channel: str, ref: str, msg: Message) -> None:
+        """The follow-up of `post`: `msg.chart` in the thread of `ref` (nothing when there is none)."""
+        ...
 
     async def post(self, channel: str, msg: Message) -> str:
         """Send a new message; returns a reference (Slack: its ts) for later updates and replies."""

@@ -1,25 +1,38 @@
-"""The embedded default receiver: readable lines on stdout, chart PNGs written to a folder."""
+"""The embedded default receiver: readable lines on stdout, chart PNGs written to a folder.
+
+Job data never reaches the terminal raw (control characters are shown as `\\x1b`-style text) and
+never names a path: chart files are `notifier.safenames.slug`s checked to stay in `charts_dir`.
+"""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sys
 from typing import TextIO
 
-from notifier.wire import Severity, Status
+from notifier.safenames import inside, slug
 
 from . import Message, Note
-from .render import text
+from .render import escape_console, text
+
+log = logging.getLogger("msmon.bot")
 
 
 def save_png(directory: str, name: str, png: bytes) -> str:
-    """Write a chart into the charts folder; its path."""
+    """Write a chart into the charts folder; its path. `name` may carry job data (a run id): the file is
+    its safe slug (plus `.png`) inside `directory`, whatever it says (OSError when the disk refuses)."""
+    stem = name[:-4] if name.endswith(".png") else name
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, name)
+    path = inside(directory, slug(stem, max_len=120) + ".png")
     with open(path, "wb") as f:
         f.write(png)
     return path
+
+
+def _lines(body: str) -> list[str]:
+    return [escape_console(line) for line in body.split("\n")]
 
 
 class ConsoleReceiver:
@@ -27,35 +40,45 @@ class ConsoleReceiver:
 
     def __init__(self, charts_dir: str | None, out: TextIO | None = None) -> None:
         self.charts_dir = charts_dir
+        self.charts = charts_dir is not None
         self.out = out or sys.stdout
         self._ids = itertools.count(1)
 
-    async def _chart(self, msg: Message, ref: str) -> str | None:
-        if self.charts_dir is None or msg.severity is not Severity.ERROR or msg.status is not Status.FIRING:
-            return None
-        from ..chart import render_chart_off_loop  # matplotlib only when a chart is drawn
+    def _save(self, name: str, png: bytes) -> str:
+        """The chart's path, or a line saying why it is not there (a full disk never blocks the text)."""
+        assert self.charts_dir is not None
+        try:
+            return save_png(self.charts_dir, name, png)
+        except (OSError, ValueError) as exc:
+            log.warning("msmon bot: console chart %r not written to %s: %s; the alert is printed without it",
+                        name, self.charts_dir, exc)
+            return f"not written ({type(exc).__name__}: {exc})"
 
-        png = await render_chart_off_loop(msg.lead)
-        return save_png(self.charts_dir, f"{msg.run_id}-{msg.rule}-step{msg.lead.step}-{ref}.png", png)
-
-    def _write(self, prefix: str, body: str) -> None:
-        self.out.write("\n".join(f"[msmon] {prefix}{line}" for line in body.splitlines()) + "\n")
+    def _write(self, prefix: str, lines: list[str]) -> None:
+        self.out.write("".join(f"[msmon] {prefix}{line}\n" for line in lines))
         self.out.flush()
 
     async def post(self, channel: str, msg: Message) -> str:
         ref = f"console-{next(self._ids)}"
-        chart = await self._chart(msg, ref)
-        self._write("", text(msg) + (f"\nchart: {chart}" if chart else ""))
+        lines = text(msg, escape_console).split("\n")
+        if msg.chart is not None and self.charts_dir is not None:
+            lines.append("chart: " + escape_console(
+                self._save(f"{msg.run_id}-{msg.rule}-step{msg.lead.step}-{ref}", msg.chart)))
+        self._write("", lines)
         return ref
 
+    async def attach(self, channel: str, ref: str, msg: Message) -> None:
+        """Nothing: the chart was written with the post (a local file, no second step to fail)."""
+
     async def update(self, channel: str, ref: str, msg: Message) -> None:
-        self._write(f"(update of {ref}) ", text(msg))
+        self._write(f"(update of {ref}) ", text(msg, escape_console).split("\n"))
 
     async def reply(self, channel: str, ref: str, msg: Message) -> None:
-        self._write(f"(in reply to {ref}) ", text(msg))
+        self._write(f"(in reply to {ref}) ", text(msg, escape_console).split("\n"))
 
     async def note(self, channel: str, note: Note) -> None:
-        path = None
+        lines = _lines(note.text)
         if note.chart is not None and self.charts_dir is not None:
-            path = save_png(self.charts_dir, f"status-{note.command_id or next(self._ids)}.png", note.chart)
-        self._write("", note.text + (f"\nchart: {path}" if path else ""))
+            lines.append("chart: " + escape_console(self._save(f"status-{note.command_id or next(self._ids)}",
+                                                               note.chart)))
+        self._write("", lines)

@@ -1,14 +1,61 @@
-"""Text of a message, shared by the receivers: what happened, where, the numbers, what to do."""
+"""Text of a message, shared by the receivers: what happened, where, the numbers, what to do.
+
+Everything a job sends (run id, rule, device, message, hint, phase, project) is data, never markup:
+it goes through the receiver's escape function, one per markup, defined here so that a new receiver
+(Feishu, Matrix, ...) adds its own next to these. Only msmon's own templates add markup.
+"""
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 
 from notifier.wire import Event, Status
 
 from . import Message
 
 ICON = {"ERROR": ":red_circle:", "WARNING": ":large_orange_circle:"}
+
+Escape = Callable[[str], str]
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_CONTROL_LINE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # and newline
+_BROADCAST = re.compile(r"@(?=(?:here|channel|everyone)\b)", re.IGNORECASE)
+
+
+def _visible(m: re.Match[str]) -> str:
+    return f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}"
+
+
+def escape_console(value: str) -> str:
+    """A terminal line: control characters (ESC sequences, BEL, CR, NUL, bidi overrides) shown as
+    `\\x1b`-style text, so job data can neither clear the screen nor forge another line."""
+    return _CONTROL_LINE.sub(_visible, value)
+
+
+def escape_slack(value: str) -> str:
+    """Slack mrkdwn (and a message's `text`): `&`, `<`, `>` as entities, as Slack asks
+    (https://api.slack.com/reference/surfaces/formatting#escaping), so `<!channel>`, `<@U1>` and
+    `<http://x|click>` are shown, not acted on; `@here`/`@channel`/`@everyone` get a word joiner
+    after the `@`; control characters are dropped."""
+    value = _CONTROL.sub("", value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _BROADCAST.sub("@\u2060", value)
+
+
+def escape_slack_code(value: str) -> str:
+    """Inside a mrkdwn code span: escaped as mrkdwn, and no backtick that would close the span."""
+    return escape_slack(value).replace("`", "\u02cb")
+
+
+def escape_slack_plain(value: str) -> str:
+    """A Block Kit plain_text object (a header, a file title): the same entities as mrkdwn (Slack shows
+    them as the characters), so no raw `<!channel>` reaches Slack in any field."""
+    return escape_slack(value)
+
+
+def escape_none(value: str) -> str:
+    return value
 
 
 def num(x: float | None) -> str:
@@ -19,19 +66,24 @@ def num(x: float | None) -> str:
     return f"{x:.4g}"
 
 
-def devices_text(msg: Message) -> str:
-    devs = msg.devices
+def devices_text(msg: Message, esc: Escape = escape_none) -> str:
+    devs = [esc(d) for d in msg.devices]
     if len(devs) <= 16:
         return ", ".join(devs)
     return ", ".join(devs[:16]) + f" and {len(devs) - 16} more"
 
 
-def title(msg: Message) -> str:
+def title(msg: Message, esc: Escape = escape_none) -> str:
     state = "RESOLVED" if msg.status is Status.RESOLVED else msg.severity.value
     n = len(msg.devices)
-    where = f"device {msg.devices[0]}" if n == 1 else f"{n} devices"
+    where = f"device {esc(msg.devices[0])}" if n == 1 else f"{n} devices"
     again = " (still firing)" if msg.repeat else ""
-    return f"{state} {msg.rule}{again}: run {msg.run_id}, {where}, step {msg.lead.step}"
+    return f"{state} {esc(msg.rule)}{again}: run {esc(msg.run_id)}, {where}, step {msg.lead.step}"
+
+
+def chart_line(msg: Message) -> str | None:
+    """What the reader is told when the alert's chart could not be drawn (msmon's own words)."""
+    return None if msg.chart_problem is None else f"(chart could not be drawn: {msg.chart_problem})"
 
 
 def _last(values: list[float | None]) -> float | None:
@@ -63,19 +115,22 @@ def metric_lines(ev: Event) -> list[str]:
     return out
 
 
-def text(msg: Message) -> str:
-    """Plain text (console; Slack's notification fallback)."""
+def text(msg: Message, esc: Escape) -> str:
+    """The message as lines of text (console; Slack's notification fallback), job data through `esc`."""
     ev = msg.lead
-    lines = [title(msg)]
+    lines = [title(msg, esc)]
     if msg.status is not Status.RESOLVED:
-        lines.append(ev.message)
-        lines.append(f"value {num(ev.value)} vs threshold {num(ev.threshold)}; devices {devices_text(msg)}; "
-                     f"phase {ev.phase}")
+        lines.append(esc(ev.message))
+        lines.append(f"value {num(ev.value)} vs threshold {num(ev.threshold)}; devices {devices_text(msg, esc)}; "
+                     f"phase {esc(ev.phase)}")
         metrics = metric_lines(ev)
         if metrics:
             lines.append("now: " + " | ".join(metrics))
         if ev.hint:
-            lines.append("what to do: " + ev.hint)
+            lines.append("what to do: " + esc(ev.hint))
+        problem = chart_line(msg)
+        if problem:
+            lines.append(esc(problem))
     else:
-        lines.append(f"back to normal on devices {devices_text(msg)}")
+        lines.append(f"back to normal on devices {devices_text(msg, esc)}")
     return "\n".join(lines)

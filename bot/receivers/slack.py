@@ -1,25 +1,40 @@
-"""Slack: Block Kit messages through slack-sdk's AsyncWebClient, with its 429 and 5xx retry
-handlers, a chart uploaded with files_upload_v2 in the alert's thread, updates on resolution."""
+"""Slack: Block Kit messages through slack-sdk's AsyncWebClient (with its 5xx and connection retry
+handlers), a chart uploaded with files_upload_v2 in the alert's thread, updates on resolution.
+
+A 429 is not slept on here: it is a DeliveryError carrying Retry-After, so the outbox paces that
+channel alone while the others flow. Any answer (Slack's JSON, a proxy's HTML or plain-text page, a
+dropped connection) becomes a DeliveryError that names the method, the HTTP status and the reason.
+Job data is escaped for mrkdwn (render.escape_slack): it can neither mention nor link.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
-    AsyncRateLimitErrorRetryHandler,
     AsyncServerErrorRetryHandler,
 )
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from notifier.wire import Severity, Status
+from notifier.safenames import slug
+from notifier.wire import Status
 
 from . import DeliveryError, Message, Note
-from .render import ICON, devices_text, metric_lines, text, title
+from .render import (
+    ICON,
+    chart_line,
+    devices_text,
+    escape_slack,
+    escape_slack_code,
+    escape_slack_plain,
+    metric_lines,
+    text,
+    title,
+)
 
 log = logging.getLogger("msmon.bot")
 
@@ -28,27 +43,30 @@ def blocks(msg: Message) -> list[dict[str, Any]]:
     ev = msg.lead
     resolved = msg.status is Status.RESOLVED
     icon = ":white_check_mark:" if resolved else ICON.get(msg.severity.value, "")
+    esc, code = escape_slack, escape_slack_code
     out: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": f"{title(msg)}"[:150]}},
+        {"type": "header", "text": {"type": "plain_text", "text": title(msg, escape_slack_plain)[:150]}},
     ]
     if resolved:
         out.append({"type": "section", "text": {"type": "mrkdwn",
-                                                "text": f"{icon} back to normal on devices {devices_text(msg)}"}})
+                                                "text": f"{icon} back to normal on devices {devices_text(msg, esc)}"}})
         return out
-    out.append({"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} *{ev.message}*"}})
+    out.append({"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} *{esc(ev.message)}*"[:3000]}})
     out.append({"type": "section", "fields": [
-        {"type": "mrkdwn", "text": f"*Run*\n`{msg.run_id}` ({msg.project})"},
-        {"type": "mrkdwn", "text": f"*Rule*\n`{msg.rule}` ({ev.phase} phase)"},
+        {"type": "mrkdwn", "text": f"*Run*\n`{code(msg.run_id)}` ({esc(msg.project)})"[:2000]},
+        {"type": "mrkdwn", "text": f"*Rule*\n`{code(msg.rule)}` ({esc(ev.phase)} phase)"[:2000]},
         {"type": "mrkdwn", "text": f"*Step*\n{ev.step}"},
         {"type": "mrkdwn", "text": f"*Value / threshold*\n{ev.value:.4g} / {ev.threshold:.4g}"},
-        {"type": "mrkdwn", "text": f"*Devices*\n{devices_text(msg)}"},
+        {"type": "mrkdwn", "text": f"*Devices*\n{devices_text(msg, esc)}"[:2000]},
         {"type": "mrkdwn", "text": f"*Severity*\n{msg.severity.value}"},
     ]})
     metrics = metric_lines(ev)
-    if metrics:
-        out.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(metrics)}]})
+    problem = chart_line(msg)
+    if metrics or problem:
+        notes = " · ".join(metrics + ([esc(problem)] if problem else []))
+        out.append({"type": "context", "elements": [{"type": "mrkdwn", "text": notes}]})
     if ev.hint:
-        out.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*What to do:* {ev.hint}"}})
+        out.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*What to do:* {esc(ev.hint)}"[:3000]}})
     out.append(buttons(msg))
     return out
 
@@ -83,45 +101,40 @@ class SlackReceiver:
         if base_url:
             kwargs["base_url"] = base_url
         self.client = AsyncWebClient(**kwargs)
+        # No rate-limit handler: sleeping on one channel's Retry-After here would hold every channel.
         self.client.retry_handlers = [
-            AsyncRateLimitErrorRetryHandler(max_retry_count=max_retries),
             AsyncServerErrorRetryHandler(max_retry_count=max_retries),
             AsyncConnectionErrorRetryHandler(max_retry_count=max_retries),
         ]
         self.charts = charts
+        self._channel_ids: dict[str, str] = {}  # channel as routed -> the ID Slack answered (uploads need it)
 
     async def _call(self, what: str, coro: Any) -> Any:
         try:
             return await coro
         except SlackApiError as exc:
-            resp = exc.response
-            retry = resp.headers.get("Retry-After") if resp is not None and resp.headers else None
-            raise DeliveryError(f"Slack {what} failed: {resp.get('error') if resp else exc}",
-                                float(retry) if retry else None) from None
-        except (OSError, asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - aiohttp errors and friends
+            raise api_error(what, exc) from None
+        except Exception as exc:  # noqa: BLE001 - aiohttp errors, timeouts and friends: all a failed delivery
             raise DeliveryError(f"Slack {what} failed: {type(exc).__name__}: {exc}") from None
 
     async def post(self, channel: str, msg: Message) -> str:
         resp = await self._call("chat.postMessage", self.client.chat_postMessage(
-            channel=channel, text=text(msg), blocks=blocks(msg), unfurl_links=False))
-        ts = str(resp["ts"])
-        if self.charts and msg.severity is Severity.ERROR and msg.status is Status.FIRING:
-            await self._chart(resp.get("channel") or channel, ts, msg)
-        return ts
+            channel=channel, text=text(msg, escape_slack), blocks=blocks(msg), unfurl_links=False))
+        answered = resp.get("channel")
+        if isinstance(answered, str) and answered:
+            self._channel_ids[channel] = answered
+        return str(resp["ts"])
 
-    async def _chart(self, channel: str, ts: str, msg: Message) -> None:
-        from ..chart import render_chart_off_loop
-
-        try:
-            png = await render_chart_off_loop(msg.lead)
-            await self._call("files_upload_v2", self.client.files_upload_v2(
-                channel=channel, content=png, filename=f"{msg.run_id}-{msg.rule}-step{msg.lead.step}.png",
-                title=f"{msg.rule} at step {msg.lead.step}", thread_ts=ts))
-        except DeliveryError as exc:  # the alert itself is out; a missing chart is not worth a re-post
-            log.warning("msmon bot: chart upload for run %s failed: %s", msg.run_id, exc)
+    async def attach(self, channel: str, ref: str, msg: Message) -> None:
+        if msg.chart is None:
+            return
+        await self._call("files_upload_v2", self.client.files_upload_v2(
+            channel=self._channel_ids.get(channel, channel), content=msg.chart,
+            filename=slug(f"{msg.run_id}-{msg.rule}-step{msg.lead.step}", max_len=120) + ".png",
+            title=escape_slack_plain(f"{msg.rule} at step {msg.lead.step}")[:250], thread_ts=ref))
 
     async def update(self, channel: str, ref: str, msg: Message) -> None:
-        await self._call("chat.update", self.client.chat_update(channel=channel, ts=ref, text=text(msg),
+        await self._call("chat.update", self.client.chat_update(channel=channel, ts=ref, text=text(msg, escape_slack),
                                                                  blocks=blocks(msg)))
 
     async def note(self, channel: str, note: Note) -> None:
@@ -134,19 +147,51 @@ class SlackReceiver:
                 raise DeliveryError(f"Slack response_url failed: {type(exc).__name__}: {exc}") from None
             if resp.status_code != 200:
                 retry = resp.headers.get("Retry-After") if resp.headers else None
-                raise DeliveryError(f"Slack response_url answered HTTP {resp.status_code}: {resp.body[:200]}",
-                                    float(retry[0] if isinstance(retry, list) else retry) if retry else None)
+                raise DeliveryError(f"Slack response_url answered HTTP {resp.status_code}: {_reason(resp.body)}",
+                                    retry_after(retry))
         elif channel and channel != "commands":
             await self._call("chat.postMessage", self.client.chat_postMessage(
                 channel=channel, thread_ts=note.thread_ts, text=note.text, unfurl_links=False))
         if note.chart is not None and channel and channel != "commands":
             try:
                 await self._call("files_upload_v2", self.client.files_upload_v2(
-                    channel=channel, content=note.chart, filename=f"status-{note.command_id or 'run'}.png",
+                    channel=channel, content=note.chart, filename=slug(f"status-{note.command_id or 'run'}") + ".png",
                     title="status", thread_ts=note.thread_ts))
             except DeliveryError as exc:
                 log.warning("msmon bot: status chart upload failed: %s", exc)
 
     async def reply(self, channel: str, ref: str, msg: Message) -> None:
         await self._call("chat.postMessage", self.client.chat_postMessage(
-            channel=channel, thread_ts=ref, text=text(msg), blocks=blocks(msg)))
+            channel=channel, thread_ts=ref, text=text(msg, escape_slack), blocks=blocks(msg), unfurl_links=False))
+
+
+def retry_after(value: Any) -> float | None:
+    """Seconds from a Retry-After header (a list of values, a number); None when absent or not seconds."""
+    if isinstance(value, list | tuple):
+        value = value[0] if value else None
+    try:
+        seconds = float(value) if value is not None else None
+    except (TypeError, ValueError):  # an HTTP date or garbage: fall back to the outbox's backoff
+        return None
+    return seconds if seconds is not None and 0 < seconds < float("inf") else None
+
+
+def _reason(body: Any) -> str:
+    """A short, one-line reason from an answer's body: Slack's `error`, or the start of a text/HTML page."""
+    if isinstance(body, dict):
+        return str(body.get("error") or body.get("warning") or body)[:200]
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    return " ".join(str(body).split())[:200] or "(empty body)"
+
+
+def api_error(what: str, exc: SlackApiError) -> DeliveryError:
+    """The DeliveryError for any SlackApiError, whatever its response holds."""
+    resp = exc.response
+    status = getattr(resp, "status_code", None)
+    data = getattr(resp, "data", None)
+    headers = getattr(resp, "headers", None) or {}
+    retry = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), None) \
+        if hasattr(headers, "items") else None
+    return DeliveryError(f"Slack {what} failed: HTTP {status}: {_reason(data if data is not None else exc)}",
+                         retry_after(retry))

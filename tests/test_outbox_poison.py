@@ -1,0 +1,210 @@
+"""Delivery you can trust, end to end: the real bot on loopback, slack-sdk's real client talking to the
+local Slack API server (tests/slack_api.py) with injected faults, real SQLite, real matplotlib.
+
+A poison alert (a chart matplotlib cannot draw, Slack's HTML error page, a run id that is no file
+name) is posted once, or retried with backoff and dead-lettered, while the other alerts flow; job
+text cannot mention or link in Slack nor drive the terminal; chart files stay in their folder.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from typing import Any
+
+import pytest
+
+from bot.delivery import Policy
+from bot.receivers.console import ConsoleReceiver
+from notifier.wire import Envelope, Event, Window, encode
+from tests.bot_server import BotServer, wait_for
+from tests.slack_api import SlackAPIServer
+from tests.test_bot import event
+
+HTML_502 = "<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
+FAST = Policy(base=0.05, cap=0.2, max_attempts=4, max_error_attempts=3)
+
+
+def envelope(events: list[Event], labels: dict[str, str] | None = None) -> bytes:
+    run = events[0].run_id
+    return encode(Envelope(run_id=run, device="0", sent_at=time.time(), project="llm", events=events,
+                           labels=labels or {}))
+
+
+def config(tmp_path: Any, slack: SlackAPIServer | None, routes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"bot": {
+        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+        "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
+        "routes": routes if routes is not None else [{"receiver": "slack", "channel": "C0ALERTS"}] if slack else [],
+        "slack": {"base_url": slack.base_url if slack else None, "max_retries": 0},
+        "pipeline": {"group_wait": 0.0},
+        "rate_limit": {"per_channel": 100, "per_run": 100, "global_rate": 100, "burst": 50},
+        "commands": {"operators": [{"user": "cli:ops", "env": "MSMON_TEST_OPS"}]},
+        "console": {"charts_dir": str(tmp_path / "charts")}}}
+
+
+@pytest.fixture
+def slack():
+    with SlackAPIServer() as s:
+        yield s
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("MSMON_TEST_OPS", "ops-token")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
+
+
+def posts_for(slack: SlackAPIServer, run: str) -> list[Any]:
+    return [c for c in slack.calls_to("chat.postMessage") if f"run {run}," in str(c.params.get("text", ""))]
+
+
+def test_charts_matplotlib_stumbles_on_are_posted_once_and_others_flow(tmp_path, slack, env):
+    bot = BotServer(config(tmp_path, slack))
+    try:
+        mathtext = event(run="run-math")
+        mathtext.message = r"loss $\frac{1}{$ bad"  # matplotlib's mathtext parser raised on it
+        extreme = event(run="run-huge")  # matplotlib cannot draw this window (LinAlgError: Singular matrix)
+        extreme.window = Window(steps=[1, 2, 3], loss=[1e308, -1e308, 1e308], learning_rate=[0.0] * 3,
+                                grad_norm=[1e-320, 1e300, 0.0], tokens_per_s=[1.0, 2.0, 3.0])
+        bot.request("POST", "/v1/ingest", envelope([mathtext]))
+        bot.request("POST", "/v1/ingest", envelope([extreme]))
+        for i in range(3):
+            bot.request("POST", "/v1/ingest", envelope([event(run=f"run-ok{i}")]))
+        assert wait_for(lambda: all(posts_for(slack, f"run-ok{i}") for i in range(3)), timeout=10)
+        time.sleep(2.0)  # the flood was 91 posts in 40 s: two seconds show it
+        for run in ("run-math", "run-huge"):
+            posts = posts_for(slack, run)
+            assert len(posts) == 1, f"the poison alert of {run} was posted {len(posts)} times"
+        huge = posts_for(slack, "run-huge")[0].params["text"]
+        assert "(chart could not be drawn: LinAlgError: Singular matrix)" in huge
+        assert "chart could not be drawn" not in posts_for(slack, "run-math")[0].params["text"]
+        assert len(slack.uploads()) == 4  # every chart but the one that cannot be drawn
+        _, health = bot.request("GET", "/healthz", token=None)
+        assert health["outbox_depth"] == 0 and health["dead_letters"] == 0
+    finally:
+        bot.stop()
+
+
+def test_slacks_html_error_page_is_retried_with_backoff_then_dead_lettered_once(tmp_path, slack, env, caplog):
+    slack.fail("chat.postMessage", status=502, times=10**6, body=HTML_502, when=lambda p: "run-bad" in p["text"])
+    bot = BotServer(config(tmp_path, slack), delivery=FAST)
+    try:
+        with caplog.at_level(logging.WARNING, logger="msmon.bot"):
+            bot.request("POST", "/v1/ingest", envelope([event(run="run-bad")]))
+            bot.request("POST", "/v1/ingest", envelope([event(run="run-good")]))
+            assert wait_for(lambda: len(posts_for(slack, "run-good")) == 1, timeout=5)
+            assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1].get("dead_letters") == 1, timeout=10)
+            time.sleep(0.5)
+        tries = [c for c in slack.calls_to("chat.postMessage") if "run-bad" in c.params["text"]]
+        assert len(tries) == FAST.max_attempts and all(c.http_status == 502 for c in tries)
+        gaps = [b.time - a.time for a, b in zip(tries, tries[1:], strict=False)]
+        assert all(g >= FAST.base / 2 * 0.9 for g in gaps), gaps  # backoff, not a hot loop
+        dead_logs = [r for r in caplog.records if "dead letter" in r.getMessage()]
+        assert len(dead_logs) == 1 and "run-bad" in dead_logs[0].getMessage()
+        assert dead_logs[0].levelno == logging.ERROR
+        status, body = bot.request("GET", "/v1/outbox/dead", token="ops-token")
+        assert status == 200 and len(body["dead"]) == 1
+        dead = body["dead"][0]
+        assert dead["run_id"] == "run-bad" and dead["attempts"] == FAST.max_attempts and "502" in dead["error"]
+        assert bot.request("GET", "/v1/outbox/dead")[0] == 403  # a job's token
+        assert bot.request("GET", "/v1/outbox/dead", token=None)[0] == 401
+        _, metrics = bot.request("GET", "/metrics", token=None)
+        assert "msmon_outbox_dead_letters 1.0" in metrics
+        assert 'msmon_dead_letters_total{receiver="slack"} 1.0' in metrics
+        assert 'msmon_delivery_errors_total{receiver="slack"} 4.0' in metrics
+        assert len(posts_for(slack, "run-good")) == 1
+    finally:
+        bot.stop()
+
+
+def test_a_429_paces_its_own_channel_and_not_the_others(tmp_path, slack, env):
+    routes = [{"receiver": "slack", "channel": "C0A", "labels": {"team": "a"}},
+              {"receiver": "slack", "channel": "C0B"}]
+    slack.fail("chat.postMessage", status=429, times=1, retry_after=2, when=lambda p: p["channel"] == "C0A")
+    bot = BotServer(config(tmp_path, slack, routes))
+    try:
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-a1")], {"team": "a"}))
+        assert wait_for(lambda: any(c.failed for c in slack.calls_to("chat.postMessage")), timeout=5)
+        limited = next(c for c in slack.calls_to("chat.postMessage") if c.failed).time
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-a2")], {"team": "a"}))
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-b1")], {"team": "b"}))
+        assert wait_for(lambda: len(slack.messages("C0B")) == 1, timeout=5)
+        b = next(c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "C0B")
+        assert b.time - limited < 1.5, "a 429 on C0A held back C0B"
+        assert wait_for(lambda: len(slack.messages("C0A")) == 2, timeout=10)
+        a_ok = [c.time for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "C0A" and not c.failed]
+        assert min(a_ok) - limited >= 1.9, "C0A was posted to before its Retry-After"
+        assert len(slack.calls_to("chat.postMessage")) == 4  # one 429, three posts
+    finally:
+        bot.stop()
+
+
+def test_a_chart_upload_that_fails_after_the_post_never_posts_the_text_twice(tmp_path, slack, env):
+    slack.fail("files.getUploadURLExternal", status=500, times=2, body="upstream connect error",
+               content_type="text/plain")
+    bot = BotServer(config(tmp_path, slack))
+    try:
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-up")]))
+        assert wait_for(lambda: len(slack.uploads()) == 1, timeout=15)
+        time.sleep(0.5)
+        assert len(posts_for(slack, "run-up")) == 1
+        assert slack.uploads()[0]["thread_ts"] == slack.messages()[0]["ts"]
+    finally:
+        bot.stop()
+
+
+def test_job_text_cannot_mention_or_link_in_slack(tmp_path, slack, env):
+    ev = event(run="run-<!channel>", device="<@U0BOSS>")
+    ev.rule = "grad_norm<!here>"
+    ev.message = "loss <!here> went <http://evil.example|up> & <@U0CEO> @channel"
+    ev.hint = "see <!subteam^S0ALL> *now*"
+    ev.phase = "<!everyone>"
+    bot = BotServer(config(tmp_path, slack))
+    try:
+        bot.request("POST", "/v1/ingest", envelope([ev]))
+        assert wait_for(lambda: len(slack.messages()) == 1, timeout=5)
+        msg = slack.messages()[0]
+        texts = [msg["text"]] + _texts(msg["blocks"])
+        everything = "\n".join(texts)
+        for raw in ("<!channel>", "<!here>", "<!everyone>", "<@U0BOSS>", "<@U0CEO>", "<http", "<!subteam"):
+            assert raw not in everything, raw
+        assert "&lt;!here&gt;" in everything and "&amp;" in everything
+        assert "@channel" not in everything.replace("@\u2060channel", "")
+    finally:
+        bot.stop()
+
+
+def _texts(obj: Any) -> list[str]:
+    if isinstance(obj, dict):
+        return [v for k, v in obj.items() if k == "text" and isinstance(v, str)] + \
+            [t for k, v in obj.items() if k != "value" for t in _texts(v)]
+    if isinstance(obj, list):
+        return [t for v in obj for t in _texts(v)]
+    return []
+
+
+def test_console_charts_stay_in_their_folder_and_job_text_cannot_drive_the_terminal(tmp_path, env):
+    charts = tmp_path / "deep" / "charts"
+    out = io.StringIO()
+    cfg = config(tmp_path, None)
+    cfg["bot"]["console"]["charts_dir"] = str(charts)
+    bot = BotServer(cfg, receivers={"console": ConsoleReceiver(str(charts), out=out)})
+    runs = ["../../x", "a/b", "nul\x00id", "r" * 250, "run-\x1b[2J\x1b]0;pwned\x07"]
+    try:
+        for run in runs:
+            bot.request("POST", "/v1/ingest", envelope([event(run=run)]))
+        assert wait_for(lambda: out.getvalue().count("chart: ") == len(runs), timeout=15), out.getvalue()
+        time.sleep(1.0)
+        text = out.getvalue()
+        assert text.count("ERROR grad_norm: run") == len(runs)  # each once: no poison loop
+        assert "\x1b" not in text and "\x07" not in text and "\x00" not in text
+        assert sorted(os.listdir(tmp_path)) == ["bot.sqlite", "bot.sqlite-shm", "bot.sqlite-wal", "deep"]
+        assert sorted(os.listdir(tmp_path / "deep")) == ["charts"]
+        pngs = os.listdir(charts)
+        assert len(pngs) == len(runs) and all(p.endswith(".png") and len(p) <= 124 for p in pngs)
+    finally:
+        bot.stop()
