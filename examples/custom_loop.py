@@ -77,7 +77,9 @@ def main() -> None:
                 print(f"ALERT step {e.step} {e.severity.value} {e.rule}: {e.message}")
                 control.take_event(e)  # the configured actions of this rule
             if control.has_pending:
-                control.apply(step)  # at the step boundary: checkpoint, pause, scale the LR, ...
+                # at the step boundary, in the order the bot accepted them: checkpoint, scale the LR, ...; a pause
+                # waits in here until a resume, a stop or its timeout (that time is not counted as step time)
+                control.apply(step)
                 if control.stop_requested:
                     break
 

@@ -93,6 +93,10 @@ TABLE = [
      [("offer", req("c1", "save_checkpoint", 12)), ("offer", req("c2", "scale_lr", 10, factor=0.5)),
       ("step", 10, 0.0), ("step", 11, 0.1), ("step", 12, 0.2)],
      ["run c1", "run c2"], False),
+    ("a request made in the job is not held back by a command waiting for its step",
+     [("offer", req("c1", "pause", 10)), ("offer", Request("save_checkpoint", {}, "rule grad_norm ERROR")),
+      ("step", 5, 0.0), ("offer", Request("resume", {}, "code")), ("step", 10, 1.0)],
+     ["run -", "skip c1", "skip -"], False),
     ("a resume accepted before the pause in effect does not release it",
      [("offer", req("c2", "pause", 10)), ("step", 10, 0.0), ("offer", req("c1", "resume", 9)), ("step", 10, 1.0)],
      ["pause c2", "skip c1"], True),
@@ -134,8 +138,8 @@ def test_the_reasons_say_what_happened_to_each_command():
 
 
 def test_acceptance_order_is_the_bots_sequence_number():
-    assert [acceptance_order(x) for x in ("c1", "c17", "c0017", None, "x5", "c", "c-1", "c1a")] == \
-        [1, 17, 17, None, None, None, None, None]
+    ids = ("c1", "c17", "c0017", None, "x5", "c", "c-1", "c1a", "c²", "c" + "9" * 5000)
+    assert [acceptance_order(x) for x in ids] == [1, 17, 17, None, None, None, None, None, None, None]
 
 
 # -- the pure state machine: any interleaving and duplication of deliveries ----------------------------

@@ -18,7 +18,8 @@ class StepStallParams(RuleParams):
     The slowest step is timed on every step (a clock read), so a stall between two samples is
     seen; it must also last `min_seconds` (a 20 ms scheduler hiccup in a job of 2 ms steps is 10x
     the median, and nobody's business). A job that stops stepping altogether is seen by the bot's
-    heartbeat watchdog instead.
+    heartbeat watchdog instead. Time paused on purpose (a `pause` command or action) never reaches
+    this rule: the Monitor leaves it out of step times (`Monitor.hold_clock`).
     """
 
     warning: float | None = dataclasses.field(default=10.0, metadata=spec(gt=1, doc="x the median step time"))

@@ -53,7 +53,8 @@ class Request:
 def acceptance_order(command_id: str | None) -> int | None:
     """The bot's acceptance order of a chat command: N of its id `cN`, the sequence number of its row in
     the bot's commands table (the job's poll cursor counts the same numbers); None for any other id."""
-    if command_id and command_id[:1] == "c" and command_id[1:].isascii() and command_id[1:].isdigit():
+    if (command_id and len(command_id) <= 19 and command_id[:1] == "c" and command_id[1:].isascii()
+            and command_id[1:].isdigit()):
         return int(command_id[1:])
     return None
 
@@ -77,8 +78,9 @@ class CommandOrder:
     Chat commands are ordered by the bot's acceptance order (`acceptance_order`); a request made in the
     job (code, a rule's `actions:`) comes after every command seen so far. Then:
 
-    - a request applies at the first boundary at or after its apply step, and never before an earlier
-      one (the first pending request not yet due holds the later ones back);
+    - a command applies at the first boundary at or after its apply step, and never before an earlier
+      one (the first pending command not yet due holds the later ones back); a request made in the job
+      has no apply step: it applies at the next boundary;
     - a pause falling due is cancelled when a resume accepted after it is already known;
     - while paused, a resume or a stop accepted after the pause acts at once, at the paused step (a stop
       releases the pause, then stops); the resume also cancels pauses accepted before it still waiting;
@@ -138,13 +140,14 @@ class CommandOrder:
     def _next(self, step: int, now: float) -> list[Outcome]:
         if self.stopped is not None:
             taken, self.pending = self.pending, []
+            self._cancelled.clear()
             why = f"not applied: the job stopped at step {self.stopped_step} ({self.stopped.name})"
             return [Outcome("skip", r, why) for r in taken]
         if self.paused is not None:
             return self._while_paused(step, now)
-        if not self.pending or not self.pending[0].due(step):
+        head = self._take_due(step)
+        if head is None:
             return []
-        head = self.pending.pop(0)
         if head.action == "pause":
             later = next((r for r in self.pending if r.action == "resume"), None)
             if later is not None:
@@ -177,15 +180,26 @@ class CommandOrder:
                 for q in moot:
                     self.pending.remove(q)
                 self._resumed = r
+                self._cancelled.pop(r.key, None)
                 return [*(Outcome("skip", q, _cancelled_by(r)) for q in moot), self._leave(r, now)]
-        if not self.pending or not self.pending[0].due(step):
+        head = self._take_due(step)
+        if head is None:
             return []
-        head = self.pending.pop(0)
         if head.action == "pause":
             return [Outcome("skip", head, f"already paused at step {self.paused_step} ({pause.name})")]
         if head.action == "resume":
             return [Outcome("skip", head, f"not applied: it was accepted before {pause.name}, the pause in effect")]
         return [Outcome("run", head)]  # at the paused step: the weights are as consistent as at any boundary
+
+    def _take_due(self, step: int) -> Request | None:
+        """The next request to apply at `step`, taken off the queue: the first pending one if due; past a
+        command not yet due, only a request made in the job."""
+        held = False
+        for i, r in enumerate(self.pending):
+            if r.at_step is None or (not held and r.due(step)):
+                return self.pending.pop(i)
+            held = True
+        return None
 
     def _enter(self, req: Request, step: int, now: float) -> Outcome:
         limit = req.params.get("timeout")
