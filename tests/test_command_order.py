@@ -348,6 +348,32 @@ def test_apply_steps_never_go_backwards_for_a_run(bot):
     assert ckpt["apply_step"] >= pause["apply_step"] and resume["apply_step"] >= ckpt["apply_step"]
 
 
+def test_a_pause_the_job_did_not_apply_does_not_mark_the_run_paused(bot):
+    """The bot learns pause/resume from the job's results before the next heartbeat: only a pause that
+    really started says the run is paused, not one the job answered "not applied"."""
+    from notifier.wire import ActionResult, Envelope, Sample
+
+    now = time.time()
+    samples = [Sample(run_id="run-9", device="0", step=100 + k, time=now - 1.0 + 0.1 * k, loss=1.0) for k in range(10)]
+    assert bot.request("POST", "/v1/ingest", encode(Envelope(run_id="run-9", device="0", sent_at=now, project="llm",
+                                                             samples=samples)))[0] == 202
+    pause, resume = operator(bot, "pause run-9"), operator(bot, "resume run-9")
+    # the rank got the resume first and the pause after it had handled the resume (CommandOrder's answers)
+    order = CommandOrder()
+    order.offer(req(resume["id"], "resume", resume["apply_step"]))
+    decided = order.decide(resume["apply_step"], 0.0)
+    order.offer(req(pause["id"], "pause", pause["apply_step"]))
+    decided += order.decide(resume["apply_step"] + 1, 0.1)
+    assert [o.req.action for o in decided] == ["resume", "pause"] and decided[1].detail.startswith("not applied")
+    for o in decided:
+        res = ActionResult(run_id="run-9", device="0", step=resume["apply_step"], time=time.time(),
+                           action=o.req.action, ok=True, detail=o.detail, command_id=o.req.command_id)
+        env = Envelope(run_id="run-9", device="0", sent_at=time.time(), project="llm", actions=[res])
+        assert bot.request("POST", "/v1/ingest", encode(env))[0] == 202
+    assert wait_for(lambda: bot.store.commands.get(pause["id"])["status"] == "done", timeout=5)
+    assert not bot.store.run("run-9")["paused"]
+
+
 # -- end to end: a real MindSpore job, the real bot on loopback -----------------------------------------
 
 

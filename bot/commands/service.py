@@ -335,9 +335,12 @@ class CommandService:
                 continue  # unknown, another run's (a job answers only its own), closed, or a repeat
             results = dict(c["results"])
             results[a.device] = {"ok": a.ok, "step": a.step, "detail": a.detail, "path": a.path}
-            if a.ok and a.action in ("pause", "resume"):  # known now, not at the next heartbeat
-                self.store.set_paused(a.run_id, a.action == "pause", self.clock())
-                if a.action == "resume":
+            # Known now, not at the next heartbeat. Any resume answered means "not paused"; a pause means
+            # "paused" only when it did start (the job answers a cancelled or moot pause "not applied: ...").
+            paused = a.action == "pause" and a.detail.startswith(("paused at step", "already paused"))
+            if a.ok and (a.action == "resume" or paused):
+                self.store.set_paused(a.run_id, paused, self.clock())
+                if a.detail.startswith("resumed at step"):
                     self.resumed_at[a.run_id] = a.time
                     if len(self.resumed_at) > self.cfg.max_runs:
                         self.resumed_at.pop(next(iter(self.resumed_at)))
