@@ -274,6 +274,38 @@ def test_a_stop_while_paused_releases_the_pause_and_stops_at_once(tmp_path):
         t.join(3.0)
 
 
+def test_two_delivery_threads_and_the_training_thread_answer_each_command_once(tmp_path):
+    """The poll thread and the sender's answers deliver the same commands over and over, in their own
+    orders, while the training thread steps: every id is answered once and the job ends running."""
+    control = bound_control(tmp_path)
+    answered: list = []
+    control.on_result = answered.append
+    cmds = [cmd("c1", "pause", 3), cmd("c2", "scale_lr", 3, factor=1.0), cmd("c3", "resume", 3),
+            cmd("c4", "pause", 6), cmd("c5", "save_checkpoint", 8), cmd("c6", "resume", 8)]
+
+    def deliver(batches):
+        for k in range(40):
+            control.take_commands(batches[: 1 + k % len(batches)])
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=deliver, args=(cmds,)), threading.Thread(target=deliver, args=(cmds[::-1],))]
+    for t in threads:
+        t.start()
+    try:
+        for step in range(1, 14):
+            t, _ = applying(control, step)
+            t.join(5.0)
+            assert not t.is_alive(), f"stuck at step {step}"
+            time.sleep(0.005)
+    finally:
+        for t in threads:
+            t.join(5.0)
+        control.request("resume")
+    ids = [r.command_id for r in answered if r.command_id]
+    assert sorted(ids) == [c.id for c in cmds]  # each once
+    assert not control.paused and all(r.ok for r in answered)
+
+
 def test_a_stop_stops_even_when_its_checkpoint_fails(tmp_path):
     control = JobControl(Monitor(monitor_cfg(), "order"), str(tmp_path / "ckpt"))  # no network bound
     control.request("stop")
