@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -113,6 +114,10 @@ CASES: dict[str, Any] = {
     "raw bytes, no Bearer": lambda b: raw(b, "GET", "/v1/runs", token=b"\xc3\x28"),
     "non-numeric Slack timestamp": lambda b: signed(b, "/slack/commands", {"user_id": "U0ALICE", "text": "help"},
                                                     ts="12ab"),
+    "non-ASCII Slack signature": lambda b: raw(
+        b, "POST", "/slack/commands", b"user_id=U0ALICE&text=help",
+        {"Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": str(int(time.time())),
+         "X-Slack-Signature": b"v0=\xc3\xa9" + b"0" * 62}, token=None),
     "Slack timestamp with a sign": lambda b: signed(b, "/slack/commands", {"user_id": "U0ALICE"}, ts="-1"),
     "Slack timestamp of 40 digits": lambda b: signed(b, "/slack/commands", {"user_id": "U0ALICE"}, ts="9" * 40),
     "JSON nested 1000 deep (ingest)": lambda b: raw(b, "POST", "/v1/ingest", b"[" * 1000 + b"]" * 1000),
@@ -187,6 +192,25 @@ def test_the_bot_still_serves_after_the_table(bot):
     assert code == 200 and body["last_step"] == 100, body
     _, metrics = raw(bot, "GET", "/metrics")
     assert 'status="500"' not in metrics
+
+
+def test_an_odd_interaction_over_socket_mode_is_answered_without_a_traceback(tmp_path, monkeypatch, caplog):
+    from tests.slack_api import SlackAPIServer
+
+    monkeypatch.setenv("MSMON_HOSTILE_APP", "xapp-1-A0MSMON01-1-abc")
+    with SlackAPIServer() as slack:
+        b = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"), "console": {"charts": False},
+                               "slack": {"base_url": slack.base_url, "socket_mode": True,
+                                         "app_token_env": "MSMON_HOSTILE_APP"}}})
+        try:
+            assert slack.wait_for(lambda s: s.socket_connections() == 1, timeout=15)
+            eid = slack.push("interactive", {**CLICK, "actions": "pause run-42"})
+            assert slack.wait_for(lambda s: s.socket_ack(eid) is not None, timeout=10)
+            text = slack.socket_ack(eid)["payload"]["text"]
+            assert "could not read that request" in text and "actions" in text, text
+        finally:
+            b.stop()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("msmon")]
 
 
 def test_a_405_names_the_allowed_methods(bot):
