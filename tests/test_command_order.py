@@ -166,12 +166,13 @@ def accepted(draw):
     return cmds, sorted(copies)
 
 
-def simulate(cmds, copies) -> tuple[list[tuple[str, str, str]], CommandOrder]:
+def simulate(cmds, copies) -> tuple[list[tuple[str, str, str, int]], CommandOrder]:
     """A rank taking one tick per step boundary: the step moves on only when not paused (a pause lasts
-    ticks, not steps); deliveries scheduled for a tick arrive before its boundary."""
+    ticks, not steps); deliveries scheduled for a tick arrive before its boundary. What it decided, and
+    at which step."""
     by_id = {cid: (action, at, params) for cid, action, at, params in cmds}
     order = CommandOrder()
-    out: list[Outcome] = []
+    out: list[tuple[str, str, str, int]] = []
     step = 1
     last_tick = max(at for _, _, at, _ in cmds) + 40
     for tick in range(last_tick):
@@ -179,10 +180,10 @@ def simulate(cmds, copies) -> tuple[list[tuple[str, str, str]], CommandOrder]:
             if t == tick:
                 action, at, params = by_id[cid]
                 order.offer(req(cid, action, at, **params))
-        out += order.decide(step, float(tick))
+        out += [(o.kind, o.req.command_id or "-", o.detail, step) for o in order.decide(step, float(tick))]
         if order.paused is None and order.stopped is None:
             step += 1
-    return [(o.kind, o.req.command_id or "-", o.detail) for o in out], order
+    return out, order
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -196,15 +197,15 @@ def test_any_interleaving_and_duplication_of_deliveries_decides_the_same(case):
         first[cid] = min(t, first.get(cid, t))
     canonical = [(first[cid], acceptance_order(cid), cid) for cid in first]
     want, _ = simulate(cmds, sorted(canonical))
-    assert got == want
-    ids = [cid for _, cid, _ in got if cid != "-"]
+    assert got == want  # the same decisions at the same steps: so every rank of a job acts alike
+    ids = [cid for _, cid, _, _ in got if cid != "-"]
     assert len(ids) == len(set(ids))  # each id decided at most once
     last = cmds[-1][1]
     if last in ("resume", "stop") or any(a == "stop" for _, a, _, _ in cmds):
         assert order.paused is None  # never ends paused after a trailing resume, or once a stop was accepted
     if order.paused is None:
         assert sorted(ids, key=acceptance_order) == sorted(c[0] for c in cmds)  # every command answered
-    applied = [cid for kind, cid, _ in got if kind in ("run", "pause")]
+    applied = [cid for kind, cid, _, _ in got if kind in ("run", "pause")]
     assert applied == sorted(applied, key=acceptance_order)  # effects in acceptance order
 
 
