@@ -22,7 +22,7 @@ SCHEMA_VERSION = 1
 
 # -- limits: what a sane job sends, enforced on decode (docs/openapi.yaml states the same numbers) ------
 MAX_ID = 256  # run_id, device, rule, action, command id, label keys
-MAX_TEXT = 16_384  # message, hint, detail, a path
+MAX_TEXT = 65_536  # message, hint, detail, a path: generous (a MindSpore error message can run long)
 MAX_ITEMS = 10_000  # records of one kind in one envelope; values in one chart window
 MAX_COUNT = 2**53 - 1  # steps and counts: exact in every JSON reader (and far inside SQLite's 64 bits)
 MAX_DEPTH = 32  # JSON nesting; the schema itself needs 6

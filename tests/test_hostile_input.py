@@ -12,6 +12,7 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
+import msgspec
 import pytest
 from slack_sdk.signature import SignatureVerifier
 
@@ -220,3 +221,25 @@ def test_a_405_names_the_allowed_methods(bot):
     resp.read()
     assert resp.status == 405 and resp.getheader("Allow") == "POST"
     conn.close()
+
+
+def test_the_spec_states_the_wires_limits():
+    """docs/openapi.yaml and notifier/wire.py give the same numbers."""
+    import yaml
+
+    from notifier import wire
+    from tests.conftest import ROOT
+
+    schemas = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())["components"]["schemas"]
+    assert schemas["RunId"]["maxLength"] == schemas["Id"]["maxLength"] == wire.MAX_ID
+    assert schemas["Text"]["maxLength"] == wire.MAX_TEXT
+    assert schemas["Step"]["maximum"] == -schemas["Step"]["minimum"] == schemas["Count"]["maximum"] == wire.MAX_COUNT
+    assert schemas["Envelope"]["properties"]["samples"]["maxItems"] == wire.MAX_ITEMS
+    for name, struct in (("Envelope", wire.Envelope), ("Heartbeat", wire.Heartbeat), ("Poll", wire.Poll)):
+        info = {f.name: f.type for f in msgspec.inspect.type_info(struct).fields}
+        for field, spec in schemas[name]["properties"].items():
+            t = info[field]
+            for key, attr in (("maxLength", "max_length"), ("maximum", "le"), ("minimum", "ge"),
+                              ("maxItems", "max_length")):
+                if key in spec:
+                    assert getattr(t, attr) == spec[key], (name, field, key)
