@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from notifier.config.errors import ConfigError, Issue
-from notifier.config.validate import Context, build, setting
-from notifier.config.yamlio import load_yaml
+from notifier.config.errors import ConfigError, Issue, shown
+from notifier.config.validate import Context, build, setting, url_problem
+from notifier.config.yamlio import check_shape, load_yaml, location_of
 
 _f = setting
+DAY = 86_400.0
+_MAX_SECRET_BYTES = 64 << 10  # a token is tens of bytes; `file: /dev/zero` must not hang the bot
 
 
 @dataclasses.dataclass
@@ -29,10 +32,16 @@ class Secret:
         if self.env is not None:
             return os.environ.get(self.env) or None
         try:
-            with open(self.file or "", encoding="utf-8") as f:
-                return f.read().strip() or None
-        except OSError:
+            if not stat.S_ISREG(os.stat(self.file or "").st_mode):  # a FIFO would block the bot's start
+                return None
+            with open(self.file or "", encoding="utf-8", errors="replace") as f:
+                return f.read(_MAX_SECRET_BYTES).strip() or None
+        except (OSError, ValueError):
             return None
+
+    def source(self) -> str:
+        """Where the secret comes from, for messages (never the secret itself)."""
+        return f"env {self.env}" if self.env is not None else f"file {self.file}"
 
 
 @dataclasses.dataclass
@@ -71,8 +80,9 @@ class CommandsConfig:
     groups: dict[str, list[str]] = _f({}, "user groups: name -> Slack user IDs or operator names")
     operators: list[Operator] = _f([], "tokens for `msmon cmd` (POST /v1/commands)")
     expire_after: float = _f(600.0, "seconds after which a command no job picked up expires (the user is told)",
-                             gt=0)
-    apply_lead: float = _f(0.25, "seconds ahead of a run's latest step at which its ranks apply a command", ge=0)
+                             ge=0.1, le=7 * DAY)
+    apply_lead: float = _f(0.25, "seconds ahead of a run's latest step at which its ranks apply a command", ge=0,
+                           le=3600)
     long_poll: float = _f(20.0, "longest wait of a job's command poll, seconds", gt=0, le=60)
 
 
@@ -90,7 +100,7 @@ class Route:
 
     def check(self) -> Iterator[tuple[str, str]]:
         if self.receiver not in ("console", "slack"):
-            yield "receiver", f"unknown receiver {self.receiver!r}; receivers are console, slack"
+            yield "receiver", f"unknown receiver {shown(self.receiver)}; receivers are console, slack"
         if self.receiver == "slack" and not self.channel:
             yield "channel", "a slack route needs a channel ID"
 
@@ -99,12 +109,17 @@ class Route:
 class SlackConfig:
     token_env: str = _f("SLACK_BOT_TOKEN", "environment variable with the bot token (xoxb-...)")
     base_url: str | None = _f(None, "Slack API base URL (tests point it at a local server)")
-    max_retries: int = _f(5, "retries on 429 / 5xx by slack-sdk's retry handlers", ge=0)
+    max_retries: int = _f(5, "retries on 429 / 5xx by slack-sdk's retry handlers", ge=0, le=100)
     signing_secret_env: str = _f("SLACK_SIGNING_SECRET", "environment variable with the signing secret that "
                                  "verifies slash commands and button clicks")
     socket_mode: bool = _f(False, "receive commands over Socket Mode (no public URL needed) instead of HTTP")
     app_token_env: str = _f("SLACK_APP_TOKEN", "environment variable with the app-level token (xapp-...) for "
                             "Socket Mode")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        problem = url_problem(self.base_url) if self.base_url is not None else None
+        if problem:
+            yield "base_url", problem
 
 
 @dataclasses.dataclass
@@ -115,19 +130,22 @@ class ConsoleConfig:
 
 @dataclasses.dataclass
 class PipelineConfig:
-    repeat_interval: float = _f(3600.0, "seconds before the same alert at the same severity is sent again", ge=0)
-    group_wait: float = _f(5.0, "seconds to collect devices hitting the same rule into one message", ge=0)
+    repeat_interval: float = _f(3600.0, "seconds before the same alert at the same severity is sent again", ge=0,
+                             le=30 * DAY)
+    group_wait: float = _f(5.0, "seconds to collect devices hitting the same rule into one message", ge=0, le=3600)
     inhibit_warnings: bool = _f(True, "hold back a run's WARNINGs while it has an ERROR firing")
-    heartbeat_timeout: float = _f(60.0, "seconds without a heartbeat before a job is declared gone", gt=0)
-    stall_timeout: float = _f(600.0, "seconds of heartbeats without step progress before a stall alert", gt=0)
+    heartbeat_timeout: float = _f(60.0, "seconds without a heartbeat before a job is declared gone", ge=0.1,
+                               le=7 * DAY)
+    stall_timeout: float = _f(600.0, "seconds of heartbeats without step progress before a stall alert",
+                           ge=0.1, le=7 * DAY)
 
 
 @dataclasses.dataclass
 class RateLimitConfig:
-    per_channel: float = _f(1.0, "messages per second per channel (Slack allows about 1)", gt=0)
-    per_run: float = _f(0.5, "messages per second per run", gt=0)
-    global_rate: float = _f(10.0, "messages per second in all", gt=0)
-    burst: int = _f(3, "messages allowed at once before the rates apply", ge=1)
+    per_channel: float = _f(1.0, "messages per second per channel (Slack allows about 1)", ge=0.001, le=10_000)
+    per_run: float = _f(0.5, "messages per second per run", ge=0.001, le=10_000)
+    global_rate: float = _f(10.0, "messages per second in all", ge=0.001, le=10_000)
+    burst: int = _f(3, "messages allowed at once before the rates apply", ge=1, le=10_000)
 
 
 @dataclasses.dataclass
@@ -135,9 +153,10 @@ class BotConfig:
     host: str = _f("127.0.0.1", "listen address")
     port: int = _f(8080, "listen port (0: any free port)", ge=0, le=65535)
     state_path: str = _f("./msmon-bot.sqlite", "SQLite file for all state (WAL mode)")
-    max_request_bytes: int = _f(4 << 20, "largest request accepted", ge=1024)
-    window_samples: int = _f(600, "metric samples kept per run and device (memory bound)", ge=10)
-    max_runs: int = _f(1000, "runs kept in memory; the least recently seen are forgotten first", ge=1)
+    max_request_bytes: int = _f(4 << 20, "largest request accepted", ge=1024, le=256 << 20)
+    window_samples: int = _f(600, "metric samples kept per run and device (memory bound)", ge=10, le=100_000)
+    max_runs: int = _f(1000, "runs kept in memory; the least recently seen are forgotten first", ge=1,
+                       le=100_000)
     tokens: list[JobToken] = _f([], "job tokens (none: every job is refused)")
     routes: list[Route] = _f([], "where alerts go (none: console)")
     pipeline: PipelineConfig = _f(PipelineConfig(), "dedup / group / inhibit settings")
@@ -147,16 +166,63 @@ class BotConfig:
     commands: CommandsConfig = _f(CommandsConfig(), "chat commands and who may use them")
 
 
+def _check_tokens(cfg: BotConfig, section: Mapping[str, Any], ctx: Context) -> None:
+    """No two holders share a token: an operator's equal to a job's would let a job send commands, two
+    projects' would let one project's jobs report as the other's, two operators' would record one's commands
+    under the other's name. Compared by where they come from and, where set, by value; never shown."""
+    holders: list[tuple[str, str, Secret, object]] = []  # (key path, who, secret, its mapping in the file)
+    raw_tokens = section.get("tokens")
+    for i, t in enumerate(cfg.tokens):
+        item = raw_tokens[i] if isinstance(raw_tokens, list) and i < len(raw_tokens) else None
+        holders.append((f"bot.tokens[{i}]", f"project {t.project}", t, item))
+    raw_cmds = section.get("commands")
+    raw_ops = raw_cmds.get("operators") if isinstance(raw_cmds, Mapping) else None
+    for i, o in enumerate(cfg.commands.operators):
+        item = raw_ops[i] if isinstance(raw_ops, list) and i < len(raw_ops) else None
+        holders.append((f"bot.commands.operators[{i}]", f"operator {o.user}", o, item))
+    values = [h[2].value() for h in holders]
+    for j, (path, _, secret, item) in enumerate(holders):
+        for i in range(j):
+            first_path, first_who, first, _ = holders[i]
+            jobs = first_path.startswith("bot.tokens") and path.startswith("bot.tokens")
+            if jobs and isinstance(first, JobToken) and isinstance(secret, JobToken) and \
+                    first.project == secret.project:
+                continue  # one project's token given twice: harmless
+            same_source = (secret.env, secret.file) == (first.env, first.file)
+            if same_source or (values[j] is not None and values[j] == values[i]):
+                how = f"both read {secret.source()}" if same_source else "their values are equal"
+                why = ("each project needs its own, or one project's jobs could report as the other's" if jobs else
+                       "an operator's token must differ from every job token and every other operator's, or a job "
+                       "could send commands (or one operator's commands be recorded as another's)")
+                where = item if isinstance(item, Mapping) else None
+                ctx.error(path, f"same token as {first_path} ({first_who}): {how}; {why}", where,
+                          "env" if secret.env is not None else "file")
+                break
+
+
 def load_bot_config(source: str | os.PathLike[str] | Mapping[str, Any] | None) -> BotConfig:
+    """A validated BotConfig from a bot.yaml path or a parsed mapping; a ConfigError naming key and line."""
     if source is None:
         return BotConfig()
-    data = source if isinstance(source, Mapping) else load_yaml(os.fspath(source))
     name = None if isinstance(source, Mapping) else os.fspath(source)
+    try:
+        if isinstance(source, Mapping):
+            check_shape(source, None, "bot config")
+            data: Any = source
+        else:
+            data = load_yaml(os.fspath(source))
+    except ConfigError as exc:
+        raise ConfigError(exc.issues, name, "bot config") from None
     if not isinstance(data, Mapping) or "bot" not in data:
         raise ConfigError([Issue("bot", "expected a top-level `bot:` section")], name, "bot config")
     section = data["bot"] or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError([Issue("bot", f"expected a mapping of settings, got {type(section).__name__}",
+                                 location_of(data, "bot"))], name, "bot config")
     ctx = Context()
     cfg = build(BotConfig, section, "bot", ctx)
+    if not ctx.issues:
+        _check_tokens(cfg, section, ctx)
     if ctx.issues:
         raise ConfigError(ctx.issues, name, "bot config")
     return cfg

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 # Names users reach for that difflib would not match to the right key.
 _SYNONYMS = {
@@ -20,6 +22,28 @@ _SYNONYMS = {
     "err": "error",
     "threshold": "warning",
 }
+
+
+class _Short(reprlib.Repr):
+    """reprlib's short repr, also of an int too long for repr() (10**5000 raises ValueError there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = self.maxother = 80
+        self.maxlist = self.maxdict = 6
+        self.maxlevel = 3
+
+    def repr_int(self, x: int, level: int) -> str:
+        return f"<an integer of {x.bit_length()} bits>" if x.bit_length() > 200 else super().repr_int(x, level)
+
+
+_REPR = _Short()
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """`value` as a message shows it: its repr, cut short (a list of a million, 10**5000 and a page of text too)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def closest(word: str, candidates: Iterable[str]) -> str | None:

@@ -7,10 +7,10 @@ import os
 from collections.abc import Mapping
 from typing import Any, cast
 
-from .errors import ConfigError, Issue
+from .errors import ConfigError, Issue, shown
 from .model import MonitorConfig
 from .validate import Context, build, fields_of
-from .yamlio import LineDict, load_yaml, location_of
+from .yamlio import LineDict, check_shape, load_yaml, location_of
 
 SECTION = "monitor_config"
 # Keys that only make sense inside monitor_config: at the top level of a training YAML they mean
@@ -59,7 +59,7 @@ def _locate(data: Any, source: str | None) -> Mapping[str, Any]:
         if section is None:
             return LineDict()
         if not isinstance(section, Mapping):
-            raise ConfigError([Issue(SECTION, f"expected a mapping of settings, got {section!r}",
+            raise ConfigError([Issue(SECTION, f"expected a mapping of settings, got {shown(section)}",
                                      location_of(data, SECTION))], source)
         return section
     if issues:
@@ -98,6 +98,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
         return source
     if isinstance(source, Mapping):
         name = None
+        check_shape(source)
         data: Any = source
     else:
         name = os.fspath(source)

@@ -17,14 +17,30 @@ from ..detectors.stall import StepStallParams
 from ..detectors.straggler import StragglerParams
 from ..detectors.throughput import ThroughputDropParams
 from ..detectors.vanished import VanishedGradParams
-from .errors import closest
-from .validate import Context, parse_fields, setting, spec
+from .errors import closest, shown
+from .validate import Context, add_bounds, parse_fields, setting, spec, url_problem
 
 Metric = Literal["loss", "learning_rate", "grad_norm", "throughput"]
 ALL_METRICS: tuple[str, ...] = ("loss", "learning_rate", "grad_norm", "throughput")
 
 
 _field = setting
+
+# Ranges every config key gets, documented with the key (config/monitor.yaml, `msmon check-config`): a step
+# count is below a billion, a duration in seconds below 30 days, so a typo (1e12) is refused at its line
+# instead of overflowing a thread's wait or a byte count later.
+STEPS = 10**9
+DAY = 86_400.0
+
+# The detectors declare their keys and lower bounds; these are the upper bounds (and lower ones where a
+# rule leaves them open) of every rule key, by what the key means.
+add_bounds(RuleParams, warning={"ge": 0, "le": 1e12}, error={"ge": 0, "le": 1e12}, consecutive={"le": 10_000},
+           window={"le": 100_000}, window_steps={"le": 10_000_000}, min_t={"le": 1_000}, jump={"le": 1_000},
+           min_fluctuation={"le": 100}, epsilon={"le": 1}, min_seconds={"le": DAY})
+for _ratio_rule in (LossSpikeParams, GradNormSpikeParams, GradNormCreepParams, StepStallParams, StragglerParams,
+                    VanishedGradParams, LossForecastParams):  # multiples, counts, loss units: below a million
+    add_bounds(_ratio_rule, warning={"le": 1e6}, error={"le": 1e6})
+add_bounds(ConvergenceParams, warning={"le": 1_000}, error={"le": 1_000})
 
 
 @dataclasses.dataclass
@@ -52,7 +68,7 @@ class RulesConfig:
 def _parse_phase_rules(value: Any, path: str, ctx: Context) -> Any:
     """`phases[i].rules`: per-rule overrides of the levels, validated against each rule's keys."""
     if not isinstance(value, Mapping):
-        ctx.error(path, f"expected a mapping of rule names to overrides, got {value!r}")
+        ctx.error(path, f"expected a mapping of rule names to overrides, got {shown(value)}")
         return {}
     out: dict[str, dict[str, Any]] = {}
     for rule, override in value.items():
@@ -63,7 +79,7 @@ def _parse_phase_rules(value: Any, path: str, ctx: Context) -> Any:
                       "unknown rule; rules are " + ", ".join(RULES), value, str(rule))
             continue
         if not isinstance(override, Mapping):
-            ctx.error(sub, f"expected a mapping such as {{warning: 6.0}}, got {override!r}", value, str(rule))
+            ctx.error(sub, f"expected a mapping such as {{warning: 6.0}}, got {shown(override)}", value, str(rule))
             continue
         params_cls = RULES[rule][0]
         given = parse_fields(params_cls, override, sub, ctx)
@@ -82,8 +98,8 @@ class PhaseConfig:
     """A step range with its own levels, e.g. a looser warmup: rules given here override alert.rules."""
 
     name: str = _field("", "shown in alerts")
-    start_step: int = _field(0, "first step of the phase", ge=0)
-    end_step: int | None = _field(None, "first step after the phase (null: to the end)", ge=1)
+    start_step: int = _field(0, "first step of the phase", ge=0, le=STEPS)
+    end_step: int | None = _field(None, "first step after the phase (null: to the end)", ge=1, le=STEPS)
     rules: dict[str, dict[str, Any]] = dataclasses.field(
         default_factory=dict, metadata=spec(parser=_parse_phase_rules, doc="per-rule level overrides"))
 
@@ -98,12 +114,13 @@ class PhaseConfig:
 class AlertConfig:
     enable: bool = _field(True, "raise alerts (metrics are still logged when false)")
     loss_spike_threshold: float | None = _field(
-        None, "WARNING level of the loss_spike rule, in multiples of normal fluctuation (default 3.0)", gt=0)
+        None, "WARNING level of the loss_spike rule, in multiples of normal fluctuation (default 3.0)", gt=0, le=1e6)
     grad_norm_threshold: float | None = _field(
-        None, "ERROR level of the grad_norm rule, an absolute grad norm (WARNING at half)", gt=0)
-    alert_interval: int = _field(500, "steps between repeats of one rule on one device", ge=0)
-    baseline_steps: int = _field(500, "steps at the start with no alerts (NaN/Inf excepted)", ge=0)
-    resolve_after: int = _field(3, "clear samples in a row before a firing alert is resolved", ge=1)
+        None, "ERROR level of the grad_norm rule, an absolute grad norm (WARNING at half)", gt=0, le=1e12)
+    alert_interval: int = _field(500, "steps between repeats of one rule on one device", ge=0, le=STEPS)
+    baseline_steps: int = _field(500, "steps at the start with no alerts (NaN/Inf excepted)", ge=0, le=STEPS)
+    resolve_after: int = _field(3, "clear samples in a row before a firing alert is resolved", ge=1,
+                               le=10_000)
     rules: RulesConfig = _field(RulesConfig(), "per-rule settings")
     phases: list[PhaseConfig] = _field([], "step ranges with their own levels")
 
@@ -119,12 +136,13 @@ class AlertConfig:
 class TrainingConfig:
     """Facts about the run that some rules need."""
 
-    total_steps: int | None = _field(None, "planned optimizer steps (LR and forecast rules)", ge=1)
-    warmup_steps: int | None = _field(None, "LR warmup length; null: inferred from the LR", ge=0)
-    target_loss: float | None = _field(None, "loss the run should reach (loss_forecast rule)")
+    total_steps: int | None = _field(None, "planned optimizer steps (LR and forecast rules)", ge=1, le=STEPS)
+    warmup_steps: int | None = _field(None, "LR warmup length; null: inferred from the LR", ge=0, le=STEPS)
+    target_loss: float | None = _field(None, "loss the run should reach (loss_forecast rule)",
+                                       ge=-1e6, le=1e6)
     grad_accumulation_steps: int = _field(
-        1, "micro-steps per optimizer step; step() numbers micro-steps when > 1", ge=1)
-    seq_length: int | None = _field(None, "tokens per sample, for tokens/s", ge=1)
+        1, "micro-steps per optimizer step; step() numbers micro-steps when > 1", ge=1, le=100_000)
+    seq_length: int | None = _field(None, "tokens per sample, for tokens/s", ge=1, le=100_000_000)
 
 
 @dataclasses.dataclass
@@ -146,18 +164,19 @@ class ActionConfig:
     rule: str = _field("", "a rule name, or * for any rule")
     action: str = _field("", "save_checkpoint, pause, scale_lr or stop")
     severity: Literal["WARNING", "ERROR"] = _field("ERROR", "the severity that triggers it")
-    factor: float | None = _field(None, "scale_lr only: the LR multiplier", gt=0)
-    timeout: float | None = _field(None, "pause only: seconds before resuming by itself", gt=0)
+    factor: float | None = _field(None, "scale_lr only: the LR multiplier", gt=0, le=100)
+    timeout: float | None = _field(None, "pause only: seconds before resuming by itself", gt=0,
+                                   le=30 * DAY)
 
     def check(self) -> Iterator[tuple[str, str]]:
         if self.rule != "*" and self.rule not in RULES:
             hint = closest(self.rule, RULES)
-            yield "rule", (f"unknown rule {self.rule!r}" + (f"; did you mean {hint}?" if hint else "")
+            yield "rule", (f"unknown rule {shown(self.rule)}" + (f"; did you mean {hint}?" if hint else "")
                            + " (use * for any rule)")
         actions = ("save_checkpoint", "pause", "scale_lr", "stop")
         if self.action not in actions:
             hint = closest(self.action, actions)
-            yield "action", (f"unknown action {self.action!r}" + (f"; did you mean {hint}?" if hint else "")
+            yield "action", (f"unknown action {shown(self.action)}" + (f"; did you mean {hint}?" if hint else "")
                              + "; actions are " + ", ".join(actions))
         if self.action == "scale_lr" and self.factor is None:
             yield "factor", "scale_lr needs a factor, e.g. factor: 0.5"
@@ -177,13 +196,15 @@ class BotConfig:
     project: str = _field("default", "project name, for routing")
     labels: dict[str, str] = _field({}, "free-form labels, for routing")
     spool_dir: str = _field("./msmon_spool", "where events wait on disk while the bot is unreachable")
-    spool_max_mb: float = _field(64.0, "spool size cap; metric samples go first, then warnings, never errors", gt=0)
-    heartbeat_interval: float = _field(5.0, "seconds between heartbeats", gt=0)
+    spool_max_mb: float = _field(64.0, "spool size cap; metric samples go first, then warnings, never errors",
+                                ge=0.01, le=1e6)
+    heartbeat_interval: float = _field(5.0, "seconds between heartbeats", ge=0.01, le=3600)
     commands: bool = _field(True, "take chat commands from the bot (pause, save-checkpoint, ...; MonitorCallback)")
 
     def check(self) -> Iterator[tuple[str, str]]:
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            yield "url", f"must start with http:// or https://, got {self.url!r}"
+        problem = url_problem(self.url) if self.url is not None else None
+        if problem:
+            yield "url", problem
 
 
 @dataclasses.dataclass
@@ -193,8 +214,8 @@ class MonitorConfig:
     # "not set, defaults to ..." rather than guess.
     given: frozenset[str] | None = dataclasses.field(
         default=None, init=False, compare=False, repr=False, metadata={"internal": True})
-    step_interval: int = _field(1, "sample every Nth step", ge=1)
-    log_interval: int = _field(100, "log line every Nth step (0: none)", ge=0)
+    step_interval: int = _field(1, "sample every Nth step", ge=1, le=1_000_000)
+    log_interval: int = _field(100, "log line every Nth step (0: none)", ge=0, le=STEPS)
     metrics: list[Metric] = _field(list(ALL_METRICS), "metrics to sample")
     per_device_metrics: bool = _field(False, "track each device separately")
     alert: AlertConfig = _field(AlertConfig(), "alert rules")

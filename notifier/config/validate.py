@@ -14,8 +14,9 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
-from .errors import Issue, closest
+from .errors import Issue, closest, shown
 from .yamlio import location_of
 
 T = TypeVar("T")
@@ -49,6 +50,59 @@ def _copy(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+_BOUNDS = ("ge", "gt", "le")
+# Ranges added to fields declared elsewhere (the detectors' parameters), by class and key; see add_bounds.
+_EXTRA: dict[type, dict[str, dict[str, float]]] = {}
+
+
+def add_bounds(cls: type, **keys: dict[str, float]) -> None:
+    """Give the keys of `cls` (and of its subclasses) more bounds, e.g. add_bounds(P, window={"le": 1e5}):
+    the schema's owner can bound fields it does not declare. A field's own bounds still apply."""
+    table = _EXTRA.setdefault(cls, {})
+    for key, bounds in keys.items():
+        table.setdefault(key, {}).update(bounds)
+
+
+def bounds_of(cls: type, key: str) -> dict[str, list[float]]:
+    """Every bound on key `key` of `cls`: its field's own and those added for it or a base class."""
+    out: dict[str, list[float]] = {b: [] for b in _BOUNDS}
+    field = {f.name: f for f in dataclasses.fields(cls)}.get(key)
+    sources: list[Mapping[str, Any]] = [field.metadata] if field is not None else []
+    sources += [_EXTRA[c][key] for c in cls.__mro__ if key in _EXTRA.get(c, {})]
+    for source in sources:
+        for b in _BOUNDS:
+            if source.get(b) is not None:
+                out[b].append(source[b])
+    return {b: v for b, v in out.items() if v}
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with an http(s) base URL, or None. The URL is echoed with any user:password cut out."""
+    if any(ch.isspace() for ch in url):
+        return f"has a space or other whitespace in it: {shown(_redacted(url))}"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        return "has a control character in it"
+    if not url.startswith(("http://", "https://")):
+        hint = "" if "://" in url else f" (it needs a scheme: http://{_redacted(url)}?)"
+        return f"must start with http:// or https://, got {shown(_redacted(url))}{hint}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port out of range or not a number)
+    except ValueError as exc:
+        return f"has an invalid port ({exc})"
+    if not parts.hostname:
+        return f"has no host: {shown(_redacted(url))}"
+    return None
+
+
+def _redacted(url: str) -> str:
+    head, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if sep and "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return f"{head}{sep}{netloc}{slash}{path}"
+
+
 class Context:
     """Collects issues while a config is built, so a user sees all of them at once."""
 
@@ -60,7 +114,7 @@ class Context:
 
 
 def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
+    return f"{shown(value)} ({type(value).__name__})"
 
 
 def _type_name(tp: Any) -> str:
@@ -95,6 +149,8 @@ def _to_bool(v: Any) -> bool:
 def _to_int(v: Any) -> int:
     if isinstance(v, int) and not isinstance(v, bool):
         return v
+    if isinstance(v, str) and len(v) < 40:  # `1e8`: PyYAML reads it as a string, as it does 1e-5
+        v = float(v)
     if isinstance(v, float) and v.is_integer():
         return int(v)
     raise TypeError
@@ -111,6 +167,8 @@ def _to_float(v: Any) -> float:
 
 def _to_str(v: Any) -> str:
     if isinstance(v, str):
+        if "\0" in v:
+            raise _Expected("a string without NUL characters")
         return v
     raise TypeError
 
@@ -141,9 +199,9 @@ def _convert(value: Any, tp: Any, path: str, ctx: Context, parent: object, key: 
     if origin is typing.Literal:
         if value in args:
             return value
-        hint = closest(str(value), [str(a) for a in args])
+        hint = closest(shown(value).strip("'"), [str(a) for a in args])
         allowed = ", ".join(str(a) for a in args)
-        msg = f"{value!r} is not allowed; use one of {allowed}"
+        msg = f"{shown(value)} is not allowed; use one of {allowed}"
         if hint:
             msg += f" (did you mean {hint}?)"
         ctx.error(path, msg, parent, key)
@@ -176,17 +234,16 @@ def _convert(value: Any, tp: Any, path: str, ctx: Context, parent: object, key: 
     raise TypeError(f"unsupported config type {tp!r} at {path}")  # a schema bug, not a user error
 
 
-def _check_bounds(value: Any, meta: Mapping[str, Any], path: str, ctx: Context, parent: object, key: str) -> bool:
+def _check_bounds(value: Any, bounds: Mapping[str, list[float]], path: str, ctx: Context, parent: object,
+                  key: str) -> bool:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return True
     for bound, words in (("ge", "at least"), ("gt", "greater than"), ("le", "at most")):
-        b = meta.get(bound)
-        if b is None:
-            continue
-        bad = value < b if bound == "ge" else value <= b if bound == "gt" else value > b
-        if bad:
-            ctx.error(path, f"must be {words} {b:g}, got {value!r}", parent, key)
-            return False
+        for b in bounds.get(bound, ()):
+            bad = value < b if bound == "ge" else value <= b if bound == "gt" else value > b
+            if bad:
+                ctx.error(path, f"must be {words} {b:g}, got {shown(value)}", parent, key)
+                return False
     return True
 
 
@@ -214,7 +271,7 @@ def parse_fields(cls: type, data: Mapping[str, Any], path: str, ctx: Context) ->
         conv = parser(value, sub, ctx) if parser else _convert(value, hints[key], sub, ctx, data, key)
         if conv is _MISSING:
             continue
-        if _check_bounds(conv, meta, sub, ctx, data, key):
+        if _check_bounds(conv, bounds_of(cls, key), sub, ctx, data, key):
             out[key] = conv
     return out
 
