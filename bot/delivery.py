@@ -8,7 +8,8 @@ worker (bot/outbox.py) is the edge that reads rows, calls receivers and applies 
   retried after a jittered exponential backoff, `[d/2, d]` with `d = base * 2**(attempts-1)` capped at
   `cap`, so delays grow and stay bounded.
 - A `Retry-After` (Slack's 429, a 503 page) is honoured for the row and paces its lane (receiver and
-  channel): no other row goes to that channel before it has passed.
+  channel): no other row goes to that channel before it has passed. Due order: rows never tried
+  first, then retries, each oldest first.
 - After `max_attempts` failed tries (`max_error_attempts` when the receiver raised something that is
   not a delivery error: a bug or data it cannot handle; at once for a payload that cannot be decoded)
   the group is a dead letter: kept, reported once, never tried again by this process.
@@ -161,9 +162,11 @@ class Scheduler:
         return until
 
     def groups(self, due: Iterable[OutboxRow], now: float) -> list[GroupKey]:
-        """The groups to try now, oldest first: pending rows due by `now` whose lane is not paced."""
+        """The groups to try now: pending rows due by `now` whose lane is not paced; rows never tried
+        first, then the retries, each oldest first (a row that keeps failing, and keeps re-pacing its
+        lane with a Retry-After, never holds back the fresh alerts behind it)."""
         order: dict[GroupKey, None] = {}
-        for row in sorted(due, key=lambda r: r.id):
+        for row in sorted(due, key=lambda r: (r.attempts > 0, r.id)):
             if row.pending and row.next_at <= now and self.paced_until(row.lane, now) <= now:
                 order.setdefault(row.group, None)
         return list(order)

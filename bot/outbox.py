@@ -200,7 +200,7 @@ class Outbox:
                         m.error_latency.observe(max(now - p.received_at, 0.0))
         elif verdict.state == "retry":
             m.delivery_errors.labels(receiver).inc()
-            log.warning("msmon bot: delivery of %s failed (attempt %d of %d; next try in %.1f s): %s", what,
+            log.warning("msmon bot: delivery of %s failed (attempt %d of %d; next try in %.3g s): %s", what,
                         verdict.attempts, self.scheduler.policy.limit(_kind(outcome)), verdict.delay, verdict.error)
         elif verdict.state == "dead":
             m.delivery_errors.labels(receiver).inc()

@@ -255,3 +255,9 @@ class OutboxModel(RuleBasedStateMachine):
 
 TestOutboxModel = OutboxModel.TestCase
 TestOutboxModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_fresh_rows_go_before_retries_so_a_row_that_keeps_failing_cannot_starve_its_lane():
+    s = Scheduler(POLICY, half)
+    due = [row(1, key="poison", attempts=3), row(2, key="fresh"), row(3, key="older-retry", attempts=1)]
+    assert [g[2] for g in s.groups(due, NOW)] == ["fresh", "poison", "older-retry"]

@@ -90,7 +90,8 @@ def test_charts_matplotlib_stumbles_on_are_posted_once_and_others_flow(tmp_path,
 
 
 def test_slacks_html_error_page_is_retried_with_backoff_then_dead_lettered_once(tmp_path, slack, env, caplog):
-    slack.fail("chat.postMessage", status=502, times=10**6, body=HTML_502, when=lambda p: "run-bad" in p["text"])
+    slack.fail("chat.postMessage", status=502, times=10**6, body=HTML_502, retry_after=None,
+               when=lambda p: "run-bad" in p["text"])
     bot = BotServer(config(tmp_path, slack), delivery=FAST)
     try:
         with caplog.at_level(logging.WARNING, logger="msmon.bot"):
@@ -206,5 +207,27 @@ def test_console_charts_stay_in_their_folder_and_job_text_cannot_drive_the_termi
         assert sorted(os.listdir(tmp_path / "deep")) == ["charts"]
         pngs = os.listdir(charts)
         assert len(pngs) == len(runs) and all(p.endswith(".png") and len(p) <= 124 for p in pngs)
+    finally:
+        bot.stop()
+
+
+
+def test_a_commands_result_note_carrying_job_text_cannot_mention_in_slack(tmp_path, slack, env, monkeypatch):
+    from tests import test_commands as tc
+    from tests.slack_signing import SECRET, slash
+
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", SECRET)
+    monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
+    bot = BotServer(tc.config(tmp_path, slack))
+    try:
+        tc.report(bot)
+        code, _ = slash(bot.url, "save-checkpoint run-42", response_url=slack.response_url("c1"))
+        assert code == 200
+        (cmd,) = tc.poll(bot).commands
+        tc.answer(bot, cmd, detail="written <!channel> to <http://evil.example|here> & @here")  # the job's words
+        assert slack.wait_for(lambda s: len(s.responses("c1")) == 1, timeout=10)
+        text = slack.responses("c1")[0]["text"]
+        assert "<!channel>" not in text and "<http" not in text and "written &lt;!channel&gt;" in text
+        assert "&amp;" in text and "@here" not in text
     finally:
         bot.stop()

@@ -138,10 +138,13 @@ class SlackReceiver:
                                                                  blocks=blocks(msg)))
 
     async def note(self, channel: str, note: Note) -> None:
+        # A note is msmon's text with job data in it (a run id, a rank's result detail): escaped whole,
+        # which keeps msmon's own *bold* and `code` (notes carry no <...> markup of their own).
+        body = escape_slack(note.text)
         if note.response_url:
             client = AsyncWebhookClient(note.response_url, retry_handlers=self.client.retry_handlers)
             try:
-                resp = await client.send(text=note.text, replace_original=False,
+                resp = await client.send(text=body, replace_original=False,
                                          response_type="ephemeral" if note.private else "in_channel")
             except Exception as exc:  # noqa: BLE001 - aiohttp errors and friends
                 raise DeliveryError(f"Slack response_url failed: {type(exc).__name__}: {exc}") from None
@@ -151,7 +154,7 @@ class SlackReceiver:
                                     retry_after(retry))
         elif channel and channel != "commands":
             await self._call("chat.postMessage", self.client.chat_postMessage(
-                channel=channel, thread_ts=note.thread_ts, text=note.text, unfurl_links=False))
+                channel=channel, thread_ts=note.thread_ts, text=body, unfurl_links=False))
         if note.chart is not None and channel and channel != "commands":
             try:
                 await self._call("files_upload_v2", self.client.files_upload_v2(
@@ -179,7 +182,7 @@ def retry_after(value: Any) -> float | None:
 def _reason(body: Any) -> str:
     """A short, one-line reason from an answer's body: Slack's `error`, or the start of a text/HTML page."""
     if isinstance(body, dict):
-        return str(body.get("error") or body.get("warning") or body)[:200]
+        return str(body.get("error") or body.get("warning") or body or "no JSON in the answer (an error page?)")[:200]
     if isinstance(body, bytes):
         body = body.decode("utf-8", "replace")
     return " ".join(str(body).split())[:200] or "(empty body)"
