@@ -18,7 +18,7 @@ import pytest
 
 from bot.delivery import Policy
 from bot.receivers.console import ConsoleReceiver
-from notifier.wire import Envelope, Event, Window, encode
+from notifier.wire import Envelope, Event, Sample, Window, encode
 from tests.bot_server import BotServer, wait_for
 from tests.slack_api import SlackAPIServer
 from tests.test_bot import event
@@ -229,5 +229,40 @@ def test_a_commands_result_note_carrying_job_text_cannot_mention_in_slack(tmp_pa
         text = slack.responses("c1")[0]["text"]
         assert "<!channel>" not in text and "<http" not in text and "written &lt;!channel&gt;" in text
         assert "&amp;" in text and "@here" not in text
+    finally:
+        bot.stop()
+
+
+def test_a_row_that_keeps_getting_retry_after_does_not_starve_its_channel(tmp_path, slack, env):
+    slack.fail("chat.postMessage", status=503, times=10**6, body="Service Unavailable", content_type="text/plain",
+               retry_after=1, when=lambda p: "run-bad" in p["text"])
+    bot = BotServer(config(tmp_path, slack), delivery=FAST)
+    try:
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-bad")]))
+        assert wait_for(lambda: any(c.failed for c in slack.calls_to("chat.postMessage")), timeout=5)
+        time.sleep(0.2)
+        for i in range(3):
+            bot.request("POST", "/v1/ingest", envelope([event(run=f"run-next{i}")]))
+        assert wait_for(lambda: all(posts_for(slack, f"run-next{i}") for i in range(3)), timeout=4)
+        assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1].get("dead_letters") == 1, timeout=10)
+        tries = [c.time for c in slack.calls_to("chat.postMessage") if "run-bad" in c.params["text"]]
+        assert len(tries) == FAST.max_attempts
+        assert all(b - a >= 0.95 for a, b in zip(tries, tries[1:], strict=False))  # its Retry-After honoured
+    finally:
+        bot.stop()
+
+
+def test_a_status_chart_that_cannot_be_drawn_does_not_fail_the_command(tmp_path, slack, env):
+    bot = BotServer(config(tmp_path, slack))
+    try:
+        now = time.time()
+        samples = [Sample(run_id="run-huge", device="0", step=k, time=now - 3 + k, loss=v, learning_rate=0.0,
+                          grad_norm=g, tokens_per_s=1.0)
+                   for k, (v, g) in enumerate([(1e308, 1e-320), (-1e308, 1e300), (1e308, 0.0)])]
+        body = encode(Envelope(run_id="run-huge", device="0", sent_at=now, project="llm", samples=samples))
+        assert bot.request("POST", "/v1/ingest", body)[0] == 202
+        status, answer = bot.request("POST", "/v1/commands", b'{"text": "status run-huge"}', token="ops-token")
+        assert status == 200, answer
+        assert "run-huge" in answer["text"] and answer.get("chart") is None
     finally:
         bot.stop()
