@@ -1,9 +1,9 @@
 """YAML loading with `!include` and line numbers kept for error messages, bounded against hostile files.
 
-Every file is read as strict UTF-8 (a BOM allowed), at most MAX_BYTES; while it is composed, each node's
-expanded size (aliases and includes counted as often as they are used) and its nesting are measured, so an
-alias bomb, a deep nest or an include fan-out is refused at its line in milliseconds instead of hanging the
-section search or raising RecursionError. Whatever goes wrong comes out as a ConfigError with key and line.
+Every file is read as strict UTF-8 (a BOM allowed), at most MAX_BYTES; while it is composed, the nodes are
+counted as they come (an alias counted as often as it is used, at its expanded size) and their nesting
+measured, so an alias bomb, a deep nest or an include fan-out is refused at its line in milliseconds instead
+of hanging the section search or raising RecursionError. Whatever goes wrong comes out as a ConfigError with key and line.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .errors import ConfigError, Issue
 
-MAX_BYTES = 4 << 20  # a training YAML is a few KB
-MAX_NODES = 200_000  # expanded (every alias and include counted where it is used); a config has hundreds
+MAX_BYTES = 1 << 20  # a training YAML is a few KB
+MAX_NODES = 50_000  # expanded (every alias and include counted where it is used); a config has hundreds
 MAX_DEPTH = 64  # nested mappings / lists
 MAX_FILES = 64  # files one config may pull in with !include, counting repeats
 _MAX_INT_DIGITS = 4300  # Python's own limit on int(str): past it, int() raises (and is slow)
@@ -110,6 +110,8 @@ class _Budget:
 
     def __init__(self) -> None:
         self.files = 0
+        self.nodes = 0  # composed so far, aliases at their expanded size
+        self.aliases = 0
 
 
 class _Loader(yaml.SafeLoader):
@@ -125,7 +127,6 @@ class _Loader(yaml.SafeLoader):
         self.keys: list[str] = []  # the key path being composed or constructed
         self.sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, height)
         self.included: dict[int, Any] = {}
-        self.aliases = 0
 
     def fail(self, message: str, mark: Any, path: str | None = None) -> ConfigError:
         where = f"{self.name}:{mark.line + 1}" if mark is not None else None
@@ -151,8 +152,10 @@ class _Loader(yaml.SafeLoader):
                                 "structure, which no setting takes)", event.start_mark)
             if self.depth + size[1] > MAX_DEPTH:
                 raise self.fail(_too_deep(), event.start_mark)
-            self.aliases += 1
+            self.budget.aliases += 1
+            self._count(size[0], event.start_mark)
             return node
+        self._count(1, event.start_mark)
         collection = isinstance(event, (SequenceStartEvent, MappingStartEvent))
         if collection:
             self.depth += 1
@@ -165,16 +168,19 @@ class _Loader(yaml.SafeLoader):
                 self.depth -= 1
         if isinstance(node, ScalarNode) and node.tag == "!include":
             data, size = self._include(node)
-            self.included[id(node)] = data
-            self.aliases += 1  # its content counts where it is used, as an alias's does
+            self.included[id(node)] = data  # its nodes were counted as its file was composed
         else:
             size = self._measure(node)
         self.sizes[id(node)] = size
-        if size[0] > MAX_NODES:
-            what = ("its aliases and includes expand to more than" if self.aliases else "it is more than")
-            raise self.fail(f"{what} {MAX_NODES} YAML nodes{' (an alias bomb?)' if self.aliases else ''}; "
-                            "a config has hundreds", node.start_mark)
         return node
+
+    def _count(self, nodes: int, mark: Any) -> None:
+        self.budget.nodes += nodes
+        if self.budget.nodes > MAX_NODES:
+            bomb = self.budget.aliases > 0
+            what = "its aliases expand to more than" if bomb else "it has more than"
+            raise self.fail(f"{what} {MAX_NODES} YAML nodes{' (an alias bomb?)' if bomb else ''}; a config has "
+                            "hundreds", mark)
 
     def _measure(self, node: Node) -> tuple[int, int]:
         if isinstance(node, SequenceNode):
