@@ -3,7 +3,8 @@
 Every file is read as strict UTF-8 (a BOM allowed), at most MAX_BYTES; while it is composed, the nodes are
 counted as they come (an alias counted as often as it is used, at its expanded size) and their nesting
 measured, so an alias bomb, a deep nest or an include fan-out is refused at its line in milliseconds instead
-of hanging the section search or raising RecursionError. Whatever goes wrong comes out as a ConfigError with key and line.
+of hanging the section search or raising RecursionError. Whatever goes wrong comes out as a ConfigError
+with key and line.
 """
 
 from __future__ import annotations
