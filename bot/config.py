@@ -14,6 +14,8 @@ from notifier.config.yamlio import check_shape, load_yaml, location_of
 
 _f = setting
 DAY = 86_400.0
+_MAX_KEPT_SAMPLES = 20_000_000  # window_samples x max_runs: the metric windows' memory, per device of the runs
+_SAMPLE_BYTES = 74  # bot/windows.py: 8 numbers and a step of 8 bytes, 2 bytes of flags
 _MAX_SECRET_BYTES = 64 << 10  # a token is tens of bytes; `file: /dev/zero` must not hang the bot
 
 
@@ -164,6 +166,13 @@ class BotConfig:
     slack: SlackConfig = _f(SlackConfig(), "Slack receiver")
     console: ConsoleConfig = _f(ConsoleConfig(), "console receiver")
     commands: CommandsConfig = _f(CommandsConfig(), "chat commands and who may use them")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        kept = self.window_samples * self.max_runs
+        if kept > _MAX_KEPT_SAMPLES:
+            yield "window_samples", (f"with max_runs {self.max_runs}, up to {kept:,} samples per device would be kept "
+                                     f"in memory (about {kept * _SAMPLE_BYTES / 1e9:.0f} GB for each device of the "
+                                     f"runs); keep window_samples x max_runs at most {_MAX_KEPT_SAMPLES:,}")
 
 
 def _check_tokens(cfg: BotConfig, section: Mapping[str, Any], ctx: Context) -> None:

@@ -210,6 +210,12 @@ def test_bot_numbers_out_of_range_name_key_and_line(write, key, value, expected)
     assert expected in msg and f"bot.yaml:{text.count(chr(10))}" in msg
 
 
+def test_window_memory_is_bounded_across_keys(write):
+    msg = bot_error_of(write("bot.yaml", "bot:\n  window_samples: 100000\n  max_runs: 1000\n"))
+    assert "bot.window_samples: with max_runs 1000, up to 100,000,000 samples per device" in msg
+    assert "about 7 GB" in msg and "bot.yaml:2" in msg
+
+
 def _numeric_fields(cls: type, path: str, seen: set[type]) -> typing.Iterator[tuple[str, type, str]]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

@@ -242,9 +242,15 @@ def _check_bounds(value: Any, bounds: Mapping[str, list[float]], path: str, ctx:
         for b in bounds.get(bound, ()):
             bad = value < b if bound == "ge" else value <= b if bound == "gt" else value > b
             if bad:
-                ctx.error(path, f"must be {words} {b:g}, got {shown(value)}", parent, key)
+                ctx.error(path, f"must be {words} {_number(b)}, got {shown(value)}", parent, key)
                 return False
     return True
+
+
+def _number(b: float) -> str:
+    """A bound as a message writes it: 1e+09 and 0.001 short, 268435456 in full (not 2.68435e+08)."""
+    short = f"{b:g}"
+    return short if float(short) == b or not float(b).is_integer() else str(int(b))
 
 
 def fields_of(cls: type) -> dict[str, dataclasses.Field[Any]]:
