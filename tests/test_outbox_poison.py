@@ -266,3 +266,52 @@ def test_a_status_chart_that_cannot_be_drawn_does_not_fail_the_command(tmp_path,
         assert "run-huge" in answer["text"] and answer.get("chart") is None
     finally:
         bot.stop()
+
+
+@pytest.mark.slow  # 20 s by default (MSMON_POISON_SECONDS); `-s` prints the figures
+def test_figures_posts_per_poison_alert_while_others_flow(tmp_path, slack, env):
+    """The issue's figure (one alert posted 91 times in 40 s while the others waited), measured: four
+    poison alerts and a fresh alert every 2 s to the same channel; posts per alert, the others' latency,
+    dead letters at /metrics."""
+    seconds = float(os.environ.get("MSMON_POISON_SECONDS", "20"))
+    slack.fail("chat.postMessage", status=502, times=10**6, body=HTML_502, retry_after=None,
+               when=lambda p: "run-html5xx" in p["text"])
+    cfg = config(tmp_path, slack)
+    cfg["bot"]["rate_limit"] = {}  # the shipped limits: 1 message/s per channel, burst 3
+    bot = BotServer(cfg, delivery=Policy(max_attempts=5))
+    try:
+        mathtext = event(run="run-mathtext")
+        mathtext.message = r"loss $\frac{1}{$ bad"
+        undrawable = event(run="run-undrawable")
+        undrawable.window = Window(steps=[1, 2, 3], loss=[1e308, -1e308, 1e308], learning_rate=[0.0] * 3,
+                                   grad_norm=[1e-320, 1e300, 0.0], tokens_per_s=[1.0, 2.0, 3.0])
+        poisons = {"run-mathtext": mathtext, "run-html5xx": event(run="run-html5xx"),
+                   "run-undrawable": undrawable, "run-a/b": event(run="run-a/b")}
+        for ev in poisons.values():
+            assert bot.request("POST", "/v1/ingest", envelope([ev]))[0] == 202
+        sent: dict[str, float] = {}
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            run = f"run-ok{len(sent)}"
+            sent[run] = time.monotonic()
+            bot.request("POST", "/v1/ingest", envelope([event(run=run)]))
+            time.sleep(2.0)
+        assert wait_for(lambda: all(posts_for(slack, r) for r in sent), timeout=10)
+        time.sleep(1.0)
+        figures: dict[str, Any] = {"seconds": seconds}
+        for run in poisons:
+            calls = posts_for(slack, run)
+            figures[run] = {"calls": len(calls), "posted": sum(not c.failed for c in calls)}
+        latency = sorted(next(c.time for c in posts_for(slack, r) if not c.failed) - t for r, t in sent.items())
+        figures["others"] = {"sent": len(sent), "posted_once": sum(len(posts_for(slack, r)) == 1 for r in sent),
+                             "p50_s": round(latency[len(latency) // 2], 3), "max_s": round(latency[-1], 3)}
+        _, metrics = bot.request("GET", "/metrics", token=None)
+        figures["metrics"] = [line for line in metrics.splitlines() if line.startswith("msmon_outbox_dead_letters")]
+        print("\nposts per poison alert:", figures)
+        assert all(figures[r]["posted"] == 1 for r in ("run-mathtext", "run-undrawable", "run-a/b"))
+        assert figures["run-html5xx"]["posted"] == 0 and figures["run-html5xx"]["calls"] <= 5
+        assert figures["others"]["posted_once"] == len(sent)
+        if seconds >= 20:  # 5 tries at 1, 2, 4, 8 s (at most) apart
+            assert "msmon_outbox_dead_letters 1.0" in figures["metrics"]
+    finally:
+        bot.stop()
