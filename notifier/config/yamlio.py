@@ -49,7 +49,8 @@ def location_of(mapping: object, key: str | None = None) -> str | None:
 
 
 def _join(path: list[str]) -> str:
-    return "".join(p if p.startswith("[") or i == 0 else f".{p}" for i, p in enumerate(path)) or "yaml"
+    text = "".join(p if p.startswith("[") or i == 0 else f".{p}" for i, p in enumerate(path)) or "yaml"
+    return text if len(text) <= 100 else f"{text[:60]}...{text[-37:]}"  # 64 levels of [0] say nothing more
 
 
 def _too_deep() -> str:
