@@ -177,7 +177,7 @@ class Limits:
     flush_interval: float = 1.0  # low and mid items wait at most this long for company
     backoff: tuple[float, float] = (0.5, 30.0)
     probe_interval: float = 1.0  # while the bot is down, high items are tried this often
-    probe_max: int = 20  # entries in a probe batch
+    probe_max: int = 4  # entries in a probe batch: one small request
     persist_interval: float = 1.0  # the spool is rewritten at most this often
 
 
@@ -263,6 +263,10 @@ class SendQueue:
         if restored:
             self._spooled = True
             self._evict()
+
+    def lost(self, item: Item) -> None:
+        """The edge could not queue an item at all (it cannot be encoded): counted as a drop."""
+        self._count_drop(classify(item)[0], 1)
 
     def hurry(self, now: float) -> None:
         """Everything is due now (flush, close): no waiting for the flush interval or the backoff."""
@@ -361,7 +365,7 @@ class SendQueue:
                     out.dead.append(entry)
                 if not batch.entries:  # only drop counts, and those refused: stop reporting them
                     self._unreported.clear()
-                self._limit = None
+                self._limit = 1  # one at a time until an answer is good again (then it doubles)
             else:
                 self._give_back(batch.entries)
                 self._limit = max(1, len(batch.entries) // 2)
@@ -372,7 +376,8 @@ class SendQueue:
         self.connected = False
         self._failures += 1
         lo, hi = self.limits.backoff
-        delay = min(hi, lo * 2.0 ** min(self._failures - 1, 64) * (0.5 + self._rng.random()))
+        # exponential, bounded, jittered to [half, whole] (at the bound too: jobs do not stampede the bot)
+        delay = min(hi, lo * 2.0 ** min(self._failures - 1, 64)) * (0.5 + 0.5 * self._rng.random())
         if wait is not None:
             delay = min(max(wait, 0.0), hi)
         self._backoff_until = now + delay

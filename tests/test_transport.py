@@ -288,6 +288,8 @@ def test_spool_files_are_named_safely_and_distinctly(bot, tmp_path):
     assert all(os.path.dirname(p) == os.path.realpath(spool) for p in paths)
     assert not (tmp_path.parent / "escape").exists() and not any(tmp_path.parent.glob("escape*"))
     for p in paths:  # one wire-codec record a line, no hand-built JSON
-        for line in open(p, "rb"):
+        with open(p, "rb") as f:
+            lines = f.read().splitlines()
+        for line in lines:
             rec = decode(line, SpoolRecord)
             assert rec.event is not None and rec.event.step == 1
