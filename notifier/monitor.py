@@ -28,7 +28,7 @@ from .detectors.base import SKIP
 from .gate import AlertGate, GateState, Verdict
 from .outputs import BackgroundWriter, CsvSink, Sink, format_log_line
 from .transport import BotTransport
-from .wire import Event, Sample, Severity, Status, Window
+from .wire import MAX_ID, Event, Sample, Severity, Status, Window
 
 log = logging.getLogger("msmon")
 
@@ -103,6 +103,10 @@ class Monitor:
         self.config = cfg
         self.run_id = cfg.bot.run_id or run_id
         self.default_device = str(device)
+        for what, value in (("run_id", self.run_id), ("device", self.default_device)):
+            if not value or len(value) > MAX_ID:
+                raise ValueError(f"msmon: {what} must be 1 to {MAX_ID} characters (the bot refuses longer ones), "
+                                 f"got {len(value)}: {value[:40]!r}...")
         self._clock = clock
         self.enabled = cfg.monitor_on
         self._si = cfg.step_interval

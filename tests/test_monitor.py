@@ -327,3 +327,9 @@ def test_loosen_moves_every_phase_in_proportion_from_the_default_levels_and_rest
     bare = Monitor(config(), "r", sinks=[], clock=FakeClock())  # grad_norm has no level without a threshold
     with pytest.raises(ValueError, match="rule grad_norm has no level set"):
         bare.loosen("grad_norm", factor=1.5)
+
+
+@pytest.mark.parametrize("run_id", ["", "r" * 257])
+def test_a_run_id_the_bot_would_refuse_is_refused_at_start(run_id):
+    with pytest.raises(ValueError, match="run_id must be 1 to 256 characters"):
+        Monitor(config(), run_id)
