@@ -412,11 +412,13 @@ class SendQueue:
             out.extend(e.item for e in self._free[name].values())
         return out
 
-    def persisted(self, now: float, count: int) -> None:
-        """The edge wrote `count` records (a snapshot) to the spool."""
+    def persisted(self, now: float, count: int, took: float = 0.0) -> None:
+        """The edge wrote `count` records (a snapshot) to the spool in `took` seconds; the next write
+        waits at least `persist_interval`, and 20 times as long as this one took (a big spool on a
+        slow disk is not rewritten back to back)."""
         self._dirty = False
         self._spooled = count > 0
-        self._next_persist = now + self.limits.persist_interval
+        self._next_persist = now + max(self.limits.persist_interval, 20.0 * took)
 
     # -- bookkeeping --------------------------------------------------------------------------
 

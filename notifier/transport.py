@@ -218,6 +218,9 @@ _ADVICE = {
 }
 
 
+_AGAIN = 0.25  # the least time between two command polls that brought nothing
+
+
 class BotTransport:
     """Delivers a job's events, samples, action results and heartbeats to the msmon bot."""
 
@@ -273,7 +276,6 @@ class BotTransport:
         self._stop = threading.Event()
         self._closed = False
         self._complained: set[str] = set()
-        self._unencodable = 0
         self.spool = Spool(spool_dir, run_id, self.device)
         self._restore()
         self._sender = threading.Thread(target=self._send_loop, name="msmon-sender", daemon=True)
@@ -330,7 +332,8 @@ class BotTransport:
         try:
             size = len(encode(item))
         except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-            self._unencodable += 1
+            with self._lock:
+                self._q.lost(item)
             self._complain("unencodable", f"msmon: run {self.run_id}: a {type(item).__name__} could not be encoded "
                                           f"for the bot ({exc}) and is not sent; this is a bug, please report it")
             return
@@ -443,6 +446,7 @@ class BotTransport:
         with self._spool_lock:
             with self._lock:
                 items = self._q.snapshot()
+            start = self._mono()
             try:
                 self.spool.write(items)
             except (OSError, TypeError, ValueError, msgspec.EncodeError) as exc:
@@ -450,7 +454,7 @@ class BotTransport:
                                         "undelivered data is only in memory. Check the disk and bot.spool_dir")
                 return
             with self._lock:
-                self._q.persisted(self._mono(), len(items))
+                self._q.persisted(self._mono(), len(items), self._mono() - start)
 
     def _restore(self) -> None:
         items = self.spool.load()
@@ -532,7 +536,7 @@ class BotTransport:
                          total_steps=self.total_steps, target_loss=self.target_loss)
 
     def _beat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_interval):
+        while not self._stop.wait(max(self.heartbeat_interval, 0.05)):
             try:
                 reply = self._exchange("/v1/heartbeat", encode(self._heartbeat()), min(self.timeout,
                                                                                        self.heartbeat_interval))
@@ -554,6 +558,10 @@ class BotTransport:
             if wait == 0.0:
                 failures = 0
                 continue
+            if wait == _AGAIN:
+                failures = 0
+                self._stop.wait(_AGAIN)
+                continue
             failures += 1
             lo, hi = self.backoff
             delay = min(hi, lo * 2.0 ** min(failures - 1, 64)) * (0.5 + self._rng.random())
@@ -562,6 +570,7 @@ class BotTransport:
     def _poll_once(self) -> float | None:
         """One long poll; 0.0 when it worked, else the seconds to wait (None: the usual backoff)."""
         poll = Poll(run_id=self.run_id, device=self.device, after=self._cursor, wait=self.poll_wait)
+        start = self._mono()
         reply = self._exchange("/v1/commands/poll", encode(poll), self.poll_wait + 10.0)
         if reply.fault is not None:
             if reply.fault in (Fault.AUTH, Fault.REJECTED):
@@ -579,6 +588,8 @@ class BotTransport:
             return None
         self._cursor = max(self._cursor, answer.cursor)
         self._commands(answer.commands)
+        if not answer.commands and self._mono() - start < _AGAIN:
+            return _AGAIN  # an empty answer at once: the peer does not long-poll; do not hammer it
         return 0.0
 
     # -- the end --------------------------------------------------------------------------------

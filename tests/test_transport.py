@@ -293,3 +293,16 @@ def test_spool_files_are_named_safely_and_distinctly(bot, tmp_path):
         for line in lines:
             rec = decode(line, SpoolRecord)
             assert rec.event is not None and rec.event.step == 1
+
+
+def test_an_item_that_cannot_be_encoded_is_counted_and_the_rest_goes_on(bot, tmp_path, caplog):
+    t = transport(bot, tmp_path)
+    bad = ev(1)
+    bad.actions = [{"callback": object()}]  # job data msgspec cannot encode
+    with caplog.at_level(logging.ERROR, logger="msmon"):
+        t.event(bad)  # the training thread: never raises
+        t.event(ev(2))
+        assert bot.wait_for(lambda: [e.step for e in bot.events()] == [2])
+    t.close()
+    assert t.dropped == {"errors": 1}
+    assert caplog.text.count("could not be encoded") == 1

@@ -54,6 +54,7 @@ class FaultyBot:
 
     def __init__(self, script: list[str] | None = None, hang_s: float = 1.5) -> None:
         self.script: deque[str] = deque(script or [])
+        self.side: deque[str] = deque()  # the same for heartbeats and command polls
         self.hang_s = hang_s
         self.received: list[Envelope] = []  # envelopes answered properly
         self.requests: list[tuple[str, str]] = []  # (path, reply given)
@@ -109,7 +110,8 @@ class FaultyBot:
         except (OSError, ValueError, IndexError):
             return
         with self._lock:
-            fault = self.script.popleft() if path == "/v1/ingest" and self.script else None
+            script = self.script if path == "/v1/ingest" else self.side
+            fault = script.popleft() if script else None
             if fault is None and path == "/v1/ingest" and not self.answer_ok:
                 fault = self.down_fault
             self.requests.append((path, fault or "ok"))
@@ -171,6 +173,7 @@ def test_every_error_arrives_once_through_every_broken_answer(faulty, tmp_path):
     the bot has every one of them, none twice, and the job's threads are all alive."""
     faulty.script.extend(FAULTS)  # each broken reply once, in turn
     faulty.script.extend(["reset", "not-http", "hang", "500-html", "truncated-body", "200-garbage-json"])
+    faulty.side.extend([*FAULTS, *FAULTS])  # heartbeats and command polls get them too
     mon = chaos_monitor(faulty, tmp_path)
     tr = mon.transport
     assert tr is not None
@@ -184,6 +187,10 @@ def test_every_error_arrives_once_through_every_broken_answer(faulty, tmp_path):
         step += 1
         time.sleep(0.005)
     assert not faulty.script, f"the sender stopped asking: {len(faulty.script)} replies never given"
+    assert wait_for(lambda: not faulty.side, timeout=10), "the heartbeat or poll thread stopped asking"
+    seen = len(faulty.requests)
+    assert wait_for(lambda: {p for p, r in faulty.requests[seen:] if r == "ok"} >= {"/v1/heartbeat",
+                                                                                    "/v1/commands/poll"})
     assert wait_for(lambda: len(faulty.errors()) >= len(raised), timeout=10)
     threads = {t.name: t.is_alive() for t in (tr._sender, tr._beater, tr._poller) if t is not None}
     t0 = time.monotonic()
