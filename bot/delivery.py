@@ -13,6 +13,10 @@ worker (bot/outbox.py) is the edge that reads rows, calls receivers and applies 
 - After `max_attempts` failed tries (`max_error_attempts` when the receiver raised something that is
   not a delivery error: a bug or data it cannot handle; at once for a payload that cannot be decoded)
   the group is a dead letter: kept, reported once, never tried again by this process.
+- An outage is not a poison row: while a lane is down (another group failed on it too since its
+  last success) a delivery error does not bring a row nearer its dead-letter bound; the rows keep
+  retrying at the longest backoff they reached and all go when the receiver is back (a missing
+  token fixed by a restart, Slack down for an hour).
 - A group whose message is already out (`posted_ref`) only has its follow-up left (the chart in the
   thread): a retry never posts the text again. When the follow-up is hopeless the text stands: the
   rows are delivered with the error kept.
@@ -152,6 +156,7 @@ class Scheduler:
         self.policy = policy or Policy()
         self.random = random
         self._paced: dict[Lane, float] = {}  # lane -> not before (a Retry-After)
+        self._failing: dict[Lane, set[GroupKey]] = {}  # groups failed on the lane since its last success (<= 2)
 
     def paced_until(self, lane: Lane, now: float) -> float:
         """When `lane` may be sent to again (<= now: at once)."""
@@ -179,7 +184,9 @@ class Scheduler:
         """The verdict for a group (its rows share one fate) after `outcome` at `now`."""
         attempts = max((r.attempts for r in rows), default=0)
         ref = self.plan(rows).ref
+        lane, group = rows[0].lane, rows[0].group
         if isinstance(outcome, Sent):
+            self._failing.pop(lane, None)
             return Verdict("delivered", attempts, now, posted_ref=ref)
         if isinstance(outcome, Deferred):
             wait = min(max(outcome.wait, 0.0), self.policy.longest_delay)
@@ -187,15 +194,22 @@ class Scheduler:
         attempts += 1
         ref = outcome.posted_ref or ref
         error = outcome.error[:500]
-        if attempts >= self.policy.limit(outcome.kind):
+        limit = self.policy.limit(outcome.kind)
+        if outcome.kind in ("transient", "rate_limited"):
+            failing = self._failing.setdefault(lane, set())
+            if failing - {group}:  # the lane is down: not this row's fault, no nearer to a dead letter
+                attempts = min(attempts, limit - 1)
+            if len(failing) < 2:
+                failing.add(group)
+        if attempts >= limit:
             if ref is not None:  # the text is out; what failed is only its follow-up: keep the message
                 return Verdict("delivered", attempts, now, error=f"gave up after {attempts} tries: {error}",
                                posted_ref=ref)
+            self._failing.get(lane, set()).discard(group)  # gone: no longer a sign the lane is down
             return Verdict("dead", attempts, now, error=error, posted_ref=ref)
         delay = self.policy.backoff(attempts, self.random())
         if outcome.retry_after is not None and outcome.retry_after > 0:
             wait = min(outcome.retry_after, self.policy.max_retry_after)
             delay = max(delay, wait)
-            lane = rows[0].lane
             self._paced[lane] = max(self._paced.get(lane, now), now + wait)
         return Verdict("retry", attempts, now + delay, delay, error, ref)

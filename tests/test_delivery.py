@@ -158,7 +158,7 @@ class OutboxModel(RuleBasedStateMachine):
         self.rows: dict[int, OutboxRow] = {}
         self.posts: Counter[int] = Counter()  # text posts per row
         self.dead_reports: Counter[int] = Counter()
-        self.last_delay: dict[int, float] = {}  # the last backoff without Retry-After, per row
+        self.last_delay: dict[int, tuple[int, float]] = {}  # (attempts, backoff) of the last retry, per row
         self.refs = 0
 
     @rule(group=st.integers(0, 3), lane=st.integers(0, 1))
@@ -219,9 +219,11 @@ class OutboxModel(RuleBasedStateMachine):
                 self.dead_reports[r.id] += 1
             if verdict.state == "retry" and not (isinstance(outcome, Failed) and outcome.retry_after):
                 before = self.last_delay.get(r.id)
-                if before is not None:  # delays grow (equal jitter: each at least the last, up to the cap)
-                    assert verdict.delay >= min(before, self.policy.cap / 2) - 1e-9
-                self.last_delay[r.id] = verdict.delay
+                if before is not None and verdict.attempts > before[0]:
+                    # delays grow (equal jitter: each at least the last, up to the cap); in an outage the
+                    # attempts, and so the level, are held
+                    assert verdict.delay >= min(before[1], self.policy.cap / 2) - 1e-9
+                self.last_delay[r.id] = (verdict.attempts, verdict.delay)
             self.rows[r.id] = verdict.applied(r, self.now)
 
     @invariant()
@@ -261,3 +263,18 @@ def test_fresh_rows_go_before_retries_so_a_row_that_keeps_failing_cannot_starve_
     s = Scheduler(POLICY, half)
     due = [row(1, key="poison", attempts=3), row(2, key="fresh"), row(3, key="older-retry", attempts=1)]
     assert [g[2] for g in s.groups(due, NOW)] == ["fresh", "poison", "older-retry"]
+
+
+def test_an_outage_is_not_a_poison_row():
+    """Two groups failing on a lane since its last success: the lane is down, nobody nears a dead letter;
+    one group failing while others get through: that group is the problem."""
+    s = Scheduler(POLICY, half)
+    a, b = row(1, key="a", attempts=9), row(2, key="b", attempts=9)
+    assert s.after([a], Failed("transient", "HTTP 503"), NOW).state == "dead"  # alone: its own fault
+    s = Scheduler(POLICY, half)
+    assert s.after([row(3, key="c")], Failed("transient", "HTTP 503"), NOW).state == "retry"
+    down = s.after([a], Failed("transient", "HTTP 503"), NOW)
+    assert (down.state, down.attempts) == ("retry", 9) and down.delay == 192.0  # held at its level
+    assert s.after([b], Failed("error", "KeyError: 'ts'"), NOW).state == "dead"  # a bug is no outage
+    s.after([row(4, key="d")], Sent(), NOW)  # the lane is back
+    assert s.after([a], Failed("transient", "HTTP 503"), NOW).state == "dead"

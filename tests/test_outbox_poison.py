@@ -315,3 +315,20 @@ def test_figures_posts_per_poison_alert_while_others_flow(tmp_path, slack, env):
             assert "msmon_outbox_dead_letters 1.0" in figures["metrics"]
     finally:
         bot.stop()
+
+
+def test_a_slack_outage_longer_than_the_bound_dead_letters_nothing(tmp_path, slack, env):
+    """Every message failing is Slack being down, not a poison row: they wait and all go when it is back."""
+    slack.fail("chat.postMessage", status=503, times=10**6, body=HTML_502, retry_after=None)
+    bot = BotServer(config(tmp_path, slack), delivery=FAST)
+    try:
+        for i in range(3):
+            bot.request("POST", "/v1/ingest", envelope([event(run=f"run-out{i}")]))
+        assert wait_for(lambda: len(slack.calls_to("chat.postMessage")) >= 4 * FAST.max_attempts, timeout=15)
+        assert bot.request("GET", "/healthz", token=None)[1]["dead_letters"] == 0
+        slack.reset()  # Slack is back
+        assert wait_for(lambda: len(slack.messages()) == 3, timeout=10)
+        _, health = bot.request("GET", "/healthz", token=None)
+        assert health["outbox_depth"] == 0 and health["dead_letters"] == 0
+    finally:
+        bot.stop()
