@@ -124,7 +124,7 @@ def retry_after(value: str | None, now: float, cap: float) -> float | None:
     return min(max(seconds, 0.0), cap)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Entry:
     seq: int
     item: Item

@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +36,8 @@ from typing import Any
 import msgspec
 
 from .safenames import inside, slug
-from .sendq import Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, Tier, classify, judge, retry_after
-from .wire import ActionResult, Command, Envelope, Event, Heartbeat, Poll, PollAnswer, Sample, decode, encode
+from .sendq import Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, judge, retry_after
+from .wire import ActionResult, Command, Envelope, Event, Heartbeat, Poll, PollAnswer, Sample, Severity, decode, encode
 
 log = logging.getLogger("msmon")
 
@@ -218,6 +219,7 @@ _ADVICE = {
 }
 
 
+_INBOX = 256  # items the training thread appends before it moves them into the queue itself
 _AGAIN = 0.25  # the least time between two command polls that brought nothing
 
 
@@ -272,6 +274,7 @@ class BotTransport:
         self._lock = threading.Lock()  # the queue's; never held across I/O
         self._changed = threading.Condition(self._lock)  # an answer came: flush() and close() wait on it
         self._spool_lock = threading.Lock()  # one spool write at a time
+        self._inbox: deque[Item] = deque()  # the training thread's appends, not yet in the queue
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._closed = False
@@ -329,23 +332,39 @@ class BotTransport:
         self.paused = paused
 
     def _put(self, item: Item) -> None:
-        try:
-            size = len(encode(item))
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-            with self._lock:
-                self._q.lost(item)
-            self._complain("unencodable", f"msmon: run {self.run_id}: a {type(item).__name__} could not be encoded "
-                                          f"for the bot ({exc}) and is not sent; this is a bug, please report it")
-            return
+        # The training thread only appends; the sender moves the inbox into the queue (encoding each
+        # item to learn its size). An ERROR, an action result or a full inbox is moved at once.
+        self._inbox.append(item)
+        high = not isinstance(item, Sample) and (isinstance(item, ActionResult) or item.severity is Severity.ERROR)
+        if len(self._inbox) == _INBOX // 2:
+            self._wake.set()  # the sender moves them before the training thread has to
+        if high or len(self._inbox) >= _INBOX:
+            self._take_inbox()
+            if high:
+                self._wake.set()  # an ERROR goes out now, not at the next flush (or at the next probe)
+
+    def _take_inbox(self) -> None:
+        """Move what the training thread queued into the send queue, in order (under its lock)."""
+        bad: list[str] = []
         with self._lock:
-            self._q.enqueue(item, self._mono(), size)
+            now = self._mono()
+            while self._inbox:
+                item = self._inbox.popleft()
+                try:
+                    size = len(msgspec.json.encode(item))  # its size (NaN as null: within bytes of the wire's)
+                except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+                    self._q.lost(item)
+                    bad.append(f"{type(item).__name__} ({exc})")
+                    continue
+                self._q.enqueue(item, now, size)
             cap = self._q.cap_reached
+        if bad:
+            self._complain("unencodable", f"msmon: run {self.run_id}: a {bad[0]} could not be encoded for the bot "
+                                          "and is not sent (counted as dropped); this is a bug, please report it")
         if cap:
             self._complain("cap", f"msmon: run {self.run_id}: {self.limits.max_high} ERROR events and action "
                                   f"results are waiting for the bot at {self._public_url}; newer ones are dropped and "
                                   "counted until it takes them. Is the bot down? (BotTransport max_errors)")
-        if classify(item)[1] is Tier.HIGH:
-            self._wake.set()  # an ERROR goes out now, not at the next flush (or at the next probe)
 
     # -- the sender thread -----------------------------------------------------------------------
 
@@ -365,6 +384,7 @@ class BotTransport:
     def _cycle(self) -> float:
         """One step of the sender: send a due batch and apply its answer, or persist, or say how long
         to sleep. Returns the seconds to wait before the next step (0: go on at once)."""
+        self._take_inbox()
         now = self._mono()
         with self._lock:
             if self._closed:
@@ -597,6 +617,7 @@ class BotTransport:
     def flush(self, timeout: float = 10.0) -> bool:
         """Deliver everything now (the sender does, this waits); True if all went out in time."""
         deadline = self._mono() + max(timeout, 0.0)
+        self._take_inbox()
         with self._changed:
             self._q.hurry(self._mono())
             self._wake.set()
@@ -615,6 +636,7 @@ class BotTransport:
         start = self._mono()
         margin = min(0.25, timeout / 4)
         ok = self.flush(max(timeout - margin, 0.0))
+        self._take_inbox()
         with self._lock:
             self._closed = True
         self._stop.set()
