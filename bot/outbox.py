@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import sqlite3
 import time
 from collections.abc import Callable
 
@@ -98,6 +99,12 @@ class Outbox:
         self.store, self.receivers, self.limiter, self.metrics, self.clock = store, receivers, limiter, metrics, clock
         self.scheduler = Scheduler(policy, rand)
         self.doorbell = asyncio.Event()
+        # Row id -> the reference of its posted message, until the row's verdict is written: a post is
+        # never repeated by this process even when SQLite fails to record it.
+        self._posted: dict[int, str] = {}
+        # Row id -> a verdict SQLite refused to record (a full disk, a lock): written again before each
+        # round; the row is not tried meanwhile, so a delivered message is not delivered again.
+        self._unwritten: dict[int, tuple[Verdict, float]] = {}
 
     def wake(self) -> None:
         self.doorbell.set()
@@ -128,10 +135,11 @@ class Outbox:
 
     async def deliver_due(self) -> int:
         """One pass over the due groups, oldest first; returns how many messages went out."""
+        self._write_unwritten()
         now = self.clock()
         sent = 0
         for gk in self.scheduler.groups(self.store.due(now), now):
-            rows = self.store.pending(*gk)
+            rows = [r for r in self.store.pending(*gk) if r.id not in self._unwritten]
             if not rows:
                 continue
             head = rows[0]
@@ -147,8 +155,19 @@ class Outbox:
         self.metrics.outbox_dead.set(self.store.dead_count())
         return sent
 
+    def _write_unwritten(self) -> None:
+        for i, (verdict, at) in list(self._unwritten.items()):
+            try:
+                self.store.settle([i], verdict, at)
+            except sqlite3.Error:
+                return  # still refused: next round
+            del self._unwritten[i]
+            self._posted.pop(i, None)
+
     async def _send(self, rows: list[OutboxRow]) -> bool:
         receiver = self.receivers.get(rows[0].receiver) or self.receivers["console"]
+        rows = [msgspec.structs.replace(r, posted_ref=self._posted[r.id])
+                if r.posted_ref is None and r.id in self._posted else r for r in rows]
         attempt = self._decode(receiver, rows)
         if attempt is None:
             return False
@@ -185,10 +204,18 @@ class Outbox:
         now = self.clock()
         verdict = self.scheduler.after(rows, outcome, now)
         ids = [r.id for r in rows]
-        self.store.settle(ids, verdict, now)
         head = rows[0]
         what = attempt.what() if attempt else f"{head.kind} {head.key!r} of run {head.run_id!r} to {receiver} " \
                                                 f"{head.channel}"
+        try:
+            self.store.settle(ids, verdict, now)
+        except sqlite3.Error as exc:
+            log.error("msmon bot: SQLite refused to record that %s is %s (%s); kept in memory and written again "
+                      "before each round; check the disk and %s", what, verdict.state, exc, self.store.path)
+            self._unwritten.update(dict.fromkeys(ids, (verdict, now)))
+        else:
+            for i in ids:
+                self._posted.pop(i, None)
         m = self.metrics
         if verdict.state == "delivered":
             m.sent.labels(receiver, head.kind).inc()
@@ -247,6 +274,7 @@ class Outbox:
         channel, key = t.head.channel, t.head.key
         if t.plan.post:
             t.posted = await t.receiver.post(channel, msg)
+            self._posted.update(dict.fromkeys(t.ids, t.posted))
             with self.store.tx():
                 now = self.clock()
                 self.store.save_message(key, t.receiver.name, channel, t.posted, now)
@@ -302,6 +330,7 @@ class Outbox:
         if t.plan.post:
             await t.receiver.reply(channel, ref["ts"], msg)
             t.posted = ref["ts"]
+            self._posted.update(dict.fromkeys(t.ids, t.posted))
             self.store.mark_posted(t.ids, ref["ts"])
         if firing_devices <= resolved:
             view = _message(fkey, fired or t.payloads)

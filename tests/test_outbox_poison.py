@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import sqlite3
 import time
 from typing import Any
 
@@ -331,4 +332,27 @@ def test_a_slack_outage_longer_than_the_bound_dead_letters_nothing(tmp_path, sla
         _, health = bot.request("GET", "/healthz", token=None)
         assert health["outbox_depth"] == 0 and health["dead_letters"] == 0
     finally:
+        bot.stop()
+
+
+def test_when_sqlite_refuses_to_record_a_post_the_message_is_still_posted_once(tmp_path, slack, env):
+    bot = BotServer(config(tmp_path, slack))
+    db = sqlite3.connect(str(tmp_path / "bot.sqlite"), isolation_level=None)
+    try:  # real SQLite refusing the writes that follow the post (as a full disk would), for one run only
+        db.execute("CREATE TRIGGER no_msg BEFORE INSERT ON messages WHEN NEW.key LIKE 'run-disk|%'"
+                   " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+        db.execute("CREATE TRIGGER no_row BEFORE UPDATE ON outbox WHEN NEW.run_id = 'run-disk'"
+                   " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-disk")]))
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-fine")]))
+        assert wait_for(lambda: posts_for(slack, "run-disk") and posts_for(slack, "run-fine"), timeout=5)
+        time.sleep(2.0)  # rounds go by while SQLite refuses
+        assert len(posts_for(slack, "run-disk")) == 1 and len(slack.uploads()) == 1  # run-fine's chart only
+        db.execute("DROP TRIGGER no_msg")
+        db.execute("DROP TRIGGER no_row")  # the disk has room again
+        assert wait_for(lambda: len(slack.uploads()) == 2, timeout=10)  # run-disk's chart, attached
+        assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1]["outbox_depth"] == 0, timeout=5)
+        assert len(posts_for(slack, "run-disk")) == 1
+    finally:
+        db.close()
         bot.stop()
