@@ -17,6 +17,7 @@ Standard library and msgspec only: nothing heavy on the notifier's import path.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import http.client
 import logging
@@ -28,6 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -219,6 +221,14 @@ _ADVICE = {
 }
 
 
+def _close_at_exit(ref: weakref.ReferenceType[BotTransport]) -> None:
+    """A job that ends without close() (an exception out of the training loop) still spools what
+    the bot has not taken: the daemon threads would just vanish with it."""
+    t = ref()
+    if t is not None and not t._closed:
+        t.close(timeout=2.0)
+
+
 _INBOX = 256  # items the training thread appends before it moves them into the queue itself
 _AGAIN = 0.25  # the least time between two command polls that brought nothing
 
@@ -286,6 +296,7 @@ class BotTransport:
         self._poller: threading.Thread | None = None
         self._sender.start()
         self._beater.start()
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- what tests and the status line read ----------------------------------------------------
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -306,3 +308,25 @@ def test_an_item_that_cannot_be_encoded_is_counted_and_the_rest_goes_on(bot, tmp
     t.close()
     assert t.dropped == {"errors": 1}
     assert caplog.text.count("could not be encoded") == 1
+
+
+def test_a_job_that_exits_without_close_keeps_its_errors_in_the_spool(bot, tmp_path):
+    """The training script dies with an ERROR in flight to a hanging bot: at exit it is spooled."""
+    bot.mode = "hang"
+    spool = tmp_path / "spool"
+    script = (
+        "import time\n"
+        "from notifier.transport import BotTransport\n"
+        "from tests.test_transport import ev\n"
+        f"t = BotTransport({bot.url!r}, 'run-1', '0', spool_dir={str(spool)!r}, timeout=30.0)\n"
+        "t.event(ev(7))\n"
+        "time.sleep(0.5)\n"
+        "raise SystemExit(3)  # no close()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd(), timeout=30, capture_output=True)
+    assert proc.returncode == 3, proc.stderr.decode()
+    files = list(spool.glob("*.spool.jsonl"))
+    assert len(files) == 1
+    assert [decode(line, SpoolRecord).event.step for line in files[0].read_bytes().splitlines()] == [7]
+    bot.mode = "ok"
+    bot.hang.set()
