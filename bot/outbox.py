@@ -227,8 +227,13 @@ class Outbox:
                         m.error_latency.observe(max(now - p.received_at, 0.0))
         elif verdict.state == "retry":
             m.delivery_errors.labels(receiver).inc()
-            log.warning("msmon bot: delivery of %s failed (attempt %d of %d; next try in %.3g s): %s", what,
-                        verdict.attempts, self.scheduler.policy.limit(_kind(outcome)), verdict.delay, verdict.error)
+            held = verdict.attempts == max(r.attempts for r in rows)  # the channel is down: not counted
+            n = verdict.attempts
+            # Tries 1, 2, 4, 8 ... at WARNING (an outage of hours is a few lines per message), the rest at DEBUG.
+            log.log(logging.WARNING if not held and n & (n - 1) == 0 else logging.DEBUG,
+                    "msmon bot: delivery of %s failed (attempt %d of %d%s; next try in %.3g s): %s", what, n,
+                    self.scheduler.policy.limit(_kind(outcome)),
+                    ", held: the channel looks down" if held else "", verdict.delay, verdict.error)
         elif verdict.state == "dead":
             m.delivery_errors.labels(receiver).inc()
             m.dead_letters.labels(receiver).inc()
