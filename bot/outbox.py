@@ -125,7 +125,7 @@ class Outbox:
                 log.exception("msmon bot: delivery round failed; retrying in 1 s")
                 await asyncio.sleep(1.0)
             nxt = self.store.next_due_at()
-            wait = 1.0 if nxt is None else min(max(nxt - self.clock(), 0.01), 1.0)
+            wait = 1.0 if nxt is None or self._unwritten else min(max(nxt - self.clock(), 0.01), 1.0)
             self.doorbell.clear()
             stop_task = asyncio.ensure_future(stop.wait())
             bell_task = asyncio.ensure_future(self.doorbell.wait())
