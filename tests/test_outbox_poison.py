@@ -356,3 +356,22 @@ def test_when_sqlite_refuses_to_record_a_post_the_message_is_still_posted_once(t
     finally:
         db.close()
         bot.stop()
+
+
+@pytest.mark.parametrize(("raw", "slack", "console"), [
+    ("run-42", "run-42", "run-42"),
+    ("<!channel> <!here|here> <@U0CEO> <#C0GEN>", "&lt;!channel&gt; &lt;!here|here&gt; &lt;@U0CEO&gt; &lt;#C0GEN&gt;",
+     "<!channel> <!here|here> <@U0CEO> <#C0GEN>"),
+    ("<http://x|click> & more", "&lt;http://x|click&gt; &amp; more", "<http://x|click> & more"),
+    ("@here @channel @everyone @herewego", "@\u2060here @\u2060channel @\u2060everyone @herewego",
+     "@here @channel @everyone @herewego"),
+    ("&lt; already", "&amp;lt; already", "&lt; already"),
+    ("a\x1b[2Jb\x07c\x00d\re\nf", "a[2Jbcde\nf", "a\\x1b[2Jb\\x07c\\x00d\\x0de\\x0af"),
+    ("bidi \u202eevil", "bidi evil", "bidi \\u202eevil"),
+])
+def test_one_escape_per_markup(raw, slack, console):
+    from bot.receivers.render import escape_console, escape_slack, escape_slack_code
+
+    assert escape_slack(raw) == slack
+    assert escape_console(raw) == console
+    assert "`" not in escape_slack_code("run`<!here>`")
