@@ -126,7 +126,7 @@ class Spool:
         def parse(line: bytes) -> Item:
             return decode(line[1:], kinds[line[:1]])
 
-        paths = [os.path.join(self.directory, f"{self._legacy_stem}.{k}.jsonl") for k in ("high", "mid", "low")]
+        paths = [inside(self.directory, f"{self._legacy_stem}.{k}.jsonl") for k in ("high", "mid", "low")]
         return [(p, parse) for p in paths if os.path.exists(p)]
 
     def write(self, items: list[Item]) -> int:
