@@ -121,6 +121,8 @@ class ActionResult(msgspec.Struct, kw_only=True):
     source: Text = ""  # "rule grad_norm ERROR", "command c17 from @alice", "code"
     path: Text | None = None  # the checkpoint written, if any
     command_id: Id | None = None  # set when the action came from a chat command
+    applied: bool = True  # False: answered but not acted on (cancelled by a later command, moot, job stopped)
+    paused: bool | None = None  # pause / resume: whether the job is paused after this answer
     schema: Version = SCHEMA_VERSION
 
 

@@ -248,6 +248,8 @@ def test_pause_and_resume_ms_apart_never_leave_the_job_paused(tmp_path):
         by_id = {r.command_id: r for r in done[0]}
         assert by_id["c1"].ok and "cancels it" in by_id["c1"].detail
         assert by_id["c2"].ok and "nothing to resume" in by_id["c2"].detail
+        # what the bot reads, not the texts: neither took effect, and the job is not paused
+        assert [(by_id[c].applied, by_id[c].paused) for c in ("c1", "c2")] == [(False, False), (False, False)]
     finally:
         control.request("resume")
         t.join(3.0)
@@ -400,7 +402,8 @@ def test_a_pause_the_job_did_not_apply_does_not_mark_the_run_paused(bot):
     assert [o.req.action for o in decided] == ["resume", "pause"] and decided[1].detail.startswith("not applied")
     for o in decided:
         res = ActionResult(run_id="run-9", device="0", step=resume["apply_step"], time=time.time(),
-                           action=o.req.action, ok=True, detail=o.detail, command_id=o.req.command_id)
+                           action=o.req.action, ok=True, detail=o.detail, command_id=o.req.command_id,
+                           applied=o.kind != "skip", paused=False)  # as JobControl answers them
         env = Envelope(run_id="run-9", device="0", sent_at=time.time(), project="llm", actions=[res])
         assert bot.request("POST", "/v1/ingest", encode(env))[0] == 202
     assert wait_for(lambda: bot.store.commands.get(pause["id"])["status"] == "done", timeout=5)

@@ -335,12 +335,11 @@ class CommandService:
                 continue  # unknown, another run's (a job answers only its own), closed, or a repeat
             results = dict(c["results"])
             results[a.device] = {"ok": a.ok, "step": a.step, "detail": a.detail, "path": a.path}
-            # Known now, not at the next heartbeat. Any resume answered means "not paused"; a pause means
-            # "paused" only when it did start (the job answers a cancelled or moot pause "not applied: ...").
-            paused = a.action == "pause" and a.detail.startswith(("paused at step", "already paused"))
-            if a.ok and (a.action == "resume" or paused):
-                self.store.set_paused(a.run_id, paused, self.clock())
-                if a.detail.startswith("resumed at step"):
+            # Known now, not at the next heartbeat: a pause or resume answer carries the job's paused state
+            # (a cancelled or moot pause answers applied=False, paused=False).
+            if a.ok and a.paused is not None:  # the job says whether it is paused now
+                self.store.set_paused(a.run_id, a.paused, self.clock())
+                if a.action == "resume" and a.applied:
                     self.resumed_at[a.run_id] = a.time
                     if len(self.resumed_at) > self.cfg.max_runs:
                         self.resumed_at.pop(next(iter(self.resumed_at)))

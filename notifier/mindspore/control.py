@@ -357,7 +357,7 @@ class JobControl:
     def _carry_out(self, step: int, run_context: Any, o: Outcome) -> ActionResult:
         req, tr = o.req, self.monitor.transport
         if o.kind == "skip":
-            return self._result(step, req, True, o.detail, None, planned=False)
+            return self._result(step, req, True, o.detail, None, planned=False, applied=False)
         if o.kind == "pause":
             self.paused = True
             self.monitor.hold_clock()  # time paused on purpose is no step time: no step_stall after it
@@ -380,7 +380,7 @@ class JobControl:
         return self._result(step, req, True, detail, path)
 
     def _result(self, step: int, req: Request, ok: bool, detail: str, path: str | None,
-                planned: bool = True) -> ActionResult:
+                planned: bool = True, applied: bool = True) -> ActionResult:
         mon = self.monitor
         if planned and req.at_step is not None and step > req.at_step:
             detail += (f" (at step {step}, {step - req.at_step} after the planned step {req.at_step}: the command "
@@ -388,7 +388,8 @@ class JobControl:
         params = {k: v for k, v in req.params.items() if k != "undo"}
         res = ActionResult(run_id=mon.run_id, device=mon.default_device, step=step, time=time.time(),
                            action=req.action, ok=ok, detail=detail, params=params, source=req.source,
-                           path=path, command_id=req.command_id)
+                           path=path, command_id=req.command_id, applied=applied and ok,
+                           paused=self.paused if req.action in ("pause", "resume") else None)
         self.results.append(res)
         where = f"[run {res.run_id} step {step} device {res.device}]"
         if ok:
