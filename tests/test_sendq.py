@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from notifier.sendq import Batch, Fault, Limits, SendQueue, Tier, classify, judge, retry_after
+from notifier.transport import Spool
 from notifier.wire import ActionResult, Event, Sample, Severity, Status
 
 _ids = itertools.count(1)
@@ -349,6 +350,7 @@ class World:
     reported: dict[str, int] = field(default_factory=dict)  # drop counts the bot was told (this process)
     restored: int = 0
     flying: Batch | None = None  # a batch sent and not answered yet
+    spool: Spool | None = None  # the real spool file a restart goes through
 
 
 def begin(w: World) -> Batch | None:
@@ -385,10 +387,16 @@ def check_drop(before: dict[int, object], q: SendQueue, delivered: set[int], dea
             assert x.fingerprint not in firing, "a resolution dropped while its firing event is queued"  # type: ignore[union-attr]
 
 
+@pytest.fixture(scope="module")
+def spool_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("spool"))
+
+
 @settings(max_examples=300)
 @given(ops)
-def test_no_accepted_error_is_lost_none_twice_order_kept_drops_counted(program):
-    w = World(SendQueue(limits(), random.Random(1)))
+def test_no_accepted_error_is_lost_none_twice_order_kept_drops_counted(spool_dir, program):
+    w = World(SendQueue(limits(), random.Random(1)), spool=Spool(spool_dir, "r", "0"))
+    w.spool.write([])  # each example starts without one
     for op, kind, answer, n_, size, dt in program:
         before = {x.step: x for x in w.q.snapshot()}  # type: ignore[union-attr]
         delivered_now: set[int] = set()
@@ -404,11 +412,13 @@ def test_no_accepted_error_is_lost_none_twice_order_kept_drops_counted(program):
             w.now += dt
         elif op == "hurry":
             w.q.hurry(w.now)
-        elif op == "restart":  # a clean exit writes the spool; the next process starts from it
-            spool = w.q.snapshot()  # the batch in flight included: its fate is unknown
+        elif op == "restart":  # a clean exit writes the spool file; the next process starts from it
+            assert w.spool is not None
+            w.spool.write(w.q.snapshot())  # the batch in flight included: its fate is unknown
+            spool = w.spool.load()
             w.flying = None
             w.q = SendQueue(limits(), random.Random(2))
-            w.q.restore([(x, 50) for x in spool], w.now)  # type: ignore[misc]
+            w.q.restore([(x, 50) for x in spool], w.now)
             w.delivered.append([])
             w.reported = {}
             w.restored = len(spool)
