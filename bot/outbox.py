@@ -19,6 +19,7 @@ import logging
 import random
 import sqlite3
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 import msgspec
@@ -33,6 +34,8 @@ from .receivers import DeliveryError, Message, Note, Receiver
 from .store import Store
 
 log = logging.getLogger("msmon.bot")
+
+CHARTS_KEPT = 16  # drawn charts kept for the retries of their group (about 100 kB each)
 
 
 class Payload(msgspec.Struct):
@@ -105,6 +108,7 @@ class Outbox:
         # Row id -> a verdict SQLite refused to record (a full disk, a lock): written again before each
         # round; the row is not tried meanwhile, so a delivered message is not delivered again.
         self._unwritten: dict[int, tuple[Verdict, float]] = {}
+        self._charts: OrderedDict[tuple[str, tuple[int, ...]], tuple[bytes | None, str | None]] = OrderedDict()
 
     def wake(self) -> None:
         self.doorbell.set()
@@ -216,6 +220,8 @@ class Outbox:
         else:
             for i in ids:
                 self._posted.pop(i, None)
+            if verdict.state in ("delivered", "dead"):
+                self._charts.pop((head.key, tuple(ids)), None)
         m = self.metrics
         if verdict.state == "delivered":
             m.sent.labels(receiver, head.kind).inc()
@@ -260,9 +266,14 @@ class Outbox:
         else:
             await self._resolve(t)
 
-    async def _chart(self, receiver: Receiver, msg: Message) -> None:
-        """Draw the firing ERROR's chart into `msg`; a chart that cannot be drawn only says so."""
-        if not receiver.charts or msg.severity is not Severity.ERROR or msg.status is not Status.FIRING:
+    async def _chart(self, t: _Try, msg: Message) -> None:
+        """Draw the firing ERROR's chart into `msg`; a chart that cannot be drawn only says so. Drawn once
+        per group: its retries reuse it (a few are kept)."""
+        if not t.receiver.charts or msg.severity is not Severity.ERROR or msg.status is not Status.FIRING:
+            return
+        key = (t.head.key, tuple(t.ids))
+        if key in self._charts:
+            msg.chart, msg.chart_problem = self._charts[key]
             return
         try:
             from .chart import render_chart_off_loop  # matplotlib only when a chart is drawn
@@ -272,10 +283,13 @@ class Outbox:
             msg.chart_problem = _first_line(exc)
             log.warning("msmon bot: the chart of %s for run %r step %d could not be drawn (%s); the alert is sent "
                         "without it", msg.rule, msg.run_id, msg.lead.step, msg.chart_problem)
+        self._charts[key] = (msg.chart, msg.chart_problem)
+        while len(self._charts) > CHARTS_KEPT:
+            self._charts.popitem(last=False)
 
     async def _post(self, t: _Try, msg: Message, root_key: str | None = None) -> None:
         """Post a new message, store its reference at once, then attach its chart (the follow-up)."""
-        await self._chart(t.receiver, msg)
+        await self._chart(t, msg)
         channel, key = t.head.channel, t.head.key
         if t.plan.post:
             t.posted = await t.receiver.post(channel, msg)

@@ -375,3 +375,21 @@ def test_one_escape_per_markup(raw, slack, console):
     assert escape_slack(raw) == slack
     assert escape_console(raw) == console
     assert "`" not in escape_slack_code("run`<!here>`")
+
+
+def test_a_groups_chart_is_drawn_once_for_all_its_retries(tmp_path, slack, env, caplog):
+    slack.fail("chat.postMessage", status=502, times=10**6, body=HTML_502, retry_after=None,
+               when=lambda p: "run-huge" in p["text"])
+    bot = BotServer(config(tmp_path, slack), delivery=FAST)
+    try:
+        huge = event(run="run-huge")
+        huge.window = Window(steps=[1, 2, 3], loss=[1e308, -1e308, 1e308], learning_rate=[0.0] * 3,
+                             grad_norm=[1e-320, 1e300, 0.0], tokens_per_s=[1.0, 2.0, 3.0])
+        with caplog.at_level(logging.WARNING, logger="msmon.bot"):
+            bot.request("POST", "/v1/ingest", envelope([huge]))
+            bot.request("POST", "/v1/ingest", envelope([event(run="run-fine")]))  # the channel is not down
+            assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1]["dead_letters"] == 1, timeout=10)
+        assert len([c for c in slack.calls_to("chat.postMessage") if "run-huge" in c.params["text"]]) == 4
+        assert sum("could not be drawn" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        bot.stop()
