@@ -39,6 +39,7 @@ import msgspec
 
 from .safenames import inside, slug
 from .sendq import Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, judge, retry_after
+from .urls import redacted, url_problem
 from .wire import ActionResult, Command, Envelope, Event, Heartbeat, Poll, PollAnswer, Sample, Severity, decode, encode
 
 log = logging.getLogger("msmon")
@@ -153,26 +154,10 @@ class Spool:
 
 def check_url(url: str) -> str:
     """The bot's base URL without a trailing slash, or ValueError saying what is wrong with it."""
-    bad = [c for c in url if c.isspace() or ord(c) < 32 or ord(c) == 127]
-    if bad:
-        raise ValueError(f"bot.url {url!r} contains {bad[0]!r}: a URL has no spaces or control characters")
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"bot.url {url!r} is not an http:// or https:// URL with a host "
-                         "(e.g. http://msmon-bot:8080)")
-    try:
-        _ = parts.port
-    except ValueError as exc:
-        raise ValueError(f"bot.url {url!r}: {exc}") from None
+    problem = url_problem(url)
+    if problem is not None:
+        raise ValueError(f"bot.url {problem} (e.g. http://msmon-bot:8080)")
     return url.rstrip("/")
-
-
-def _public(url: str) -> str:
-    """The URL as it may be logged: no user:password."""
-    parts = urllib.parse.urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 @dataclass
@@ -263,7 +248,7 @@ class BotTransport:
         rng: random.Random | None = None,
     ) -> None:
         self.url = check_url(url)
-        self._public_url = _public(self.url)
+        self._public_url = redacted(self.url)
         self.run_id, self.device = run_id, str(device)
         self._token = token
         self.project, self.labels = project, dict(labels or {})

@@ -14,8 +14,8 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
+from ..urls import url_problem as url_problem  # re-exported for the config models
 from .errors import Issue, closest, shown
 from .yamlio import location_of
 
@@ -74,33 +74,6 @@ def bounds_of(cls: type, key: str) -> dict[str, list[float]]:
             if source.get(b) is not None:
                 out[b].append(source[b])
     return {b: v for b, v in out.items() if v}
-
-
-def url_problem(url: str) -> str | None:
-    """What is wrong with an http(s) base URL, or None. The URL is echoed with any user:password cut out."""
-    if any(ch.isspace() for ch in url):
-        return f"has a space or other whitespace in it: {shown(_redacted(url))}"
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in url):
-        return "has a control character in it"
-    if not url.startswith(("http://", "https://")):
-        hint = "" if "://" in url else f" (it needs a scheme: http://{_redacted(url)}?)"
-        return f"must start with http:// or https://, got {shown(_redacted(url))}{hint}"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 (raises on a port out of range or not a number)
-    except ValueError as exc:
-        return f"has an invalid port ({exc})"
-    if not parts.hostname:
-        return f"has no host: {shown(_redacted(url))}"
-    return None
-
-
-def _redacted(url: str) -> str:
-    head, sep, rest = url.partition("://")
-    netloc, slash, path = rest.partition("/")
-    if sep and "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    return f"{head}{sep}{netloc}{slash}{path}"
 
 
 class Context:

@@ -1,0 +1,37 @@
+"""The bot's base URL, checked once for config and transport alike (standard library only)."""
+
+from __future__ import annotations
+
+import reprlib
+from urllib.parse import urlsplit
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = 120
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with an http(s) base URL, or None. The URL is echoed with any user:password cut out."""
+    if any(ch.isspace() for ch in url):
+        return f"has a space or other whitespace in it: {_REPR.repr(redacted(url))}"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        return "has a control character in it"
+    if not url.startswith(("http://", "https://")):
+        hint = "" if "://" in url else f" (it needs a scheme: http://{redacted(url)}?)"
+        return f"must start with http:// or https://, got {_REPR.repr(redacted(url))}{hint}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port out of range or not a number)
+    except ValueError as exc:
+        return f"has an invalid port ({exc})"
+    if not parts.hostname:
+        return f"has no host: {_REPR.repr(redacted(url))}"
+    return None
+
+
+def redacted(url: str) -> str:
+    """The URL as it may be logged or shown: any user:password replaced by ***."""
+    head, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if sep and "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return f"{head}{sep}{netloc}{slash}{path}"
