@@ -154,7 +154,7 @@ def test_log_line_variants():
     assert format_log_line(Sample(run_id="r", device="0", step=1, time=0.0)) == "[step 1]"
 
 
-@pytest.mark.parametrize("run_id", ["../../escape", "a/b", "x\x00y", "r" * 300, "..", "<!channel>"])
+@pytest.mark.parametrize("run_id", ["../../escape", "a/b", "x\x00y", "r" * 256, "..", "<!channel>"])
 def test_csv_and_tensorboard_paths_from_hostile_run_ids_stay_in_their_folders(tmp_path, run_id):
     """A run id is job data: it names files only as a safe slug, inside the configured folder."""
     out = tmp_path / "out"
