@@ -27,6 +27,7 @@ from slack_sdk.signature import Clock, SignatureVerifier
 
 from .commands.service import Answer, CommandService, Origin
 from .config import BotConfig
+from .receivers.render import escape_slack
 
 log = logging.getLogger("msmon.bot")
 
@@ -174,7 +175,12 @@ class SlackInbound:
         event = answer.chart
 
         async def draw() -> None:
-            png = await render_chart_off_loop(event)
+            try:
+                png = await render_chart_off_loop(event)
+            except Exception as exc:  # noqa: BLE001 - job data matplotlib cannot draw: the answer stands without it
+                log.warning("msmon bot: the status chart of run %s at step %s could not be drawn (%s: %s); the "
+                            "status answer went out without it", event.run_id, event.step, type(exc).__name__, exc)
+                return
             self.svc.note(dataclasses.replace(origin, response_url=None),
                           f"chart of run {event.run_id} at step {event.step:,}", chart=png)
 
@@ -236,10 +242,11 @@ class SlackInbound:
 
 def _message(answer: Answer) -> dict[str, Any]:
     """A slash command's immediate answer as Slack takes it."""
-    out: dict[str, Any] = {"response_type": "ephemeral" if answer.private else "in_channel", "text": answer.text}
+    shown = escape_slack(answer.text)  # the answer quotes job data (rules, devices, messages): data, not markup
+    out: dict[str, Any] = {"response_type": "ephemeral" if answer.private else "in_channel", "text": shown}
     if answer.confirm:
         out["blocks"] = [
-            {"type": "section", "text": {"type": "mrkdwn", "text": answer.text}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": shown}},
             {"type": "actions", "block_id": "msmon_confirm", "elements": [
                 {"type": "button", "action_id": "msmon_confirm", "style": "danger", "value": answer.confirm,
                  "text": {"type": "plain_text", "text": "Yes, " + answer.confirm.removesuffix(" confirm")}}]},

@@ -10,7 +10,19 @@ import time
 import pytest
 from slack_sdk.signature import Clock, SignatureVerifier
 
-from notifier.wire import ActionResult, Envelope, Heartbeat, Poll, PollAnswer, Sample, decode, encode
+from notifier.wire import (
+    ActionResult,
+    Envelope,
+    Event,
+    Heartbeat,
+    Poll,
+    PollAnswer,
+    Sample,
+    Severity,
+    Status,
+    decode,
+    encode,
+)
 from tests.bot_server import BotServer, wait_for
 from tests.slack_api import SlackAPIServer
 from tests.slack_signing import SECRET, click, signed_post, slash
@@ -349,3 +361,15 @@ def test_a_job_cannot_answer_another_runs_command(bot):
                                                   action="pause", ok=True, detail="x", command_id=cmd.id)]))
     code, body = bot.request("POST", "/v1/ingest", mixed)
     assert code == 422 and "envelope's run_id" in body["error"]
+
+
+def test_a_status_answer_shows_job_data_as_text_never_as_mentions_or_links(bot):
+    """The slash command's immediate answer quotes job data (rule, device): escaped as Slack asks."""
+    now = time.time()
+    ev = Event(run_id="run-42", device="<@U0BOSS>", step=100, time=now, rule="<!channel>", severity=Severity.ERROR,
+               status=Status.FIRING, value=9.0, threshold=1.0, message="<http://evil.example|click> @here")
+    report(bot, events=[ev])
+    code, body = slash(bot.url, "status run-42")
+    assert code == 200
+    assert "&lt;!channel&gt;" in body["text"] and "&lt;@U0BOSS&gt;" in body["text"]
+    assert "<!" not in body["text"] and "<@" not in body["text"] and "<http" not in body["text"]
