@@ -118,7 +118,7 @@ def test_the_bot_accepts_the_published_example_with_its_clock_at_that_time(tmp_p
     b = BotServer(config(tmp_path, slack), clock=lambda: EXAMPLE_TS + 10.0)
     try:
         code, body = signed_post(b.url + "/slack/commands", EXAMPLE_BODY, ts=EXAMPLE_TS, signature=EXAMPLE_SIG)
-        assert code == 200 and "status <run>" in body["text"]  # empty text: help
+        assert code == 200 and "status &lt;run&gt;" in body["text"]  # empty text: help (escaped: Slack shows <run>)
     finally:
         b.stop()
 
@@ -165,7 +165,7 @@ def test_status_answers_at_once_and_the_chart_follows(bot, slack):
 def test_mistyped_and_unknown_run_commands_get_helpful_private_answers(bot):
     report(bot)
     code, body = slash(bot.url, "pasue run-42")
-    assert body["response_type"] == "ephemeral" and "did you mean `pause`? Usage: pause <run>" in body["text"]
+    assert body["response_type"] == "ephemeral" and "did you mean `pause`? Usage: pause &lt;run&gt;" in body["text"]
     code, body = slash(bot.url, "pause run-24")
     assert body["response_type"] == "ephemeral"
     assert body["text"].startswith("No run `run-24` has reported to this bot. Did you mean `run-42`?")
