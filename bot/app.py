@@ -337,6 +337,10 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     m = BotMetrics()
     disp = Dispatcher(cfg, store, m, clock)
     rl = cfg.rate_limit
+    if delivery is None:
+        dc = cfg.delivery
+        delivery = Policy(base=dc.backoff_base, cap=dc.backoff_max, max_attempts=dc.max_attempts,
+                          max_error_attempts=dc.max_error_attempts, max_retry_after=dc.max_retry_after)
     outbox = Outbox(store, receivers or build_receivers(cfg),
                     RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock, policy=delivery)
     disp.wake = outbox.wake

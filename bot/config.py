@@ -151,6 +151,20 @@ class RateLimitConfig:
 
 
 @dataclasses.dataclass
+class DeliveryConfig:
+    """How the outbox retries a message a receiver did not take (bot/delivery.py's Policy)."""
+
+    backoff_base: float = _f(1.0, "seconds before the first retry (jittered between half and all of it)", ge=0.01,
+                             le=3600)
+    backoff_max: float = _f(300.0, "longest wait between two tries", ge=0.1, le=DAY)
+    max_attempts: int = _f(10, "tries before a delivery error makes the message a dead letter (an outage of the "
+                               "whole channel does not count)", ge=1, le=1000)
+    max_error_attempts: int = _f(3, "tries when the receiver failed in another way (data it cannot take)", ge=1,
+                                 le=1000)
+    max_retry_after: float = _f(900.0, "longest Retry-After honoured", ge=1, le=DAY)
+
+
+@dataclasses.dataclass
 class BotConfig:
     host: str = _f("127.0.0.1", "listen address")
     port: int = _f(8080, "listen port (0: any free port)", ge=0, le=65535)
@@ -163,6 +177,7 @@ class BotConfig:
     routes: list[Route] = _f([], "where alerts go (none: console)")
     pipeline: PipelineConfig = _f(PipelineConfig(), "dedup / group / inhibit settings")
     rate_limit: RateLimitConfig = _f(RateLimitConfig(), "outgoing message rates")
+    delivery: DeliveryConfig = _f(DeliveryConfig(), "retries, backoff and dead letters of undelivered messages")
     slack: SlackConfig = _f(SlackConfig(), "Slack receiver")
     console: ConsoleConfig = _f(ConsoleConfig(), "console receiver")
     commands: CommandsConfig = _f(CommandsConfig(), "chat commands and who may use them")

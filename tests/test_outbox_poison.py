@@ -93,7 +93,9 @@ def test_charts_matplotlib_stumbles_on_are_posted_once_and_others_flow(tmp_path,
 def test_slacks_html_error_page_is_retried_with_backoff_then_dead_lettered_once(tmp_path, slack, env, caplog):
     slack.fail("chat.postMessage", status=502, times=10**6, body=HTML_502, retry_after=None,
                when=lambda p: "run-bad" in p["text"])
-    bot = BotServer(config(tmp_path, slack), delivery=FAST)
+    cfg = config(tmp_path, slack)  # the same policy as FAST, from bot.yaml's delivery section
+    cfg["bot"]["delivery"] = {"backoff_base": 0.05, "backoff_max": 0.2, "max_attempts": 4, "max_error_attempts": 3}
+    bot = BotServer(cfg)
     try:
         with caplog.at_level(logging.WARNING, logger="msmon.bot"):
             bot.request("POST", "/v1/ingest", envelope([event(run="run-bad")]))
