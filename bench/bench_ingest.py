@@ -126,7 +126,7 @@ def _blast_elsewhere(url: str, bodies: list[bytes], seconds: float) -> float:
 def _bot(tmp: str, **over: object) -> BotThread:
     cfg = {"port": 0, "state_path": os.path.join(tmp, f"bot-{time.monotonic_ns()}.sqlite"),
            "tokens": [{"project": "*", "env": "MSMON_BENCH_TOKEN"}], "console": {"charts": False},
-           "rate_limit": {"per_channel": 1e6, "per_run": 1e6, "global_rate": 1e6, "burst": 1000}, **over}
+           "rate_limit": {"per_channel": 1e4, "per_run": 1e4, "global_rate": 1e4, "burst": 1000}, **over}
     return BotThread(load_bot_config({"bot": cfg}), receivers={"console": ConsoleReceiver(None, out=io.StringIO())})
 
 
@@ -166,7 +166,7 @@ def latency(tmp: str, seconds: float) -> None:
             "routes": [{"receiver": "slack", "channel": "C0BENCH", "severity": "ERROR"},
                        {"receiver": "console", "channel": "null"}],
             "slack": {"base_url": slack.base_url, "token_env": "MSMON_BENCH_SLACK"}, "console": {"charts": False},
-            "rate_limit": {"per_channel": 1e6, "per_run": 1e6, "global_rate": 1e6, "burst": 1000}}})
+            "rate_limit": {"per_channel": 1e4, "per_run": 1e4, "global_rate": 1e4, "burst": 1000}}})
         receivers = {**build_receivers(cfg), "console": ConsoleReceiver(None, out=io.StringIO())}
         bot = BotThread(cfg, receivers=receivers)
         sent: dict[str, float] = {}
