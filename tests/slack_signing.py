@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import urllib.request
@@ -27,16 +28,25 @@ def signed_post(url: str, body: bytes, secret: str | None = SECRET, ts: int | No
     return send(req)
 
 
+_TRIGGERS = itertools.count(1)
+
+
+def _trigger_id() -> str:
+    """Slack gives every slash command and click a trigger_id of its own, so no two requests are the same
+    bytes (the bot refuses a replayed signature)."""
+    return f"{time.time_ns()}.{next(_TRIGGERS)}.msmon"
+
+
 def slash(bot_url: str, text: str, user: str = "U0ALICE", channel: str = "C0CHAT", response_url: str = "",
           **kw: Any) -> tuple[int, Any]:
     form = {"token": "x", "team_id": "T0MSMON01", "channel_id": channel, "user_id": user, "user_name": user.lower(),
-            "command": "/msmon", "text": text, "response_url": response_url, "trigger_id": "1.2.3"}
+            "command": "/msmon", "text": text, "response_url": response_url, "trigger_id": _trigger_id()}
     return signed_post(bot_url + "/slack/commands", urlencode(form).encode(), **kw)
 
 
 def click(bot_url: str, value: str, user: str = "U0ALICE", channel: str = "C0ALERTS", message_ts: str = "1.000100",
           response_url: str = "", **kw: Any) -> tuple[int, Any]:
-    payload = {"type": "block_actions", "user": {"id": user, "username": user.lower()},
+    payload = {"type": "block_actions", "trigger_id": _trigger_id(), "user": {"id": user, "username": user.lower()},
                "channel": {"id": channel}, "container": {"type": "message", "message_ts": message_ts,
                                                          "channel_id": channel},
                "message": {"ts": message_ts, "text": "alert"}, "response_url": response_url,
