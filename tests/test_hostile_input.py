@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import os
 import time
 from typing import Any
 from urllib.parse import urlencode
@@ -30,8 +29,9 @@ DEEP = b'{"a":' * 1000 + b"1" + b"}" * 1000  # 1,000 levels in about 6 KB
 def bot(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile")
     env = {"MSMON_HOSTILE_JOB": "job-token", "MSMON_HOSTILE_OP": "operator-token", "MSMON_HOSTILE_SIGN": SECRET}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    mp = pytest.MonkeyPatch()  # module-scoped: the function-scoped monkeypatch fixture cannot be used here
+    for k, v in env.items():
+        mp.setenv(k, v)
     b = BotServer({"bot": {
         "port": 0, "state_path": str(tmp / "bot.sqlite"), "tokens": [{"project": "llm", "env": "MSMON_HOSTILE_JOB"}],
         "slack": {"signing_secret_env": "MSMON_HOSTILE_SIGN"}, "console": {"charts": False},
@@ -43,11 +43,7 @@ def bot(tmp_path_factory):
     assert raw(b, "POST", "/v1/ingest", body)[0] == 202
     yield b
     b.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    mp.undo()
 
 
 def raw(bot: BotServer, method: str, path: str, body: bytes = b"", headers: dict[str, bytes | str] | None = None,

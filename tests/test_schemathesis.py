@@ -8,7 +8,6 @@ example database. The figures (cases run, failures) are printed; -s shows them.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -34,8 +33,9 @@ JOB, OPERATOR = "job-token", "operator-token"
 def bot(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("schemathesis")
     env = {"MSMON_ST_JOB": JOB, "MSMON_ST_OP": OPERATOR, "MSMON_ST_SIGN": SECRET}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    mp = pytest.MonkeyPatch()  # module-scoped: the function-scoped monkeypatch fixture cannot be used here
+    for k, v in env.items():
+        mp.setenv(k, v)
     b = BotServer({"bot": {
         "port": 0, "state_path": str(tmp / "bot.sqlite"), "tokens": [{"project": "default", "env": "MSMON_ST_JOB"}],
         "slack": {"signing_secret_env": "MSMON_ST_SIGN"},
@@ -44,11 +44,7 @@ def bot(tmp_path_factory):
                      "operators": [{"user": "cli:carol", "env": "MSMON_ST_OP"}]}}})
     yield b
     b.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    mp.undo()
 
 
 def _token(path: str) -> str:
