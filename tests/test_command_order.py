@@ -10,6 +10,7 @@ real MindSpore job driven through the real bot on loopback."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import Any
@@ -481,3 +482,13 @@ def test_a_real_job_takes_pause_resume_ms_apart_and_a_3s_pause_raises_no_stall(b
         cb.control.request("resume")
         cb.control.request("stop")
         trainer.join(30)
+
+
+@pytest.mark.parametrize("run", ["../../escape", "a/b", "<!channel>", "r" * 256])
+def test_a_checkpoint_named_after_a_hostile_run_id_stays_in_its_folder(tmp_path, run):
+    control = bound_control(tmp_path, run=run)
+    _, path = control.save_checkpoint(7)
+    folder = str(tmp_path / "ckpt")
+    assert os.path.dirname(path) == folder and os.path.isfile(path) and path.endswith("-step7.ckpt")
+    assert len(os.path.basename(path)) <= 255
+    assert ms.load_checkpoint(path)  # a real checkpoint, readable back

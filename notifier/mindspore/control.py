@@ -21,6 +21,7 @@ from typing import Any
 import mindspore as ms
 
 from ..monitor import Monitor
+from ..safenames import inside, slug
 from ..wire import ActionResult, Command, Event
 from .lr import ActionError, LrHandle, global_step, lr_handles
 
@@ -413,8 +414,8 @@ class JobControl:
             raise ActionError("no network to save yet (training has not started)")
         os.makedirs(self.checkpoint_dir, exist_ok=True)
         mon = self.monitor
-        name = f"{mon.run_id}-device{mon.default_device}-step{step}.ckpt"
-        path = os.path.join(self.checkpoint_dir, name)
+        # job data names the file only as safe slugs, inside checkpoint_dir (a run id `../x` stays a name)
+        path = inside(self.checkpoint_dir, f"{slug(mon.run_id)}-device{slug(mon.default_device)}-step{step}.ckpt")
         ms.save_checkpoint(self.train_network, path)
         return f"checkpoint of step {step} written to {path}", path
 
