@@ -36,7 +36,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not timing"
+	$(BIN)/pytest -q -m timing
 
 slow: $(STAMP)
 	$(BIN)/pytest -q -m slow

@@ -19,7 +19,7 @@ pytest.importorskip("aiohttp")
 
 from tests.bot_server import BotServer, wait_for  # noqa: E402
 
-pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
+pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timing]
 JOB = Path(__file__).parent / "jobs" / "data_parallel_job.py"
 
 
@@ -62,7 +62,7 @@ def test_every_rank_applies_each_command_at_the_same_step(tmp_path, monkeypatch)
                         and (bot.store.run("dp-run")["last_step"] or 0) > 50, timeout=180), job.poll()
         ckpt = command(bot, "save-checkpoint dp-run")
         steps = {dev: r["step"] for dev, r in ckpt["results"].items()}
-        assert set(steps) == {"0", "1"} and set(steps.values()) == {ckpt["apply_step"]}
+        assert set(steps) == {"0", "1"} and set(steps.values()) == {ckpt["apply_step"]}, repr(ckpt)
         assert all(os.path.exists(r["path"]) for r in ckpt["results"].values())
 
         paused = command(bot, "pause dp-run")

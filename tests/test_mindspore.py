@@ -243,6 +243,7 @@ def test_set_threshold_live():
     assert res.ok and res.detail == "grad_norm error level 10.0 -> 15"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("sink", [False, True])
 def test_step_numbers_and_throughput_in_sink_and_non_sink_mode(sink):
     """On the CPU MindSpore runs sink mode step by step (it logs that it ignores it): either way the
