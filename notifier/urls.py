@@ -20,6 +20,9 @@ def url_problem(url: str) -> str | None:
         return f"must start with http:// or https://, got {_REPR.repr(redacted(url))}{hint}"
     try:
         parts = urlsplit(url)
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL" for http://[::1
+        return f"cannot be read as a URL ({exc}): {_REPR.repr(redacted(url))}"
+    try:
         parts.port  # noqa: B018 (raises on a port out of range or not a number)
     except ValueError as exc:
         return f"has an invalid port ({exc})"

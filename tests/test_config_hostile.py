@@ -256,6 +256,7 @@ def test_every_numeric_key_has_a_lower_and_an_upper_bound():
     ("http://", "has no host"),
     ("http://msmon-bot:99999", "port"),
     ("http://msmon-bot:8080/\x07", "control character"),
+    ("http://[::1", "cannot be read as a URL (Invalid IPv6 URL)"),
 ])
 def test_bad_bot_url_names_the_key(write, url, why):
     text = BASE + f"  bot:\n    url: {yaml.safe_dump(url).splitlines()[0]}\n"
