@@ -492,3 +492,11 @@ def test_a_checkpoint_named_after_a_hostile_run_id_stays_in_its_folder(tmp_path,
     assert os.path.dirname(path) == folder and os.path.isfile(path) and path.endswith("-step7.ckpt")
     assert len(os.path.basename(path)) <= 255
     assert ms.load_checkpoint(path)  # a real checkpoint, readable back
+
+
+def test_a_command_for_another_run_is_ignored(tmp_path, caplog):
+    """Commands arrive in a peer's answers: one addressed to another run is not ours to apply."""
+    control = bound_control(tmp_path, run="mine")
+    control.take_commands([Command(id="c1", run_id="theirs", action="stop", apply_step=1)])
+    assert control.apply(1) == [] and not control.has_pending
+    assert "ignores command c1 for another run (theirs)" in caplog.text

@@ -304,6 +304,10 @@ class JobControl:
     def take_commands(self, commands: list[Command]) -> None:
         """Chat commands from the bot (any thread): queued for their apply step, in acceptance order."""
         for c in commands:
+            if c.run_id != self.monitor.run_id:  # the bot never sends these; a peer's answer is not trusted
+                log.warning("msmon: run %s ignores command %s for another run (%s): not ours to apply",
+                            self.monitor.run_id, c.id, c.run_id[:80])
+                continue
             params = dict(c.params)
             if c.action == "loosen_threshold" and params.get("duration"):
                 params["undo"] = c.id
