@@ -396,3 +396,16 @@ def test_a_groups_chart_is_drawn_once_for_all_its_retries(tmp_path, slack, env, 
         assert sum("could not be drawn" in r.getMessage() for r in caplog.records) == 1
     finally:
         bot.stop()
+
+
+def test_slacks_retry_after_is_read_as_the_job_reads_it():
+    """One Retry-After reader for job and bot: seconds, an HTTP date, a list of values; garbage, 0 and inf
+    fall back to the outbox's backoff."""
+    import email.utils
+
+    from bot.receivers.slack import retry_after
+
+    in_30s = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert retry_after("5") == 5.0 and retry_after(["7", "9"]) == 7.0
+    assert 28.0 <= (retry_after(in_30s) or 0.0) <= 31.0
+    assert [retry_after(v) for v in (None, "", "soon", "inf", "0", "-3", [])] == [None] * 7

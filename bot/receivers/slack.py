@@ -10,6 +10,8 @@ Job data is escaped for mrkdwn (render.escape_slack): it can neither mention nor
 from __future__ import annotations
 
 import logging
+import math
+import time
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
@@ -21,6 +23,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from notifier.safenames import slug
+from notifier.sendq import retry_after as parse_retry_after
 from notifier.wire import Status
 
 from . import DeliveryError, Message, Note
@@ -169,14 +172,14 @@ class SlackReceiver:
 
 
 def retry_after(value: Any) -> float | None:
-    """Seconds from a Retry-After header (a list of values, a number); None when absent or not seconds."""
+    """Seconds from a Retry-After header (a list of values, a number, delta seconds or an HTTP date, read
+    as the job reads it: notifier.sendq.retry_after); None when absent, garbage, zero or infinite."""
     if isinstance(value, list | tuple):
         value = value[0] if value else None
-    try:
-        seconds = float(value) if value is not None else None
-    except (TypeError, ValueError):  # an HTTP date or garbage: fall back to the outbox's backoff
+    if value is None:
         return None
-    return seconds if seconds is not None and 0 < seconds < float("inf") else None
+    seconds = parse_retry_after(str(value), time.time(), math.inf)
+    return seconds if seconds is not None and 0 < seconds < math.inf else None
 
 
 def _reason(body: Any) -> str:
