@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import http.client
 import logging
+import math
 import os
 import random
 import socket
@@ -152,6 +153,20 @@ class Spool:
                 f.write(encode(SpoolRecord.of(e.item)) + b"\n")
 
 
+def _bounded(name: str, value: float, lo: float, hi: float, default: float) -> float:
+    """`value` within [lo, hi] (NaN: `default`), with a warning when it had to be changed."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = math.nan
+    if v != v:
+        log.warning("msmon: BotTransport %s %r is not a number; using %g", name, value, default)
+        return default
+    if not lo <= v <= hi:
+        log.warning("msmon: BotTransport %s %g is outside [%g, %g]; using %g", name, v, lo, hi, min(max(v, lo), hi))
+    return min(max(v, lo), hi)
+
+
 def check_url(url: str) -> str:
     """The bot's base URL without a trailing slash, or ValueError saying what is wrong with it."""
     problem = url_problem(url)
@@ -252,6 +267,15 @@ class BotTransport:
         self.run_id, self.device = run_id, str(device)
         self._token = token
         self.project, self.labels = project, dict(labels or {})
+        # Every wait a thread makes is bounded here, whoever built the transport: Event.wait(1e12) raises
+        # OverflowError in the thread, and a poll wait the bot refuses would end chat commands.
+        heartbeat_interval = _bounded("heartbeat_interval", heartbeat_interval, 0.05, 3600.0, 5.0)
+        timeout = _bounded("timeout", timeout, 0.1, 600.0, 5.0)
+        flush_interval = _bounded("flush_interval", flush_interval, 0.001, 3600.0, 1.0)
+        probe_interval = _bounded("probe_interval", probe_interval, 0.05, 60.0, 1.0)
+        poll_wait = _bounded("poll_wait", poll_wait, 0.0, 3600.0, 20.0)
+        backoff = (_bounded("backoff[0]", backoff[0], 0.01, 3600.0, 0.5),
+                   _bounded("backoff[1]", backoff[1], 0.01, 3600.0, 30.0))
         self.heartbeat_interval, self.timeout, self.backoff = heartbeat_interval, timeout, backoff
         self.on_commands = on_commands
         self.poll_wait = poll_wait

@@ -330,3 +330,18 @@ def test_a_job_that_exits_without_close_keeps_its_errors_in_the_spool(bot, tmp_p
     assert [decode(line, SpoolRecord).event.step for line in files[0].read_bytes().splitlines()] == [7]
     bot.mode = "ok"
     bot.hang.set()
+
+
+@pytest.mark.parametrize("kw", [{"heartbeat_interval": 1e12}, {"heartbeat_interval": float("nan")},
+                                {"poll_wait": 1e9}, {"timeout": float("inf")}, {"backoff": (1e300, 1e308)}])
+def test_no_interval_given_in_code_can_kill_a_thread(tmp_path, kw, caplog):
+    """Config ranges guard the YAML; a transport built in code bounds its own waits (Event.wait(1e12)
+    raises OverflowError inside the thread)."""
+    t = BotTransport("http://127.0.0.1:9", "run-x", spool_dir=str(tmp_path), **kw)
+    try:
+        t.listen(lambda cmds: None)
+        time.sleep(0.3)
+        assert all(th.is_alive() for th in (t._sender, t._beater, t._poller))
+        assert "BotTransport" in caplog.text
+    finally:
+        t.close(timeout=1.0)
