@@ -29,7 +29,6 @@ Guarantees (tests/test_sendq.py checks them for any sequence of inputs):
 
 from __future__ import annotations
 
-import email.utils
 import enum
 import math
 import random
@@ -112,6 +111,8 @@ def retry_after(value: str | None, now: float, cap: float) -> float | None:
     try:
         seconds = float(text)
     except ValueError:
+        import email.utils  # only for an HTTP date: it pulls in socket, which the pure queue does not need
+
         try:
             when = email.utils.parsedate_to_datetime(text)
         except (TypeError, ValueError, IndexError, OverflowError):

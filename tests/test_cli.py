@@ -113,6 +113,19 @@ def test_notifier_import_stays_light():
     assert p.stdout.strip() == "[]"
 
 
+def test_the_wire_and_the_pure_delivery_code_import_alone():
+    """What the bot takes from notifier (the wire schema, safe names, the Retry-After reader) and the bot's
+    own delivery scheduler load no Monitor, no YAML, no thread, socket or HTTP client."""
+    code = ("import sys, notifier.wire, notifier.safenames, notifier.sendq, bot.delivery; "
+            "print([m for m in ('yaml', 'notifier.monitor', 'notifier.config', 'notifier.transport', 'threading', "
+            "'socket', 'urllib.request', 'aiohttp') if m in sys.modules])")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert p.stdout.strip() == "[]"
+    from notifier import Monitor, Severity  # the package's names still load on use
+
+    assert Monitor.__name__ == "Monitor" and Severity.ERROR.value == "ERROR"
+
+
 def test_check_config_on_the_shipped_training_yaml():
     p = msmon("check-config", os.fspath(ROOT / "config" / "train_example.yaml"))
     assert p.returncode == 0, p.stderr
