@@ -257,9 +257,14 @@ def test_step_numbers_and_throughput_in_sink_and_non_sink_mode(sink):
     cb.monitor.flush()
     assert [s.step for s in sink_.samples] == list(range(1, 81))
     times = {step: t for step, _, _, t in rec.rows}
-    for s in sink_.samples[5:]:
+    later = sink_.samples[5:]
+    for s in later:
         assert s.samples_per_s == pytest.approx(256 / s.step_time)
-        assert s.step_time == pytest.approx(times[s.step] - times[s.step - 1], rel=0.5, abs=2e-3)
+    # The step times are the wall time per step: they add up to what the other callback saw over the same
+    # steps. (Compared in sum, not step by step: a step is a few ms here, and the two callbacks read the
+    # clock a few hundred us apart, by a varying amount on a loaded 2-core machine.)
+    wall = times[later[-1].step] - times[later[0].step - 1]
+    assert sum(s.step_time or 0.0 for s in later) == pytest.approx(wall, rel=0.1, abs=0.01)
 
 
 def drive_callback(batch, calls, seconds_per_call, steps_per_call=1, sink=False):
