@@ -17,7 +17,7 @@ noise (scheduler, GC, this shared VM's other load: stalls of up to ~0.1 s) keeps
 would in a job with 0.3 s steps; stretching all of the clock instead would turn it into 10 s stalls.
 
 Labels (labels.csv): fault_step as injected; diverge_step by the backtest's rule
-(`notifier.backtest.divergence_step`: first step from the fault whose loss is NaN/Inf or >= 2x the
+(`msmon.offline.backtest.engine.divergence_step`: first step from the fault whose loss is NaN/Inf or >= 2x the
 median of the 100 steps before it), leaving out the corrupt batches' own losses.
 """
 
@@ -42,9 +42,9 @@ import mindspore.dataset as ds  # noqa: E402
 import numpy as np  # noqa: E402
 from mindspore import nn  # noqa: E402
 
-from notifier.backtest import LABEL_COLUMNS, divergence_step  # noqa: E402
+from msmon.offline.backtest.engine import LABEL_COLUMNS, divergence_step  # noqa: E402
+from msmon.offline.replay import Row  # noqa: E402
 from notifier.mindspore import TrainStepWithGradNorm, parse_outputs  # noqa: E402
-from notifier.replay import Row  # noqa: E402
 from tests.ms_helpers import MLP, regression_data  # noqa: E402 - the same model and data as the tests
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")

@@ -18,9 +18,11 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
-from notifier.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode
+from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode
 
-from .commands.service import Answer, CommandService, Origin, view
+from .commands import jobs
+from .commands.origin import Origin
+from .commands.service import Answer, CommandService, view
 from .config import BotConfig
 from .delivery import Policy
 from .dispatch import Dispatcher
@@ -30,6 +32,7 @@ from .pipeline.ratelimit import RateLimiter
 from .receivers import Receiver
 from .receivers.console import ConsoleReceiver, save_png
 from .slack_inbound import add_slack_routes
+from .state import BotState
 from .store import Store
 from .watchdog import Watchdog
 
@@ -180,7 +183,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 async def runs(request: web.Request) -> web.Response:
     store = request.app[STORE]
-    request.app[DISPATCHER].flush()
+    request.app[DISPATCHER].state.flush()
     return web.json_response({"runs": [_run_view(request, r) for r in store.runs()
                                        if request[PROJECT] in ("*", r["project"])]})
 
@@ -215,7 +218,7 @@ def _finite(obj: Any) -> Any:
 
 async def run_detail(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
-    request.app[DISPATCHER].flush()
+    request.app[DISPATCHER].state.flush()
     r = request.app[STORE].run(run_id)
     if r is None or request[PROJECT] not in ("*", r["project"]):  # another project's run is not there for it
         known = [x["run_id"] for x in request.app[STORE].runs() if request[PROJECT] in ("*", x["project"])][:20]
@@ -231,11 +234,11 @@ async def poll_commands(request: web.Request) -> web.Response:
     _own(request, poll.run_id)
     svc = request.app[COMMANDS]
     wait = min(max(poll.wait, 0.0), request.app[CONFIG].commands.long_poll)
-    cmds, cursor = svc.poll(poll.run_id, poll.device, poll.after)
+    cmds, cursor = jobs.poll(svc.state, poll.run_id, poll.device, poll.after)
     if not cmds and wait > 0:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(svc.waiters.event(poll.run_id).wait(), wait)
-        cmds, cursor = svc.poll(poll.run_id, poll.device, poll.after)
+            await asyncio.wait_for(svc.state.waiters.event(poll.run_id).wait(), wait)
+        cmds, cursor = jobs.poll(svc.state, poll.run_id, poll.device, poll.after)
     return web.Response(body=encode(PollAnswer(commands=cmds, cursor=cursor)), content_type="application/json")
 
 
@@ -335,7 +338,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard])
     store = Store(cfg.state_path)
     m = BotMetrics()
-    disp = Dispatcher(cfg, store, m, clock)
+    state = BotState(cfg, store, m, clock)
+    disp = Dispatcher(state)
     rl = cfg.rate_limit
     if delivery is None:
         dc = cfg.delivery
@@ -343,14 +347,12 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                           max_error_attempts=dc.max_error_attempts, max_retry_after=dc.max_retry_after)
     outbox = Outbox(store, receivers or build_receivers(cfg),
                     RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock, policy=delivery)
-    disp.wake = outbox.wake
+    state.doorbell = outbox.wake
     app[CONFIG], app[STORE], app[METRICS], app[DISPATCHER], app[OUTBOX] = cfg, store, m, disp, outbox
     app[TOKENS] = _tokens(cfg)
     app[REFUSED] = Counter("msmon_cross_project_refused_total", "job requests refused for another project's run, "
                            "by route", ["route"], registry=m.registry)
-    svc = CommandService(cfg, store, disp, clock)
-    svc.wake_outbox = outbox.wake
-    disp.on_actions, disp.commands_for = svc.results, svc.pending_for
+    svc = CommandService(state)
     app[COMMANDS] = svc
     app.router.add_post("/v1/ingest", ingest)
     app.router.add_post("/v1/heartbeat", heartbeat)
@@ -380,13 +382,14 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                 bridge = None
         stop = asyncio.Event()
         tasks = [asyncio.create_task(outbox.run(stop)), asyncio.create_task(watchdog.run(stop)),
-                 asyncio.create_task(_every(1.0, disp.flush, stop)), asyncio.create_task(_every(1.0, svc.expire, stop))]
+                 asyncio.create_task(_every(1.0, state.flush, stop)),
+                 asyncio.create_task(_every(1.0, lambda: jobs.expire(state), stop))]
         yield
         if bridge is not None:
             await bridge.stop()  # first: no command arrives while the rest shuts down
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
-        disp.flush()
+        state.flush()
         store.close()
 
     app.cleanup_ctx.append(background)

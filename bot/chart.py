@@ -30,7 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FixedLocator, Formatter, FuncFormatter, MaxNLocator, NullLocator
 
-from notifier.wire import Event, Severity, Status, Window
+from msmon.contract.wire import Event, Severity, Status, Window
 
 SEVERITY_COLOURS = {Severity.ERROR: "#d62728", Severity.WARNING: "#ff7f0e"}
 RESOLVED_COLOUR = "#2ca02c"

@@ -8,9 +8,9 @@ import stat
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from notifier.config.errors import ConfigError, Issue, shown
-from notifier.config.validate import Context, build, setting, url_problem
-from notifier.config.yamlio import check_shape, load_yaml, location_of
+from msmon.config.errors import ConfigError, Issue, shown
+from msmon.config.validate import Context, build, setting, url_problem
+from msmon.config.yamlio import check_shape, load_yaml, location_of
 
 _f = setting
 DAY = 86_400.0

@@ -6,22 +6,16 @@ accepted (recorded and queued for delivery) or not at all; the job's 2xx comes a
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 
-from notifier.wire import ActionResult, Command, Envelope, Event, Heartbeat, Status, encode
+from msmon.contract.wire import Envelope, Event, Heartbeat, Status, encode
 
-from .alertindex import AlertIndex
-from .config import BotConfig
-from .metrics import BotMetrics
+from .commands import jobs
 from .pipeline import dedup, group, inhibit, route, silence
 from .pipeline.alert import fingerprint
-from .store import Store
-from .windows import Windows
+from .state import BotState
 
 _NEVER = dedup.NotifyState()
 
@@ -55,32 +49,10 @@ class _Batch:
 
 
 class Dispatcher:
-    def __init__(self, cfg: BotConfig, store: Store, metrics: BotMetrics,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.cfg, self.store, self.metrics, self.clock = cfg, store, metrics, clock
-        self.windows = Windows(cfg.window_samples, cfg.max_runs)
-        self.index = AlertIndex(store)
-        self.wake: Callable[[], None] = lambda: None  # the outbox worker's doorbell (set by the app)
-        # Set by the app's command service: the jobs' answers to commands, and the commands to hand out.
-        self.on_actions: Callable[[list[ActionResult]], int] = lambda actions: 0
-        self.commands_for: Callable[[str, str], list[Command]] = lambda run_id, device: []
-
-    @contextlib.contextmanager
-    def tx(self) -> Iterator[None]:
-        """One SQLite transaction; the in-memory alert index follows it (applied on commit, dropped on error)."""
-        try:
-            with self.store.tx():
-                yield
-        except BaseException:
-            self.index.discard()
-            raise
-        self.index.commit()
-
-    def flush(self) -> None:
-        """Write the alerts' held last steps (see AlertIndex); before reading alert rows."""
-        if self.index.touches:
-            with self.store.tx():
-                self.index.flush()
+    def __init__(self, state: BotState) -> None:
+        self.state = state
+        self.cfg, self.store, self.metrics, self.clock = state.cfg, state.store, state.metrics, state.clock
+        self.windows, self.index = state.windows, state.index
 
     def ingest(self, env: Envelope, body: bytes | None = None) -> dict[str, Any]:
         """Record one envelope and queue what passes the stages. `body`: the envelope as received, whose
@@ -89,7 +61,7 @@ class Dispatcher:
         queued = 0
         steps = [s.step for s in env.samples] + [e.step for e in env.events]
         steps += [h.step for h in env.heartbeats if h.step is not None]
-        with self.tx():
+        with self.state.tx():
             self.store.touch_run(env.run_id, env.project, env.labels, env.device, max(steps) if steps else None, now,
                                  heartbeat=bool(env.heartbeats),
                                  paused=env.heartbeats[-1].paused if env.heartbeats else None)
@@ -99,15 +71,15 @@ class Dispatcher:
                 self.windows.add_action(a)
             for hb in env.heartbeats:
                 self.windows.add_plan(hb)
-            queued += self.on_actions(env.actions)
+            queued += jobs.record_results(self.state, env.actions)
             if env.events:
                 ctx = _Batch(self.store.silences(now), self.store.error_firing(env.run_id), env.project, env.labels,
                              body)
                 queued += self.events(env.events, env.project, env.labels, now, ctx)
         self.metrics.samples_in.inc(len(env.samples))
         if queued:
-            self.wake()
-        commands = self.commands_for(env.run_id, env.device)
+            self.state.wake_outbox()
+        commands = jobs.pending_for(self.state, env.run_id, env.device)
         return {"accepted": {"events": len(env.events), "samples": len(env.samples), "actions": len(env.actions)},
                 "queued": queued, "commands": [msgspec.to_builtins(c) for c in commands]}
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from notifier.wire import Event, Severity, Status, decode
+from msmon.contract.wire import Event, Severity, Status, decode
 
 from .delivery import Deferred, Failed, FailureKind, OutboxRow, Outcome, Plan, Policy, Scheduler, Sent, Verdict
 from .metrics import BotMetrics

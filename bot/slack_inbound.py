@@ -25,7 +25,9 @@ import msgspec
 from aiohttp import web
 from slack_sdk.signature import Clock, SignatureVerifier
 
-from .commands.service import Answer, CommandService, Origin
+from .commands import jobs
+from .commands.origin import Origin
+from .commands.service import Answer, CommandService
 from .config import BotConfig
 from .receivers.render import escape_slack
 
@@ -161,9 +163,10 @@ class SlackInbound:
                         receiver="slack", channel=channel, thread_ts=thread)
         answer = self.svc.submit(click.actions[0].value, origin)
         if answer.private and click.response_url:
-            self.svc.note(dataclasses.replace(origin, response_url=click.response_url), answer.text, private=True)
+            jobs.note(self.svc.state, dataclasses.replace(origin, response_url=click.response_url), answer.text,
+                      private=True)
         else:
-            self.svc.note(origin, f"{origin.who}: {answer.text}")
+            jobs.note(self.svc.state, origin, f"{origin.who}: {answer.text}")
         self._chart_later(answer, origin)
         return None
 
@@ -181,7 +184,7 @@ class SlackInbound:
                 log.warning("msmon bot: the status chart of run %s at step %s could not be drawn (%s: %s); the "
                             "status answer went out without it", event.run_id, event.step, type(exc).__name__, exc)
                 return
-            self.svc.note(dataclasses.replace(origin, response_url=None),
+            jobs.note(self.svc.state, dataclasses.replace(origin, response_url=None),
                           f"chart of run {event.run_id} at step {event.step:,}", chart=png)
 
         task = asyncio.ensure_future(draw())

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from notifier.wire import Severity
+from msmon.contract.wire import Severity
 
 from .delivery import OutboxRow, Verdict
 from .pipeline.dedup import NotifyState

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from notifier.wire import Event, Severity, Status
+from msmon.contract.wire import Event, Severity, Status
 
 from .config import BotConfig
 from .dispatch import Dispatcher
@@ -59,7 +59,7 @@ class Watchdog:
                     self.firing[key] = False
                     queued += self._raise(run, rule, Status.RESOLVED, 0.0, now)
         if queued:
-            self.dispatcher.wake()
+            self.dispatcher.state.wake_outbox()
         return queued
 
     def _raise(self, run: dict[str, Any], rule: str, status: Status, silent: float, now: float) -> int:
@@ -69,7 +69,7 @@ class Watchdog:
                    severity=Severity.ERROR, status=status, value=silent, threshold=limit,
                    message=f"{what} for {silent:.0f} s (limit {limit:.0f} s)" if status is Status.FIRING else
                    f"{rule} cleared", hint=HINTS[rule] if status is Status.FIRING else "")
-        with self.dispatcher.tx():
+        with self.dispatcher.state.tx():
             return self.dispatcher.event(ev, run["project"], run["labels"], now)
 
     async def run(self, stop: asyncio.Event) -> None:

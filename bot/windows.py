@@ -7,7 +7,7 @@ import math
 from array import array
 from collections import OrderedDict, deque
 
-from notifier.wire import ActionResult, Heartbeat, Sample
+from msmon.contract.wire import ActionResult, Heartbeat, Sample
 
 FIELDS = ("loss", "learning_rate", "grad_norm", "samples_per_s", "tokens_per_s", "step_time", "max_step_time",
           "time")

@@ -21,14 +21,15 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from msmon.contract.wire import MAX_ID, Event, Sample, Severity, Status, Window
+from msmon.core.detectors import RULES, DetectorContext, Finding, RuleParams
+from msmon.core.detectors.base import SKIP
+from msmon.core.gate import AlertGate, GateState, Verdict
+
 from .config import MonitorConfig, load_config
 from .config.model import ActionConfig
-from .detectors import RULES, DetectorContext, Finding, RuleParams
-from .detectors.base import SKIP
-from .gate import AlertGate, GateState, Verdict
 from .outputs import BackgroundWriter, CsvSink, Sink, format_log_line
 from .transport import BotTransport
-from .wire import MAX_ID, Event, Sample, Severity, Status, Window
 
 log = logging.getLogger("msmon")
 
@@ -433,7 +434,7 @@ class Monitor:
     def _params_of(self, rule: str) -> list[tuple[str, RuleParams]]:
         """(phase name, params) of `rule` in every phase, each params object once."""
         if rule not in RULES:
-            from .config.errors import closest
+            from msmon.config.errors import closest
 
             hint = closest(rule, RULES)
             raise ValueError(f"unknown rule {rule!r}" + (f"; did you mean {hint}?" if hint else ""))

@@ -30,7 +30,6 @@ Guarantees (tests/test_sendq.py checks them for any sequence of inputs):
 from __future__ import annotations
 
 import enum
-import math
 import random
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -38,7 +37,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from .wire import ActionResult, Event, Sample, Severity, Status
+from msmon.common.retry import retry_after as retry_after  # re-exported for the transport
+from msmon.contract.wire import ActionResult, Event, Sample, Severity, Status
 
 Item = Event | Sample | ActionResult
 
@@ -100,29 +100,6 @@ def judge(status: int, body: bytes) -> Fault | None:
     if 400 <= status < 500:
         return Fault.REJECTED
     return Fault.SERVER  # 5xx, and 1xx/3xx the client did not follow: try again later
-
-
-def retry_after(value: str | None, now: float, cap: float) -> float | None:
-    """Seconds to wait from a Retry-After header: delta seconds or an HTTP date, bounded to [0, cap];
-    None when absent or unreadable (then the usual backoff applies)."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        import email.utils  # only for an HTTP date: it pulls in socket, which the pure queue does not need
-
-        try:
-            when = email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = when.timestamp() - now
-    if math.isnan(seconds):
-        return None
-    return min(max(seconds, 0.0), cap)
 
 
 @dataclass(eq=False, slots=True)

@@ -38,10 +38,23 @@ from typing import Any
 
 import msgspec
 
-from .safenames import inside, slug
+from msmon.common.safenames import inside, slug
+from msmon.common.urls import redacted, url_problem
+from msmon.contract.wire import (
+    ActionResult,
+    Command,
+    Envelope,
+    Event,
+    Heartbeat,
+    Poll,
+    PollAnswer,
+    Sample,
+    Severity,
+    decode,
+    encode,
+)
+
 from .sendq import Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, judge, retry_after
-from .urls import redacted, url_problem
-from .wire import ActionResult, Command, Envelope, Event, Heartbeat, Poll, PollAnswer, Sample, Severity, decode, encode
 
 log = logging.getLogger("msmon")
 

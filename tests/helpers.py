@@ -7,8 +7,8 @@ import random
 import time
 from typing import Any
 
+from msmon.contract.wire import Event, Sample
 from notifier import Monitor
-from notifier.wire import Event, Sample
 
 
 class ListSink:

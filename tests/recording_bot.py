@@ -11,7 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from notifier.wire import Envelope, Heartbeat, decode
+from msmon.contract.wire import Envelope, Heartbeat, decode
 from tests.helpers import wait_for
 
 

@@ -8,8 +8,9 @@ import pytest
 from bot.config import load_bot_config
 from bot.dispatch import Dispatcher
 from bot.metrics import BotMetrics
+from bot.state import BotState
 from bot.store import Store
-from notifier.wire import Envelope, Event, Severity, Status
+from msmon.contract.wire import Envelope, Event, Severity, Status
 
 
 def ev(step: int, sev: Severity = Severity.WARNING, device: str = "0", status: Status = Status.FIRING) -> Event:
@@ -19,7 +20,7 @@ def ev(step: int, sev: Severity = Severity.WARNING, device: str = "0", status: S
 
 def dispatcher(tmp_path, clock=lambda: 1000.0) -> Dispatcher:
     cfg = load_bot_config({"bot": {"port": 0, "state_path": str(tmp_path / "s.sqlite")}})
-    return Dispatcher(cfg, Store(cfg.state_path), BotMetrics(), clock)
+    return Dispatcher(BotState(cfg, Store(cfg.state_path), BotMetrics(), clock))
 
 
 def ingest(d: Dispatcher, *events: Event) -> int:
@@ -38,13 +39,13 @@ def test_repeats_move_the_last_step_once_flushed_and_a_restart_reads_the_state_b
     assert ingest(d, ev(10)) == 1
     assert ingest(d, *[ev(s) for s in range(11, 200)]) == 0  # repeats inside repeat_interval
     assert last_step(d) == 10  # held in memory...
-    d.flush()
+    d.state.flush()
     assert last_step(d) == 199  # ... and written in one statement
     d.store.close()
     d2 = dispatcher(tmp_path)  # a restart: nothing cached, the state comes from SQLite
     assert ingest(d2, ev(200)) == 0  # still a repeat: dedup remembered what was sent
     assert ingest(d2, ev(201, Severity.ERROR)) == 1  # a rise passes
-    d2.flush()
+    d2.state.flush()
     (row,) = d2.store.alerts("r")
     assert (row["severity"], row["status"], row["first_step"], row["last_step"]) == ("ERROR", "firing", 10, 201)
 

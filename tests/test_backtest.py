@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from notifier import Severity, Status
-from notifier.backtest import (
+from msmon.cli.main import main
+from msmon.contract.wire import Event
+from msmon.offline.backtest.engine import (
     Alert,
     BacktestError,
     Label,
@@ -22,10 +23,9 @@ from notifier.backtest import (
     score,
     summarize,
 )
-from notifier.backtest_sources import expand, load
-from notifier.cli import main
-from notifier.replay import Row
-from notifier.wire import Event
+from msmon.offline.backtest.sources import expand, load
+from msmon.offline.replay import Row
+from notifier import Severity, Status
 from tests.conftest import ROOT
 
 W, E = Severity.WARNING, Severity.ERROR

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from msmon.contract.wire import Envelope, Event, Sample, Severity, Status, Window, encode
 from notifier.transport import BotTransport
-from notifier.wire import Envelope, Event, Sample, Severity, Status, Window, encode
 from tests.bot_server import BotServer, wait_for
 from tests.slack_api import SlackAPIServer
 
@@ -225,7 +225,7 @@ def test_openapi_spec_names_every_route_and_the_wire_fields():
 
     from bot.app import create_app
     from bot.config import load_bot_config
-    from notifier.wire import ActionResult, Command, Heartbeat, Poll, PollAnswer
+    from msmon.contract.wire import ActionResult, Command, Heartbeat, Poll, PollAnswer
     from tests.conftest import ROOT
 
     spec = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
@@ -285,7 +285,7 @@ def test_a_job_that_stops_sending_heartbeats_is_reported_gone(tmp_path, slack, m
     cfg = config(tmp_path, slack, heartbeat_timeout=0.5)
     b = BotServer(cfg)
     try:
-        from notifier.wire import Heartbeat
+        from msmon.contract.wire import Heartbeat
 
         hb = Heartbeat(run_id="run-9", device="0", time=time.time(), step=1234)
         assert b.request("POST", "/v1/heartbeat", encode(hb))[0] == 202

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from notifier.wire import Envelope, encode
+from msmon.contract.wire import Envelope, encode
 from tests.bot_server import wait_for
 from tests.slack_api import SlackAPIServer
 from tests.test_bot import event

@@ -9,12 +9,12 @@ import re
 import pytest
 import yaml
 
-from notifier.calibrate import CalibrationError, _scalar, calibrate, detrended_sigma, find_warmup, sustained_max
-from notifier.cli import main
+from msmon.cli.main import main
+from msmon.contract.wire import Status
+from msmon.offline.calibrate import CalibrationError, _scalar, calibrate, detrended_sigma, find_warmup, sustained_max
+from msmon.offline.readers import Row, read_log
+from msmon.offline.replay import replay, replay_monitor
 from notifier.config import load_config
-from notifier.readers import Row, read_log
-from notifier.replay import replay, replay_monitor
-from notifier.wire import Status
 from tests import analysis_data as data
 from tests.conftest import ROOT
 
@@ -87,7 +87,7 @@ def test_quiet_on_the_baseline_and_the_clean_run_catches_an_injected_spike(thres
 def test_calibrated_levels_catch_the_demo_creep_before_the_loss_spike(tmp_path, capsys):
     """The demo's 13B incident: calibrated on its first 1000 healthy steps, the absolute grad-norm level fires
     while the grad norm creeps, well before the default 10.0 (step 2410) and the loss spike (2400)."""
-    from notifier.demo import SPIKE_STEP, make_trace
+    from msmon.demo.trace import SPIKE_STEP, make_trace
 
     trace = make_trace(str(tmp_path / "incident.csv"))
     out = tmp_path / "th.yaml"
@@ -199,7 +199,7 @@ def test_detrended_sigma_ignores_a_trend():
 
 
 def test_warmup_from_the_lr_else_from_the_loss():
-    from notifier.calibrate import _samples
+    from msmon.offline.calibrate import _samples
 
     rows = rows_of(data.run(1000))
     assert find_warmup(list(_samples(rows)))[0] == 199
@@ -247,8 +247,8 @@ def test_real_llmc_first_steps_are_refused_then_a_later_stretch_works(traces):
 
 
 def test_calibrate_is_registered_beside_replay():
-    from notifier.cli import build_parser
+    from msmon.cli.main import build_parser
 
     text = build_parser().format_help()
     assert "calibrate" in text and "replay" in text
-    assert (ROOT / "notifier" / "cli_analysis.py").is_file()
+    assert (ROOT / "msmon" / "cli" / "analysis.py").is_file()

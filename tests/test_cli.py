@@ -106,7 +106,7 @@ def test_check_config_monitor_off(tmp_path):
 
 
 def test_notifier_import_stays_light():
-    code = ("import sys, notifier, notifier.monitor, notifier.replay, notifier.cli; "
+    code = ("import sys, notifier, notifier.monitor, msmon.offline.replay, msmon.cli.main; "
             "heavy = [m for m in ('aiohttp', 'slack_sdk', 'matplotlib', 'tensorboardX', 'mindspore', 'numpy') "
             "if m in sys.modules]; print(heavy)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -116,7 +116,7 @@ def test_notifier_import_stays_light():
 def test_the_wire_and_the_pure_delivery_code_import_alone():
     """What the bot takes from notifier (the wire schema, safe names, the Retry-After reader) and the bot's
     own delivery scheduler load no Monitor, no YAML, no thread, socket or HTTP client."""
-    code = ("import sys, notifier.wire, notifier.safenames, notifier.sendq, bot.delivery; "
+    code = ("import sys, msmon.contract.wire, msmon.common.safenames, notifier.sendq, bot.delivery; "
             "print([m for m in ('yaml', 'notifier.monitor', 'notifier.config', 'notifier.transport', 'threading', "
             "'socket', 'urllib.request', 'aiohttp') if m in sys.modules])")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 ms = pytest.importorskip("mindspore")
 pytest.importorskip("aiohttp")
 
+from msmon.contract.wire import Command, Heartbeat, encode  # noqa: E402
 from notifier import Monitor  # noqa: E402
 from notifier.mindspore import JobControl, MonitorCallback  # noqa: E402
 from notifier.mindspore.control import CommandOrder, Outcome, Request, acceptance_order  # noqa: E402
-from notifier.wire import Command, Heartbeat, encode  # noqa: E402
 from tests.bot_server import BotServer, wait_for  # noqa: E402
 from tests.ms_helpers import MLP, dataset, model, regression_data  # noqa: E402
 
@@ -365,7 +365,7 @@ def operator(bot, text: str) -> dict:
 
 
 def test_apply_steps_never_go_backwards_for_a_run(bot):
-    from notifier.wire import Envelope, Sample
+    from msmon.contract.wire import Envelope, Sample
 
     now = time.time()
     samples = [Sample(run_id="run-9", device="0", step=100 + 10 * k, time=now - 3.0 + 0.1 * k, loss=1.0)
@@ -387,7 +387,7 @@ def test_apply_steps_never_go_backwards_for_a_run(bot):
 def test_a_pause_the_job_did_not_apply_does_not_mark_the_run_paused(bot):
     """The bot learns pause/resume from the job's results before the next heartbeat: only a pause that
     really started says the run is paused, not one the job answered "not applied"."""
-    from notifier.wire import ActionResult, Envelope, Sample
+    from msmon.contract.wire import ActionResult, Envelope, Sample
 
     now = time.time()
     samples = [Sample(run_id="run-9", device="0", step=100 + k, time=now - 1.0 + 0.1 * k, loss=1.0) for k in range(10)]

@@ -10,7 +10,7 @@ import time
 import pytest
 from slack_sdk.signature import Clock, SignatureVerifier
 
-from notifier.wire import (
+from msmon.contract.wire import (
     ActionResult,
     Envelope,
     Event,

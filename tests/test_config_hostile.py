@@ -233,7 +233,7 @@ def _numeric_fields(cls: type, path: str, seen: set[type]) -> typing.Iterator[tu
 
 
 def test_every_numeric_key_has_a_lower_and_an_upper_bound():
-    from notifier.config.validate import bounds_of
+    from msmon.config.validate import bounds_of
 
     keys = list(_numeric_fields(MonitorConfig, "monitor_config", set()))
     keys += list(_numeric_fields(BotServiceConfig, "bot", set()))

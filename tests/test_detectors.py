@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 import pytest
 
-from notifier.detectors import RULES, DetectorContext, Finding, RuleParams
-from notifier.detectors.base import SKIP, Detector
-from notifier.detectors.convergence import Convergence, ConvergenceParams, LossForecast, LossForecastParams, Trend
-from notifier.detectors.grad_norm import (
+from msmon.contract.wire import Sample, Severity
+from msmon.core.detectors import RULES, DetectorContext, Finding, RuleParams
+from msmon.core.detectors.base import SKIP, Detector
+from msmon.core.detectors.convergence import Convergence, ConvergenceParams, LossForecast, LossForecastParams, Trend
+from msmon.core.detectors.grad_norm import (
     GradNormCreep,
     GradNormCreepParams,
     GradNormParams,
@@ -26,16 +27,15 @@ from notifier.detectors.grad_norm import (
     GradNormSpikeParams,
     GradNormThreshold,
 )
-from notifier.detectors.loss_spike import LossSpike, LossSpikeParams
-from notifier.detectors.lr_schedule import LrSchedule, LrScheduleParams
-from notifier.detectors.nonfinite import NonFinite, NonFiniteParams
-from notifier.detectors.rolling import RollingQuantiles, SlidingFit
-from notifier.detectors.stall import StepStall, StepStallParams
-from notifier.detectors.straggler import Straggler, StragglerParams
-from notifier.detectors.throughput import ThroughputDrop, ThroughputDropParams
-from notifier.detectors.vanished import VanishedGrad, VanishedGradParams
-from notifier.gate import AlertGate, GateState
-from notifier.wire import Sample, Severity
+from msmon.core.detectors.loss_spike import LossSpike, LossSpikeParams
+from msmon.core.detectors.lr_schedule import LrSchedule, LrScheduleParams
+from msmon.core.detectors.nonfinite import NonFinite, NonFiniteParams
+from msmon.core.detectors.rolling import RollingQuantiles, SlidingFit
+from msmon.core.detectors.stall import StepStall, StepStallParams
+from msmon.core.detectors.straggler import Straggler, StragglerParams
+from msmon.core.detectors.throughput import ThroughputDrop, ThroughputDropParams
+from msmon.core.detectors.vanished import VanishedGrad, VanishedGradParams
+from msmon.core.gate import AlertGate, GateState
 
 WARNING, ERROR = Severity.WARNING, Severity.ERROR
 T0 = 1.7e9

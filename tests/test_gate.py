@@ -7,11 +7,11 @@ from collections.abc import Iterable
 
 import pytest
 
-from notifier.detectors import DetectorContext
-from notifier.detectors.base import Finding
-from notifier.detectors.loss_spike import LossSpike, LossSpikeParams
-from notifier.gate import AlertGate, GateState
-from notifier.wire import Sample, Severity, Status
+from msmon.contract.wire import Sample, Severity, Status
+from msmon.core.detectors import DetectorContext
+from msmon.core.detectors.base import Finding
+from msmon.core.detectors.loss_spike import LossSpike, LossSpikeParams
+from msmon.core.gate import AlertGate, GateState
 
 WARNING, ERROR = Severity.WARNING, Severity.ERROR
 FIRING, RESOLVED = Status.FIRING, Status.RESOLVED
@@ -230,7 +230,7 @@ def test_one_step_loss_spikes_do_not_alert_through_the_gate() -> None:
 
 def test_skip_leaves_the_state_alone() -> None:
     """A sample with nothing to judge (metric absent or NaN) neither counts toward firing nor resolving."""
-    from notifier.detectors.base import SKIP
+    from msmon.core.detectors.base import SKIP
 
     gate, st = AlertGate(alert_interval=0, baseline_steps=0, resolve_after=1), GateState()
     f = Finding(ERROR, 5.0, 1.0, "x")

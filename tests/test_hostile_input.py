@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from slack_sdk.signature import SignatureVerifier
 
-from notifier.wire import Envelope, Sample, encode
+from msmon.contract.wire import Envelope, Sample, encode
 from tests.bot_server import BotServer
 from tests.slack_signing import SECRET
 
@@ -220,10 +220,10 @@ def test_a_405_names_the_allowed_methods(bot):
 
 
 def test_the_spec_states_the_wires_limits():
-    """docs/openapi.yaml and notifier/wire.py give the same numbers."""
+    """docs/openapi.yaml and msmon/contract/wire.py give the same numbers."""
     import yaml
 
-    from notifier import wire
+    from msmon.contract import wire
     from tests.conftest import ROOT
 
     schemas = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())["components"]["schemas"]

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from notifier.wire import ActionResult, Envelope, Heartbeat, Poll, PollAnswer, Sample, decode, encode
+from msmon.contract.wire import ActionResult, Envelope, Heartbeat, Poll, PollAnswer, Sample, decode, encode
 from tests.bot_server import BotServer, send
 from tests.slack_api import SlackAPIServer
 from tests.slack_signing import SECRET, signed_post

@@ -432,8 +432,8 @@ def test_a_real_training_reports_to_the_bot(tmp_path, monkeypatch):
 def test_a_command_delivered_twice_at_once_is_applied_once_at_its_step():
     """At-least-once delivery reaches a job from two threads (the long poll and the answers to its posts):
     JobControl takes each command id once, and holds it until its apply step."""
+    from msmon.contract.wire import Command
     from notifier.mindspore import JobControl
-    from notifier.wire import Command
 
     control = JobControl(Monitor(cfg(), "dup"))
     cmds = [Command(id="c1", run_id="dup", action="loosen_threshold", apply_step=5,

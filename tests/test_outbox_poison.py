@@ -19,7 +19,7 @@ import pytest
 
 from bot.delivery import Policy
 from bot.receivers.console import ConsoleReceiver
-from notifier.wire import Envelope, Event, Sample, Window, encode
+from msmon.contract.wire import Envelope, Event, Sample, Window, encode
 from tests.bot_server import BotServer, wait_for
 from tests.slack_api import SlackAPIServer
 from tests.test_bot import event

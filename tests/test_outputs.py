@@ -11,10 +11,10 @@ import threading
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from msmon.contract.wire import Sample
 from notifier import Monitor
 from notifier.outputs import CSV_COLUMNS, BackgroundWriter
 from notifier.outputs.logline import format_log_line
-from notifier.wire import Sample
 from tests.helpers import FakeClock, ListSink, config
 
 

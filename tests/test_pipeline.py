@@ -7,7 +7,7 @@ import pytest
 from bot.config import Route
 from bot.pipeline import dedup, group, inhibit, route, silence
 from bot.pipeline.ratelimit import RateLimiter, TokenBucket
-from notifier.wire import Event, Severity, Status
+from msmon.contract.wire import Event, Severity, Status
 
 
 def ev(sev=Severity.WARNING, status=Status.FIRING, run="r", rule="loss_spike", device="0") -> Event:
@@ -86,7 +86,7 @@ def test_metric_windows_are_fixed_size_rings_that_keep_none_and_nan_apart():
     import math
 
     from bot.windows import Windows
-    from notifier.wire import Sample
+    from msmon.contract.wire import Sample
 
     w = Windows(per_device=3, max_runs=2)
     for step in range(5):

@@ -11,8 +11,8 @@ import time
 import pytest
 import yaml
 
+from msmon.offline.replay import read_csv, replay
 from notifier import Monitor, Severity, Status
-from notifier.replay import read_csv, replay
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.traces

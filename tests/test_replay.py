@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from msmon.cli.main import main
+from msmon.contract.wire import Status
+from msmon.offline.readers import Row, parse_columns, read_log
+from msmon.offline.replay import ReplayError, read_csv, replay, run_replay
 from notifier import Monitor
-from notifier.cli import main
-from notifier.readers import Row, parse_columns, read_log
-from notifier.replay import ReplayError, read_csv, replay, run_replay
-from notifier.wire import Status
 from tests import analysis_data as data
 from tests.conftest import ROOT
 

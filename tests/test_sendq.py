@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from msmon.contract.wire import ActionResult, Event, Sample, Severity, Status
 from notifier.sendq import Batch, Fault, Limits, SendQueue, Tier, classify, judge, retry_after
 from notifier.transport import Spool
-from notifier.wire import ActionResult, Event, Sample, Severity, Status
 
 _ids = itertools.count(1)
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from msmon.contract.wire import ActionResult, Envelope, Event, Sample, Severity, Status, decode, encode
 from notifier.transport import BotTransport, SpoolRecord
-from notifier.wire import ActionResult, Envelope, Event, Sample, Severity, Status, decode, encode
 from tests.helpers import wait_for
 from tests.recording_bot import RecordingBot
 from tests.test_transport_chaos import FAULTS, FaultyBot

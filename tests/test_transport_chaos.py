@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from msmon.contract.wire import Envelope, Event, Severity, Status, decode
 from notifier.monitor import Monitor
 from notifier.transport import BotTransport
-from notifier.wire import Envelope, Event, Severity, Status, decode
 from tests.helpers import wait_for
 
 # Every broken reply, by name: what the peer writes back (None: nothing, the connection just closes).

@@ -1,4 +1,4 @@
-"""`notifier.trend.summarize`: slope now and before, its change, forecast and ETA, from (step, loss) points."""
+"""`msmon.core.trend.summarize`: slope now and before, its change, forecast and ETA, from (step, loss) points."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from notifier.trend import NOT_ENOUGH, summarize
+from msmon.core.trend import NOT_ENOUGH, summarize
 
 
 def power_law(steps, noise=0.01, seed=0, a=3.0, b=8.0, p=0.3):

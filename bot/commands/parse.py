@@ -89,7 +89,7 @@ ALIASES: dict[str, str] = {
 
 MAX_DURATION_S = 30 * 86400.0
 MAX_LR_FACTOR = 100.0
-MAX_ID = 256  # run, device and rule ids: as long as the wire schema allows (notifier/wire.py)
+MAX_ID = 256  # run, device and rule ids: as long as the wire schema allows (msmon/contract/wire.py)
 MAX_COMMAND = 4000  # characters of one command's text (Slack's own limit on a slash command's)
 _ID = re.compile(r"[A-Za-z0-9._:@+-]+")
 _RULE = re.compile(r"[a-z_][a-z0-9_]*")

@@ -2,58 +2,33 @@
 
     parse -> audit record -> who may -> answer from the bot's own state (status, runs, ack, silence, help)
                                      or queue a Command for the run's ranks with an apply step
-    job's ActionResult (command_id) -> record per device -> report where the command came from
-    expiry loop -> a command no job took is closed and the user told
 
-Reports travel through the durable outbox (kind "note"), so a Slack outage delays them and loses
-nothing. Synchronous and quick, called on the event loop; `Waiters` wakes the jobs' long polls.
+The job's side (polls, the jobs' answers, expiry, reports) is bot/commands/jobs.py. Both work on the
+shared `BotState` (bot/state.py). Synchronous and quick, called on the event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import difflib
 import logging
 import math
-import time
-from collections.abc import Callable
 from typing import Any
 
-from notifier.trend import summarize
-from notifier.wire import ActionResult, Command, Event, Severity, Status, Window, encode
+from msmon.contract.wire import Event, Severity, Status, Window
+from msmon.core.trend import summarize
 
-from ..config import BotConfig
-from ..dispatch import Dispatcher
 from ..pipeline.silence import Silence
-from ..receivers import Note
 from ..receivers.render import median, num
-from ..store import Store
+from ..state import BotState
 from . import auth
+from .origin import Origin
 from .parse import CommandError, Parsed, format_duration, help_text, parse
 
 log = logging.getLogger("msmon.bot")
 
 ACTION = {"pause": "pause", "resume": "resume", "save-checkpoint": "save_checkpoint", "scale-lr": "scale_lr",
           "loosen-threshold": "loosen_threshold", "stop": "stop"}
-FINAL = ("done", "failed", "expired", "partial")
-
-
-@dataclasses.dataclass
-class Origin:
-    """Where a command came from, and so where its answers go."""
-
-    source: str  # "slack" (slash command, HTTP or Socket Mode), "slack-button", "cli"
-    user: str  # Slack user ID or operator name: what permissions name
-    user_name: str = ""
-    receiver: str = "console"  # "slack" or "console": where reports go
-    channel: str | None = None  # Slack channel the command was typed in / of the alert message
-    thread_ts: str | None = None  # the alert message a button sat on
-    response_url: str | None = None
-
-    @property
-    def who(self) -> str:
-        return f"@{self.user_name}" if self.user_name else self.user
 
 
 @dataclasses.dataclass
@@ -81,33 +56,10 @@ def view(cmd: dict[str, Any]) -> dict[str, Any]:
     return {k: cmd[k] for k in keys}
 
 
-class Waiters:
-    """Jobs' long polls, one asyncio.Event per run, set when a command for it is queued."""
-
-    def __init__(self) -> None:
-        self.events: dict[str, asyncio.Event] = {}
-
-    def event(self, run_id: str) -> asyncio.Event:
-        ev = self.events.get(run_id)
-        if ev is None:
-            ev = self.events[run_id] = asyncio.Event()
-        return ev
-
-    def wake(self, run_id: str) -> None:
-        ev = self.events.pop(run_id, None)
-        if ev is not None:
-            ev.set()
-
-
 class CommandService:
-    def __init__(self, cfg: BotConfig, store: Store, dispatcher: Dispatcher,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.cfg, self.store, self.disp, self.clock = cfg, store, dispatcher, clock
-        self.waiters = Waiters()
-        self.wake_outbox: Callable[[], None] = lambda: None
-        # Runs that may have open commands: every job post asks, and almost always the answer is none.
-        self.open_runs: set[str] = {c["run_id"] for c in store.commands.open_all()}
-        self.resumed_at: dict[str, float] = {}  # run -> job clock at its last resume (its progress restarts then)
+    def __init__(self, state: BotState) -> None:
+        self.state = state
+        self.cfg, self.store, self.clock = state.cfg, state.store, state.clock
 
     # -- commands in ------------------------------------------------------------------------------
 
@@ -184,8 +136,8 @@ class CommandService:
                 created_at=now, user=origin.user, source=origin.source, project=run["project"], run_id=run["run_id"],
                 text=p.text(), verb=p.verb, action=action, params=params, apply_step=apply_step, status="pending",
                 detail="", origin=dataclasses.asdict(origin), expires_at=now + self.cfg.commands.expire_after)
-        self.open_runs.add(run["run_id"])
-        self.waiters.wake(run["run_id"])
+        self.state.open_runs.add(run["run_id"])
+        self.state.waiters.wake(run["run_id"])
         log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
                  p.text(), origin.who, origin.source, run["run_id"], apply_step)
         who = "every rank" if len(run["devices"]) > 1 else "the job"
@@ -204,12 +156,12 @@ class CommandService:
         run's pace covers the time since its newest report (by the job's clock and by the bot's receipt,
         whichever is older: skewed clocks only add margin) plus `commands.apply_lead`."""
         last = int(run["last_step"] or 0)
-        pace = self.disp.windows.pace(run["run_id"])
+        pace = self.state.windows.pace(run["run_id"])
         if pace is None:
             return last + 1
         rate, sampled_at = pace
         # Paused: the ranks wait at `last` and move on only after a resume, from there.
-        newest = max(sampled_at, self.resumed_at.get(run["run_id"], 0.0))
+        newest = max(sampled_at, self.state.resumed_at.get(run["run_id"], 0.0))
         behind = 0.0 if run["paused"] else max(now - newest, now - (run["last_progress"] or now), 0.0)
         ahead = math.ceil(rate * (behind + self.cfg.commands.apply_lead))
         log.debug("msmon bot: run %s: last step %d reported %.2f s ago at %.1f steps/s: apply %d steps ahead",
@@ -233,7 +185,7 @@ class CommandService:
 
     def _status(self, run: dict[str, Any]) -> Answer:
         run_id = run["run_id"]
-        self.disp.flush()
+        self.state.flush()
         state = "GONE (no heartbeat)" if run["gone"] else "PAUSED" if run["paused"] else "running"
         lines = [f"*{run_id}* ({run['project']}): step {run['last_step'] or 0:,}, {state}, devices "
                  f"{', '.join(run['devices'])}"]
@@ -245,8 +197,8 @@ class CommandService:
                 now = next((v for v in reversed(values) if v is not None), None)
                 if now is not None:
                     lines.append(f"{name} {num(now)} (median of the last {len(values)}: {num(median(values))})")
-            total, target = self.disp.windows.plans.get(run_id, (None, None))
-            pace = self.disp.windows.pace(run_id)
+            total, target = self.state.windows.plans.get(run_id, (None, None))
+            pace = self.state.windows.pace(run_id)
             if total is not None and pace is not None and not run["paused"]:
                 left = max(total - (run["last_step"] or 0), 0) / pace[0]
                 lines.append(f"ETA to step {total:,}: {format_duration(max(round(left), 1))} at {pace[0]:.3g} steps/s")
@@ -267,14 +219,14 @@ class CommandService:
         return Answer("\n".join(lines), chart=_status_event(run, hist) if hist else None)
 
     def _history(self, run: dict[str, Any]) -> list[Any]:
-        devices = sorted(self.disp.windows.runs.get(run["run_id"], {}))
-        return self.disp.windows.history(run["run_id"], devices[0]) if devices else []
+        devices = sorted(self.state.windows.runs.get(run["run_id"], {}))
+        return self.state.windows.history(run["run_id"], devices[0]) if devices else []
 
     def _ack(self, p: Parsed, origin: Origin, now: float, project: str) -> Answer:
         run_id, rule = p.run or "", p.rule or ""
         with self.store.tx():
             fps = self.store.ack(run_id, rule, p.device, origin.who)
-        self.disp.index.acked(fps)
+        self.state.index.acked(fps)
         where = f"device {p.device}" if p.device else "all devices"
         if not fps:
             firing = sorted({a["rule"] for a in self.store.alerts(run_id, "firing")})
@@ -296,118 +248,6 @@ class CommandService:
         msg = f"Silenced {what} of run {p.run} for {format_duration(duration)} (silence {sid}, by {origin.who})."
         self._audit(now, origin, p.text(), p.verb, p.run, "done", msg, project)
         return Answer(msg)
-
-    # -- the job's side -------------------------------------------------------------------------------
-
-    def poll(self, run_id: str, device: str, after: int) -> tuple[list[Command], int]:
-        """Open commands of `run_id` after cursor `after` that `device` has not answered; the new cursor."""
-        cmds, cursor = [], after
-        for c in self.store.commands.open_for(run_id, after):
-            cursor = max(cursor, int(c["seq"]))
-            if device in c["results"]:
-                continue
-            cmds.append(self._wire(c))
-        return cmds, cursor
-
-    def pending_for(self, run_id: str, device: str) -> list[Command]:
-        """For the answer to a job's event post: every open command the device has not answered."""
-        if run_id not in self.open_runs:
-            return []
-        if not self.store.commands.open_for(run_id):
-            self.open_runs.discard(run_id)
-            return []
-        return self.poll(run_id, device, 0)[0]
-
-    @staticmethod
-    def _wire(c: dict[str, Any]) -> Command:
-        return Command(id=c["id"], run_id=c["run_id"], action=c["action"], params=c["params"],
-                       apply_step=c["apply_step"], issued_by=c["origin"].get("user_name") or c["user"],
-                       issued_at=c["created_at"], expires_at=c["expires_at"])
-
-    def results(self, actions: list[ActionResult]) -> int:
-        """Record the jobs' answers to commands (inside the ingest transaction); reports queued."""
-        queued = 0
-        for a in actions:
-            if a.command_id is None:
-                continue
-            c = self.store.commands.get(a.command_id)
-            if c is None or c["run_id"] != a.run_id or c["status"] in FINAL or a.device in c["results"]:
-                continue  # unknown, another run's (a job answers only its own), closed, or a repeat
-            results = dict(c["results"])
-            results[a.device] = {"ok": a.ok, "step": a.step, "detail": a.detail, "path": a.path}
-            # Known now, not at the next heartbeat: a pause or resume answer carries the job's paused state
-            # (a cancelled or moot pause answers applied=False, paused=False).
-            if a.ok and a.paused is not None:  # the job says whether it is paused now
-                self.store.set_paused(a.run_id, a.paused, self.clock())
-                if a.action == "resume" and a.applied:
-                    self.resumed_at[a.run_id] = a.time
-                    if len(self.resumed_at) > self.cfg.max_runs:
-                        self.resumed_at.pop(next(iter(self.resumed_at)))
-            run = self.store.run(c["run_id"])
-            devices = set(run["devices"]) if run else {a.device}
-            done = devices <= set(results)
-            status = ("done" if all(r["ok"] for r in results.values()) else "failed") if done else "pending"
-            now = self.clock()
-            self.store.commands.update(c["id"], now, results=results, status=status,
-                                       detail=_summary(results) if done else c["detail"])
-            if done or not a.ok:
-                queued += self._note(c, _report(c, results, done))
-        return queued
-
-    def expire(self) -> int:
-        """Close the commands no job answered in time, and tell whoever sent them."""
-        now = self.clock()
-        n = 0
-        with self.store.tx():
-            for c in self.store.commands.open_all():
-                if c["expires_at"] is None or c["expires_at"] > now:
-                    continue
-                results = c["results"]
-                status = "partial" if results else "expired"
-                after = format_duration(float(self.cfg.commands.expire_after))
-                if results:
-                    text = (f"{c['id']} `{c['text']}`: only {len(results)} rank(s) answered within {after}: "
-                            f"{_summary(results)}")
-                else:
-                    text = (f"{c['id']} `{c['text']}` expired: no job picked it up within {after}. Is run "
-                            f"{c['run_id']} still running, with bot.commands on and a MonitorCallback?")
-                self.store.commands.update(c["id"], now, status=status, detail=text)
-                self._note(c, text)
-                n += 1
-        if n:
-            self.wake_outbox()
-        return n
-
-    def _note(self, c: dict[str, Any], text: str) -> int:
-        """Queue a report for where command `c` came from."""
-        o = c["origin"]
-        self.note(Origin(**o), text, c["run_id"], c["id"])
-        return 1
-
-    def note(self, origin: Origin, text: str, run_id: str | None = None, command_id: str | None = None,
-             chart: bytes | None = None, private: bool = False) -> None:
-        """Queue a report in chat for `origin` (through the durable outbox)."""
-        note = Note(text=text, thread_ts=origin.thread_ts, response_url=origin.response_url, command_id=command_id,
-                    chart=chart, private=private)
-        now = self.clock()
-        self.store.enqueue_many([(now, origin.receiver, origin.channel or "commands", "note",
-                                  f"note|{command_id}|{now!r}", run_id, encode(note).decode(), now)])
-        self.wake_outbox()
-
-
-def _summary(results: dict[str, dict[str, Any]]) -> str:
-    parts = []
-    for dev, r in sorted(results.items()):
-        parts.append(f"device {dev} {'OK' if r['ok'] else 'FAILED'} at step {r['step']:,}: {r['detail']}")
-    return "; ".join(parts)
-
-
-def _report(c: dict[str, Any], results: dict[str, dict[str, Any]], done: bool) -> str:
-    name = c["origin"].get("user_name")
-    head = f"{c['id']} `{c['text']}` (from {'@' + name if name else c['user']})"
-    if not done:
-        return f"{head}: a rank failed: {_summary(results)}"
-    return f"{head}: {_summary(results)}"
 
 
 def _window(hist: list[Any]) -> Window:

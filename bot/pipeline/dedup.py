@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from notifier.wire import Event, Severity, Status
+from msmon.contract.wire import Event, Severity, Status
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ so the first device's message goes out without waiting and the devices that foll
 
 from __future__ import annotations
 
-from notifier.wire import Event, Severity, Status
+from msmon.contract.wire import Event, Severity, Status
 
 
 def group_key(ev: Event) -> str:

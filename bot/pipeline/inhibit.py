@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from notifier.wire import Event, Severity, Status
+from msmon.contract.wire import Event, Severity, Status
 
 
 def inhibited(ev: Event, run_has_error_firing: bool, enabled: bool = True) -> bool:

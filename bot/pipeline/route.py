@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from notifier.wire import Severity
+from msmon.contract.wire import Severity
 
 from ..config import Route
 

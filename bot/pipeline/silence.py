@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from notifier.wire import Event
+from msmon.contract.wire import Event
 
 
 @dataclasses.dataclass

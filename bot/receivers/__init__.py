@@ -13,7 +13,7 @@ from typing import Protocol
 
 import msgspec
 
-from notifier.wire import Event, Severity, Status
+from msmon.contract.wire import Event, Severity, Status
 
 
 class DeliveryError(Exception):

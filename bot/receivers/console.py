@@ -1,7 +1,7 @@
 """The embedded default receiver: readable lines on stdout, chart PNGs written to a folder.
 
 Job data never reaches the terminal raw (control characters are shown as `\\x1b`-style text) and
-never names a path: chart files are `notifier.safenames.slug`s checked to stay in `charts_dir`.
+never names a path: chart files are `msmon.common.safenames.slug`s checked to stay in `charts_dir`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TextIO
 
-from notifier.safenames import inside, slug
+from msmon.common.safenames import inside, slug
 
 from . import Message, Note
 from .render import escape_console, text

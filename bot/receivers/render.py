@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Callable
 
-from notifier.wire import Event, Status
+from msmon.contract.wire import Event, Status
 
 from . import Message
 

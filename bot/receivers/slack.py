@@ -22,9 +22,9 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from notifier.safenames import slug
-from notifier.sendq import retry_after as parse_retry_after
-from notifier.wire import Status
+from msmon.common.retry import retry_after as parse_retry_after
+from msmon.common.safenames import slug
+from msmon.contract.wire import Status
 
 from . import DeliveryError, Message, Note
 from .render import (

@@ -1,6 +1,7 @@
 """monitor_config: schema, loading (with !include) and errors that say what to fix."""
 
-from .errors import ConfigError, Issue
+from msmon.config.errors import ConfigError, Issue
+
 from .loader import load_config
 from .model import ALL_METRICS, ActionConfig, AlertConfig, MonitorConfig, PhaseConfig, RulesConfig
 

@@ -7,10 +7,11 @@ import os
 from collections.abc import Mapping
 from typing import Any, cast
 
-from .errors import ConfigError, Issue, shown
+from msmon.config.errors import ConfigError, Issue, shown
+from msmon.config.validate import Context, build, fields_of
+from msmon.config.yamlio import LineDict, check_shape, load_yaml, location_of
+
 from .model import MonitorConfig
-from .validate import Context, build, fields_of
-from .yamlio import LineDict, check_shape, load_yaml, location_of
 
 SECTION = "monitor_config"
 # Keys that only make sense inside monitor_config: at the top level of a training YAML they mean

@@ -6,19 +6,19 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from ..detectors import RULES
-from ..detectors.base import RuleParams
-from ..detectors.convergence import ConvergenceParams, LossForecastParams
-from ..detectors.grad_norm import GradNormCreepParams, GradNormParams, GradNormSpikeParams
-from ..detectors.loss_spike import LossSpikeParams
-from ..detectors.lr_schedule import LrScheduleParams
-from ..detectors.nonfinite import NonFiniteParams
-from ..detectors.stall import StepStallParams
-from ..detectors.straggler import StragglerParams
-from ..detectors.throughput import ThroughputDropParams
-from ..detectors.vanished import VanishedGradParams
-from .errors import closest, shown
-from .validate import Context, add_bounds, parse_fields, setting, spec, url_problem
+from msmon.config.errors import closest, shown
+from msmon.config.validate import Context, add_bounds, parse_fields, setting, spec, url_problem
+from msmon.core.detectors import RULES
+from msmon.core.detectors.base import RuleParams
+from msmon.core.detectors.convergence import ConvergenceParams, LossForecastParams
+from msmon.core.detectors.grad_norm import GradNormCreepParams, GradNormParams, GradNormSpikeParams
+from msmon.core.detectors.loss_spike import LossSpikeParams
+from msmon.core.detectors.lr_schedule import LrScheduleParams
+from msmon.core.detectors.nonfinite import NonFiniteParams
+from msmon.core.detectors.stall import StepStallParams
+from msmon.core.detectors.straggler import StragglerParams
+from msmon.core.detectors.throughput import ThroughputDropParams
+from msmon.core.detectors.vanished import VanishedGradParams
 
 Metric = Literal["loss", "learning_rate", "grad_norm", "throughput"]
 ALL_METRICS: tuple[str, ...] = ("loss", "learning_rate", "grad_norm", "throughput")

@@ -20,9 +20,10 @@ from typing import Any
 from mindspore import nn
 from mindspore.train import Callback
 
+from msmon.contract.wire import ActionResult, Event
+
 from ..config import MonitorConfig
 from ..monitor import Monitor
-from ..wire import ActionResult, Event
 from .control import JobControl
 from .lr import global_step, lr_handles
 

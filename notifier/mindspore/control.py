@@ -20,9 +20,10 @@ from typing import Any
 
 import mindspore as ms
 
+from msmon.common.safenames import inside, slug
+from msmon.contract.wire import ActionResult, Command, Event
+
 from ..monitor import Monitor
-from ..safenames import inside, slug
-from ..wire import ActionResult, Command, Event
 from .lr import ActionError, LrHandle, global_step, lr_handles
 
 log = logging.getLogger("msmon")

@@ -7,8 +7,8 @@ import math
 import os
 from typing import IO, Any
 
-from ..safenames import slug
-from ..wire import Sample
+from msmon.common.safenames import slug
+from msmon.contract.wire import Sample
 
 CSV_COLUMNS: tuple[str, ...] = (
     "time", "run_id", "device", "step", "loss", "learning_rate", "grad_norm",
@@ -36,7 +36,7 @@ class CsvSink:
 
     def path_for(self, device: str) -> str:
         """The file for `device`: the run id and device enter the path only as safe slugs
-        (notifier.safenames), so a run id like `../../x` stays a file name."""
+        (msmon.common.safenames), so a run id like `../../x` stays a file name."""
         return self.template.format(run_id=slug(self.run_id), device=slug(device))
 
     def _writer(self, device: str) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..wire import Sample
+from msmon.contract.wire import Sample
 
 
 def _sci(x: float) -> str:

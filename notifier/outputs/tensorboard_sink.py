@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..safenames import inside, slug
-from ..wire import Sample
+from msmon.common.safenames import inside, slug
+from msmon.contract.wire import Sample
 
 TAGS: tuple[tuple[str, str], ...] = (
     ("loss", "train/loss"),

@@ -7,7 +7,7 @@ import threading
 from collections import deque
 from typing import Protocol
 
-from ..wire import Sample
+from msmon.contract.wire import Sample
 
 log = logging.getLogger("msmon")
 

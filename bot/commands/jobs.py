@@ -1,0 +1,132 @@
+"""The job's side of commands: what the jobs' polls and posts get, what their answers do, and the
+reports that go back to where a command came from. Functions of the shared `BotState`: the ingest path
+(bot/dispatch.py) and the HTTP poll route call them; so does the command service.
+
+    job's ActionResult (command_id) -> record per device -> report where the command came from
+    expiry loop -> a command no job took is closed and the user told
+
+Reports travel through the durable outbox (kind "note"), so a chat outage delays them and loses nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msmon.contract.wire import ActionResult, Command, encode
+
+from ..receivers import Note
+from ..state import BotState
+from .origin import Origin
+from .parse import format_duration
+
+FINAL = ("done", "failed", "expired", "partial")
+
+
+def poll(state: BotState, run_id: str, device: str, after: int) -> tuple[list[Command], int]:
+    """Open commands of `run_id` after cursor `after` that `device` has not answered; the new cursor."""
+    cmds, cursor = [], after
+    for c in state.store.commands.open_for(run_id, after):
+        cursor = max(cursor, int(c["seq"]))
+        if device in c["results"]:
+            continue
+        cmds.append(_wire(c))
+    return cmds, cursor
+
+def pending_for(state: BotState, run_id: str, device: str) -> list[Command]:
+    """For the answer to a job's event post: every open command the device has not answered."""
+    if run_id not in state.open_runs:
+        return []
+    if not state.store.commands.open_for(run_id):
+        state.open_runs.discard(run_id)
+        return []
+    return poll(state, run_id, device, 0)[0]
+
+def _wire(c: dict[str, Any]) -> Command:
+    return Command(id=c["id"], run_id=c["run_id"], action=c["action"], params=c["params"],
+                   apply_step=c["apply_step"], issued_by=c["origin"].get("user_name") or c["user"],
+                   issued_at=c["created_at"], expires_at=c["expires_at"])
+
+def record_results(state: BotState, actions: list[ActionResult]) -> int:
+    """Record the jobs' answers to commands (inside the ingest transaction); reports queued."""
+    queued = 0
+    for a in actions:
+        if a.command_id is None:
+            continue
+        c = state.store.commands.get(a.command_id)
+        if c is None or c["run_id"] != a.run_id or c["status"] in FINAL or a.device in c["results"]:
+            continue  # unknown, another run's (a job answers only its own), closed, or a repeat
+        results = dict(c["results"])
+        results[a.device] = {"ok": a.ok, "step": a.step, "detail": a.detail, "path": a.path}
+        # Known now, not at the next heartbeat: a pause or resume answer carries the job's paused state
+        # (a cancelled or moot pause answers applied=False, paused=False).
+        if a.ok and a.paused is not None:  # the job says whether it is paused now
+            state.store.set_paused(a.run_id, a.paused, state.clock())
+            if a.action == "resume" and a.applied:
+                state.resumed_at[a.run_id] = a.time
+                if len(state.resumed_at) > state.cfg.max_runs:
+                    state.resumed_at.pop(next(iter(state.resumed_at)))
+        run = state.store.run(c["run_id"])
+        devices = set(run["devices"]) if run else {a.device}
+        done = devices <= set(results)
+        status = ("done" if all(r["ok"] for r in results.values()) else "failed") if done else "pending"
+        now = state.clock()
+        state.store.commands.update(c["id"], now, results=results, status=status,
+                                   detail=_summary(results) if done else c["detail"])
+        if done or not a.ok:
+            queued += _note(state, c, _report(c, results, done))
+    return queued
+
+def expire(state: BotState) -> int:
+    """Close the commands no job answered in time, and tell whoever sent them."""
+    now = state.clock()
+    n = 0
+    with state.store.tx():
+        for c in state.store.commands.open_all():
+            if c["expires_at"] is None or c["expires_at"] > now:
+                continue
+            results = c["results"]
+            status = "partial" if results else "expired"
+            after = format_duration(float(state.cfg.commands.expire_after))
+            if results:
+                text = (f"{c['id']} `{c['text']}`: only {len(results)} rank(s) answered within {after}: "
+                        f"{_summary(results)}")
+            else:
+                text = (f"{c['id']} `{c['text']}` expired: no job picked it up within {after}. Is run "
+                        f"{c['run_id']} still running, with bot.commands on and a MonitorCallback?")
+            state.store.commands.update(c["id"], now, status=status, detail=text)
+            _note(state, c, text)
+            n += 1
+    if n:
+        state.wake_outbox()
+    return n
+
+def _note(state: BotState, c: dict[str, Any], text: str) -> int:
+    """Queue a report for where command `c` came from."""
+    o = c["origin"]
+    note(state, Origin(**o), text, c["run_id"], c["id"])
+    return 1
+
+def note(state: BotState, origin: Origin, text: str, run_id: str | None = None, command_id: str | None = None,
+         chart: bytes | None = None, private: bool = False) -> None:
+    """Queue a report in chat for `origin` (through the durable outbox)."""
+    note = Note(text=text, thread_ts=origin.thread_ts, response_url=origin.response_url, command_id=command_id,
+                chart=chart, private=private)
+    now = state.clock()
+    state.store.enqueue_many([(now, origin.receiver, origin.channel or "commands", "note",
+                              f"note|{command_id}|{now!r}", run_id, encode(note).decode(), now)])
+    state.wake_outbox()
+
+
+def _summary(results: dict[str, dict[str, Any]]) -> str:
+    parts = []
+    for dev, r in sorted(results.items()):
+        parts.append(f"device {dev} {'OK' if r['ok'] else 'FAILED'} at step {r['step']:,}: {r['detail']}")
+    return "; ".join(parts)
+
+
+def _report(c: dict[str, Any], results: dict[str, dict[str, Any]], done: bool) -> str:
+    name = c["origin"].get("user_name")
+    head = f"{c['id']} `{c['text']}` (from {'@' + name if name else c['user']})"
+    if not done:
+        return f"{head}: a rank failed: {_summary(results)}"
+    return f"{head}: {_summary(results)}"

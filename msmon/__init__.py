@@ -1,0 +1,13 @@
+"""msmon: chatops alerting for large-model training on MindSpore.
+
+What runs where: `notifier/` in the training job, `bot/` in the service a team runs once, and here what
+both share and what runs offline:
+
+- `msmon.contract`: the wire Structs, the codec and the one job-action vocabulary (msgspec only);
+- `msmon.core`: the sans-I/O detectors, alert gate and trend (no YAML, clock, thread or file);
+- `msmon.common`: small helpers job and bot share (safe file names, URL checks, Retry-After);
+- `msmon.config`: the config framework (YAML with line numbers, the validator, ConfigError);
+- `msmon.offline`: readers, replay, calibrate, backtest, plot (only the CLI imports them);
+- `msmon.cli`: the `msmon` command, one module per subcommand;
+- `msmon.demo`: `msmon demo`.
+"""

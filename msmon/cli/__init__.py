@@ -1,0 +1,1 @@
+"""The `msmon` command: main.py builds the parser from one module per subcommand."""

@@ -1,0 +1,1 @@
+"""Small helpers the job and the bot share."""

@@ -1,0 +1,1 @@
+"""The config framework job and bot share: YAML with line numbers, the dataclass validator, ConfigError."""

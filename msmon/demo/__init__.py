@@ -1,0 +1,1 @@
+"""`msmon demo`: a replayed incident and a real MindSpore job, handled from chat."""

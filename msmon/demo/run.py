@@ -1,0 +1,96 @@
+"""`msmon demo`: the whole story on the embedded defaults (SQLite, console receiver, no account).
+
+The bot starts in this process; the incident trace is replayed through a `Monitor` whose
+transport posts to the bot exactly as a training job would; the bot's console receiver prints the
+alerts (with chart PNGs written to a folder) as they arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from bot.config import load_bot_config
+from bot.server import BotThread
+from msmon.contract.wire import Event
+from msmon.offline.replay import read_csv
+from notifier import Monitor
+from notifier.config import load_config
+from notifier.transport import BotTransport
+
+
+def run_demo(trace: str, monitor_config: str, out_dir: str, pace: float = 0.002) -> tuple[list[Event], BotThread]:
+    """Replay `trace` through a Monitor that reports to a bot started here, `pace` seconds per step
+    (a 10 s step in 2 ms: fast, but slow enough that what happened first arrives first)."""
+    token = secrets.token_urlsafe(16)
+    os.environ["MSMON_DEMO_TOKEN"] = token
+    os.environ["MSMON_OPERATOR_TOKEN"] = secrets.token_urlsafe(16)  # for `msmon cmd` in part 2
+    bot_cfg = load_bot_config({"bot": {
+        "port": 0, "state_path": os.path.join(out_dir, "bot.sqlite"),
+        "tokens": [{"project": "*", "env": "MSMON_DEMO_TOKEN"}],
+        "pipeline": {"group_wait": 0.05}, "console": {"charts_dir": os.path.join(out_dir, "charts")},
+        "commands": {"operators": [{"user": "demo:you", "env": "MSMON_OPERATOR_TOKEN"}],
+                     "allow": [{"project": "*", "users": ["demo:you"]}]}}})
+    for suffix in ("", "-wal", "-shm"):  # a fresh demo each time
+        path = bot_cfg.state_path + suffix
+        if os.path.exists(path):
+            os.remove(path)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    bot = BotThread(bot_cfg)
+    cfg = load_config(monitor_config)
+    cfg.bot.url, cfg.bot.token_env = bot.url, "MSMON_DEMO_TOKEN"
+    cfg.bot.spool_dir = os.path.join(out_dir, "spool")
+    cfg.tensorboard.log_dir = os.path.join(out_dir, "tb_logs")
+    transport = BotTransport(bot.url, "demo-13b", "0", token, spool_dir=cfg.bot.spool_dir, flush_interval=0.05)
+    mon = Monitor(cfg, "demo-13b", transport=transport)
+    events: list[Event] = []
+    for r in read_csv(trace):
+        events += mon.step(r.step, loss=r.loss, lr=r.lr, grad_norm=r.grad_norm, throughput=r.throughput, time=r.time)
+        time.sleep(pace)
+    mon.close()  # flushes the transport
+    deadline = time.monotonic() + 30
+    while bot.store.depth() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return events, bot
+
+
+COMMANDS = ("save-checkpoint demo-ms", "pause demo-ms", "status demo-ms", "resume demo-ms", "stop demo-ms confirm")
+
+
+def _first_error(bot: BotThread, run_id: str) -> dict[str, object] | None:
+    return next((a for a in bot.store.alerts(run_id, "firing") if a["severity"] == "ERROR"), None)
+
+
+def run_chatops(bot: BotThread, out_dir: str, say: Callable[[str], None] = print, timeout: float = 180.0) -> bool:
+    """Part two: a real MindSpore training reports to `bot`, goes unstable, and is handled with
+    `msmon cmd` (a real CLI process) once its first ERROR is out. True if every command worked."""
+    from msmon.demo.mindspore_job import UnstableJob  # MindSpore only here
+
+    job = UnstableJob(bot.url, "MSMON_DEMO_TOKEN", out_dir)
+    job.start()
+    deadline = time.monotonic() + timeout
+    while (_first_error(bot, job.run_id) is None or bot.store.depth()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _first_error(bot, job.run_id) is None:
+        say("the toy job raised no ERROR in time: the demo stops it")
+        job.callback.control.request("stop")
+        return False
+    ok = True
+    env = {**os.environ, "MSMON_BOT_URL": bot.url}
+    for text in COMMANDS:
+        time.sleep(0.5)  # let the console receiver's lines come out first
+        say(f'\n$ msmon cmd "{text}"')
+        done = subprocess.run([sys.executable, "-m", "msmon.cli.main", "cmd", text, "--wait", "30"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        say((done.stdout + done.stderr).rstrip())
+        ok = ok and done.returncode == 0
+    job.join(60)
+    deadline = time.monotonic() + 10
+    while bot.store.depth() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return ok

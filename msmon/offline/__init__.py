@@ -1,0 +1,1 @@
+"""Offline tools: readers, replay, calibrate, backtest, plot. Only the CLI imports these."""

@@ -1,0 +1,1 @@
+"""Backtest: score a config on labelled traces (engine, sources, report)."""

@@ -1,0 +1,94 @@
+"""`msmon replay --plot out.png`: the replayed curves in four panels, with the alerts marked.
+
+matplotlib is imported here only (it is in the `bot` extra, not a notifier dependency), through its
+object API with the Agg canvas: a `Figure` of its own, no pyplot state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from msmon.contract.wire import Event, Severity, Status
+
+if TYPE_CHECKING:
+    from msmon.offline.replay import Curves, Replayed
+
+SEVERITY_COLOURS = {Severity.ERROR: "#d62728", Severity.WARNING: "#ff7f0e"}
+LINE_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+LOG_SPAN = 20.0  # the grad norm panel goes to a log scale when its values span more than this factor
+MAX_LABELS = 25  # rule names written beside the alert lines; more would be unreadable
+
+# (Curves attribute, panel label, Event.metric values marked on this panel)
+PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("loss", "loss", ("loss",)),
+    ("grad_norm", "grad norm", ("grad_norm",)),
+    ("lr", "learning rate", ("learning_rate",)),
+    ("throughput", "tokens/s", ("throughput", "step_time")),
+)
+
+
+def _load() -> tuple[Any, Any]:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise RuntimeError("--plot needs matplotlib: pip install 'msmon[bot]' (or pip install matplotlib)") from exc
+    return Figure, FigureCanvasAgg
+
+
+def _finite(values: Sequence[float | None]) -> list[float]:
+    return [v if v is not None and math.isfinite(v) else math.nan for v in values]
+
+
+def _draw_panel(ax: Any, attr: str, label: str, curves: dict[str, Curves]) -> None:
+    drawn = False
+    positive: list[float] = []
+    for i, (device, c) in enumerate(curves.items()):
+        ys = _finite(getattr(c, attr))
+        if all(math.isnan(y) for y in ys):
+            continue
+        drawn = True
+        ax.plot(c.steps, ys, color=LINE_COLOURS[i % len(LINE_COLOURS)], linewidth=0.8,
+                label=f"device {device}" if len(curves) > 1 else None)
+        positive += [y for y in ys if y > 0]
+    ax.set_ylabel(label)
+    ax.grid(True, alpha=0.3)
+    if not drawn:
+        ax.text(0.5, 0.5, "not in the log", transform=ax.transAxes, ha="center", va="center", color="#888888")
+        ax.set_yticks([])
+    elif attr == "grad_norm" and positive and max(positive) / min(positive) > LOG_SPAN:
+        ax.set_yscale("log")
+
+
+def _mark(ax: Any, events: list[Event], labelled: bool) -> None:
+    for e in events:
+        ax.axvline(e.step, color=SEVERITY_COLOURS[e.severity], linewidth=1.2, alpha=0.8,
+                   linestyle="-" if e.severity is Severity.ERROR else "--")
+        if labelled:
+            ax.text(e.step, 1.0, f" {e.rule}", transform=ax.get_xaxis_transform(), rotation=90, va="top",
+                    ha="right", fontsize=7, color=SEVERITY_COLOURS[e.severity])
+
+
+def plot_replay(result: Replayed, path: str, *, title: str = "", width_px: int = 1400) -> None:
+    """Write a PNG of the replay's curves to `path`, each new alert a line on its metric's panel
+    (ERROR solid red, WARNING dashed orange)."""
+    figure_cls, canvas_cls = _load()
+    dpi = 100
+    fig = figure_cls(figsize=(width_px / dpi, width_px * 0.7 / dpi), dpi=dpi, facecolor="white")
+    canvas_cls(fig)
+    axes = fig.subplots(len(PANELS), 1, sharex=True)
+    firing = [e for e in result.events if e.status is Status.FIRING and not e.repeat]
+    labelled = len(firing) <= MAX_LABELS
+    for ax, (attr, label, metrics) in zip(axes, PANELS, strict=True):
+        _draw_panel(ax, attr, label, result.curves)
+        _mark(ax, [e for e in firing if e.metric in metrics], labelled)
+    axes[-1].set_xlabel("step")
+    if len(result.curves) > 1:
+        axes[0].legend(loc="upper right", fontsize=8)
+    counts = {s: sum(e.severity is s for e in firing) for s in (Severity.ERROR, Severity.WARNING)}
+    fig.suptitle(f"{title}\n{counts[Severity.ERROR]} ERROR (red, solid), {counts[Severity.WARNING]} WARNING "
+                 "(orange, dashed)", fontsize=10)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.92, bottom=0.06, hspace=0.08)
+    fig.savefig(path, dpi=dpi)

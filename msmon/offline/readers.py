@@ -1,0 +1,470 @@
+"""Reading recorded metrics logs into `Row`s: msmon's CSV, any CSV or JSONL with a column mapping, and
+TensorBoard event files (a file, or a folder of them: msmon's own LOG_DIR/RUN_ID/device_N layout).
+
+    for row in read_log("run.csv", columns={"loss": "train_loss"}):
+        monitor.step(row.step, loss=row.loss, ...)
+
+Errors say where (file:line, or the event file and step) and what to do. NaN and Inf cells are data;
+a non-number, a missing column, or a step that does not increase (per device) is an error.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any, Generic, TypeVar
+
+from msmon.config.errors import closest
+from notifier.outputs.tensorboard_sink import TAGS
+
+_TB = dict(TAGS)  # msmon's own TensorBoard tags, so its event files replay with no mapping
+# Row field -> names tried in order (msmon's own CSV and TensorBoard names first, then common ones).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "step": ("step", "iteration", "iter", "global_step"),
+    "loss": ("loss", _TB["loss"], "train_loss", "lm_loss", "lm loss", "loss/train"),
+    "lr": ("learning_rate", "lr", _TB["learning_rate"], "train/lr", "learning-rate"),
+    "grad_norm": ("grad_norm", _TB["grad_norm"], "global_norm", "grad-norm", "gradient_norm", "norm"),
+    "throughput": ("tokens_per_s", _TB["tokens_per_s"], "throughput", "tokens_per_sec"),
+    "time": ("time", "timestamp"),
+    "time_ms": ("train_time_ms_cumulative",),
+    "device": ("device", "rank"),
+}
+METRICS = ("loss", "lr", "grad_norm", "throughput")
+# Spellings accepted on the left of --columns, for the Row field they mean.
+KEY_SYNONYMS = {"learning_rate": "lr", "tokens_per_s": "throughput", "iteration": "step"}
+FORMATS = ("csv", "jsonl", "tensorboard")
+T = TypeVar("T")
+
+
+class ReplayError(ValueError):
+    """A log that cannot be read as it is; the message names the place and the fix."""
+
+
+@dataclass
+class Row:
+    step: int
+    loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    throughput: float | None = None
+    time: float | None = None
+    device: str | None = None
+
+
+def parse_columns(spec: str | None) -> dict[str, str]:
+    """`step=iter,loss=train_loss` -> {"step": "iter", "loss": "train_loss"} (Row field -> name in the log)."""
+    if not spec:
+        return {}
+    out: dict[str, str] = {}
+    for item in spec.split(","):
+        key, sep, name = item.partition("=")
+        key, name = key.strip(), name.strip()
+        if not sep or not key or not name:
+            raise ReplayError(f"--columns: {item!r} is not FIELD=NAME (e.g. --columns step=iter,loss=train_loss)")
+        key = KEY_SYNONYMS.get(key, key)
+        if key not in ALIASES:
+            hint = closest(key, ALIASES)
+            raise ReplayError(f"--columns: unknown field {key!r}" + (f"; did you mean {hint}?" if hint else "")
+                              + f" (fields: {', '.join(ALIASES)})")
+        out[key] = name
+    return out
+
+
+def _choose(present: list[str], columns: Mapping[str, str], where: str, what: str,
+            fields: Iterable[str]) -> dict[str, str]:
+    """Row field -> name in the log: the mapping given, else the first alias present (exact, then any case)."""
+    lowered = {p.lower(): p for p in present}
+    chosen: dict[str, str] = {}
+    for arg in fields:
+        if arg in columns:
+            name = columns[arg]
+            if name not in present:
+                hint = closest(name, present)
+                raise ReplayError(f"{where}: --columns {arg}={name}: there is no {what} {name!r}"
+                                  + (f"; did you mean {hint!r}?" if hint else "")
+                                  + f" ({what}s present: {', '.join(present) or 'none'})")
+            chosen[arg] = name
+            continue
+        for alias in ALIASES[arg]:
+            found = alias if alias in present else lowered.get(alias.lower())
+            if found is not None:
+                chosen[arg] = found
+                break
+    if not any(m in chosen for m in METRICS):
+        looked = "; ".join(f"{m}: {', '.join(ALIASES[m])}" for m in METRICS)
+        raise ReplayError(f"{where}: no metric {what} found (looked for {looked}); {what}s present: "
+                          f"{', '.join(present) or 'none'}. Map yours with --columns loss=NAME,grad_norm=NAME")
+    return chosen
+
+
+def _number(value: object, where: str, col: str, what: str = "column") -> float | None:
+    """A cell or JSON value as a float; empty/null is None; "nan" and "inf" are data."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    shown = value.strip() if isinstance(value, str) else value
+    raise ReplayError(f"{where}: {what} {col!r} holds {shown!r}, which is not a number; fix or delete that line "
+                      "(empty cells, nan and inf are fine)")
+
+
+def _step(value: object, where: str, col: str, what: str) -> int:
+    v = _number(value, where, col, what)
+    if v is None:
+        raise ReplayError(f"{where}: the step ({what} {col!r}) is empty; every row needs a step number")
+    if not math.isfinite(v) or v != int(v) or v < 0:
+        raise ReplayError(f"{where}: the step ({what} {col!r}) is {value!r}, not a whole number >= 0")
+    return int(v)
+
+
+_CUT = "A resumed run logs some steps again: keep one attempt's rows (cut the log at the restart) and replay that"
+
+
+class _StepOrder:
+    """Steps must increase per device; says where the offending row and the earlier one are."""
+
+    def __init__(self) -> None:
+        self.last: dict[str | None, tuple[int, str]] = {}
+
+    def check(self, device: str | None, step: int, where: str, here: str, fix: str = _CUT) -> None:
+        prev = self.last.get(device)
+        if prev is not None and step <= prev[0]:
+            dev = f" on device {device}" if device is not None else ""
+            what = "is repeated" if step == prev[0] else f"comes after step {prev[0]}"
+            raise ReplayError(f"{where}: step {step} {what}{dev}: steps must increase (step {prev[0]} is at "
+                              f"{prev[1]}). {fix if prev[1] != here else _CUT}")
+        self.last[device] = (step, here)
+
+
+def _row(values: Mapping[str, object], chosen: Mapping[str, str], where: str, what: str) -> Row:
+    row = Row(step=_step(values.get(chosen["step"]), where, chosen["step"], what))
+    for arg in ("loss", "lr", "grad_norm", "throughput", "time"):
+        if arg in chosen:
+            setattr(row, arg, _number(values.get(chosen[arg]), where, chosen[arg], what))
+    if row.time is None and "time_ms" in chosen:
+        ms = _number(values.get(chosen["time_ms"]), where, chosen["time_ms"], what)
+        row.time = None if ms is None else ms / 1000.0
+    if "device" in chosen:
+        dev = values.get(chosen["device"])
+        row.device = None if dev in (None, "") else str(dev)
+    return row
+
+
+def _has_metric(row: Row) -> bool:
+    """False for rows with no training metric at all (an evaluation-only row): they are skipped."""
+    return not (row.loss is None and row.lr is None and row.grad_norm is None and row.throughput is None)
+
+
+# -- text formats ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Counted(Generic[T]):
+    """Items passed through, their total weight counted (bytes of lines, or rows) for a progress bar."""
+
+    items: Iterable[T]
+    weight: Callable[[T], int]
+    done: int = 0
+
+    def __iter__(self) -> Iterator[T]:
+        for x in self.items:
+            self.done += self.weight(x)
+            yield x
+
+
+def _decoded(lines: Iterable[bytes]) -> Iterator[str]:
+    for raw in lines:
+        yield raw.decode("utf-8", errors="replace")
+
+
+def _read_csv(path: str, lines: Iterable[str], columns: Mapping[str, str]) -> Iterator[Row]:
+    it = iter(lines)
+    first = next(it, None)
+    if first is None or not first.strip():
+        raise ReplayError(f"{path}:1: no header line (the file is empty or starts with a blank line); a CSV log needs "
+                          "a header such as step,loss,learning_rate,grad_norm")
+    delimiter = "\t" if "\t" in first and "," not in first else ","
+    reader = csv.reader(_chain(first, it), delimiter=delimiter)
+    header = [h.strip() for h in next(reader)]
+    chosen = _choose(header, columns, f"{path}:1", "column", ALIASES)
+    if "step" not in chosen:
+        hint = closest("step", header)
+        raise ReplayError(f"{path}:1: no step column (looked for {', '.join(ALIASES['step'])}); columns: "
+                          f"{', '.join(header)}. Name it with --columns step=COLUMN"
+                          + (f" (perhaps --columns step={hint})" if hint else ""))
+    order = _StepOrder()
+    width = len(header)
+    for cells in reader:
+        line = reader.line_num
+        if not cells or (len(cells) == 1 and not cells[0].strip()):
+            continue
+        where = f"{path}:{line}"
+        if len(cells) != width:
+            raise ReplayError(f"{where}: {len(cells)} cells, but the header has {width} columns "
+                              "(a truncated or merged line?); fix or delete that line")
+        values = dict(zip(header, cells, strict=True))
+        row = _row(values, chosen, where, "column")
+        if not _has_metric(row):
+            continue
+        order.check(row.device, row.step, where, f"line {line}")
+        yield row
+
+
+def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
+    yield first
+    yield from rest
+
+
+JSONL_SCAN = 1000  # objects scanned for the keys a JSONL log has, before mapping them
+
+
+def _read_jsonl(path: str, lines: Iterable[str], columns: Mapping[str, str]) -> Iterator[Row]:
+    objects = _json_objects(path, lines)
+    head: list[tuple[int, dict[str, Any]]] = []
+    keys: dict[str, None] = {}
+    for item in objects:
+        head.append(item)
+        keys.update(dict.fromkeys(item[1]))
+        if len(head) >= JSONL_SCAN:
+            break
+    present = list(keys)
+    chosen = _choose(present, columns, f"{path}:{head[0][0] if head else 1}", "key", ALIASES)
+    if "step" not in chosen:
+        raise ReplayError(f"{path}: no step key in its first {len(head)} objects (looked for "
+                          f"{', '.join(ALIASES['step'])}); keys: {', '.join(present)}. Name it with --columns step=KEY")
+    order = _StepOrder()
+    for line, obj in _chain_items(head, objects):
+        where = f"{path}:{line}"
+        if chosen["step"] not in obj:
+            if any(name in obj for arg, name in chosen.items() if arg in METRICS):
+                raise ReplayError(f"{where}: metrics but no {chosen['step']!r} key: every object needs a step")
+            continue  # a metadata line ({"event": "start"}, an eval summary)
+        row = _row(obj, chosen, where, "key")
+        if not _has_metric(row):
+            continue
+        order.check(row.device, row.step, where, f"line {line}")
+        yield row
+
+
+def _chain_items(head: list[tuple[int, dict[str, Any]]],
+                 rest: Iterator[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    yield from head
+    yield from rest
+
+
+def _json_objects(path: str, lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    for i, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text.strip())  # NaN / Infinity literals are accepted: they are data
+        except json.JSONDecodeError as exc:
+            raise ReplayError(f"{path}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); a JSONL log has one "
+                              "JSON object per line") from None
+        if not isinstance(obj, dict):
+            raise ReplayError(f"{path}:{i}: expected a JSON object such as {{\"step\": 1, \"loss\": 2.5}}, "
+                              f"got {type(obj).__name__}")
+        yield i, obj
+
+
+# -- TensorBoard ------------------------------------------------------------------------------------
+
+_DEVICE_DIR = re.compile(r"device_(.+)")
+_TENSOR_FORMATS = {1: "<f", 2: "<d"}  # DT_FLOAT, DT_DOUBLE
+
+
+def _event_files(root: str) -> dict[str, list[str]]:
+    """Folder -> its event files in name (= creation) order."""
+    if os.path.isfile(root):
+        return {os.path.dirname(root): [root]}
+    found: dict[str, list[str]] = {}
+    for folder, _, files in sorted(os.walk(root)):
+        events = sorted(f for f in files if "tfevents" in f)
+        if events:
+            found[folder] = [os.path.join(folder, f) for f in events]
+    if not found:
+        raise ReplayError(f"{root}: no TensorBoard event files (events.out.tfevents.*) in this folder or below")
+    return found
+
+
+def _devices(root: str, folders: list[str]) -> dict[str, str | None]:
+    """Folder -> device: one folder is the default device; msmon's device_N siblings are devices N."""
+    if len(folders) == 1:
+        m = _DEVICE_DIR.fullmatch(os.path.basename(folders[0]))
+        return {folders[0]: m.group(1) if m else None}
+    matches = {f: _DEVICE_DIR.fullmatch(os.path.basename(f)) for f in folders}
+    if all(matches.values()) and len({os.path.dirname(f) for f in folders}) == 1:
+        return {f: m.group(1) for f, m in matches.items() if m}
+    listed = ", ".join(os.path.relpath(f, root) for f in folders)
+    raise ReplayError(f"{root}: event files in several folders ({listed}) that are not one run's device_N folders; "
+                      "replay one of them")
+
+
+def _records(path: str) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, payload) of each TFRecord; a truncated last record (a file being written) ends it."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        offset = 0
+        while True:
+            header = f.read(12)
+            if len(header) < 12:
+                return
+            (length,) = struct.unpack("<Q", header[:8])
+            if length > size - offset:
+                return
+            data = f.read(length)
+            if len(data) < length or len(f.read(4)) < 4:
+                return
+            yield offset, data
+            offset += 16 + length
+
+
+def _scalar(value: Any) -> float | None:
+    kind = value.WhichOneof("value")
+    if kind == "simple_value":
+        return float(value.simple_value)
+    if kind != "tensor":
+        return None
+    t = value.tensor
+    if any(d.size != 1 for d in t.tensor_shape.dim):
+        return None
+    fmt = _TENSOR_FORMATS.get(t.dtype)
+    if fmt is None:
+        return None
+    if t.tensor_content:
+        return float(struct.unpack_from(fmt, t.tensor_content)[0])
+    vals = t.float_val if t.dtype == 1 else t.double_val
+    return float(vals[0]) if vals else None
+
+
+def _read_event_folder(files: list[str], device: str | None, columns: Mapping[str, str]) -> list[Row]:
+    from tensorboardX.proto.event_pb2 import Event  # protobuf only for TensorBoard logs
+
+    series: dict[str, list[tuple[int, float, float, str]]] = {}  # tag -> (step, value, wall time, file)
+    for path in files:
+        for offset, data in _records(path):
+            ev = Event()
+            try:
+                ev.ParseFromString(data)
+            except Exception:  # noqa: BLE001 - protobuf's DecodeError; any parse failure means the same
+                raise ReplayError(f"{path}: the record at byte {offset} is not a TensorBoard event (a corrupted "
+                                  "or foreign file?); move that file out of the folder") from None
+            for v in ev.summary.value:
+                x = _scalar(v)
+                if x is not None:
+                    series.setdefault(v.tag, []).append((ev.step, x, ev.wall_time, path))
+    where = files[0] if len(files) == 1 else os.path.dirname(files[0])
+    chosen = _choose(sorted(series), columns, where, "tag", METRICS)
+    rows: dict[int, Row] = {}
+    for arg, tag in chosen.items():
+        order = _StepOrder()
+        for step, x, wall, path in series[tag]:
+            order.check(device, step, f"{path} (tag {tag!r}, step {step})", os.path.basename(path),
+                        "The folder holds several attempts of the run, one event file each: replay one file "
+                        f"(msmon replay {path}), or move the others out of the folder")
+            row = rows.get(step)
+            if row is None:
+                row = rows[step] = Row(step=step, time=wall, device=device)
+            setattr(row, arg, x)
+    return [rows[s] for s in sorted(rows)]
+
+
+def _read_tensorboard(root: str, columns: Mapping[str, str]) -> list[Row]:
+    """Every scalar row of a run, all devices merged in step order (event files are read whole)."""
+    folders = _event_files(root)
+    devices = _devices(root, list(folders))
+    rows = [r for folder, files in folders.items() for r in _read_event_folder(files, devices[folder], columns)]
+    rows.sort(key=lambda r: (r.step, r.device or ""))
+    return rows
+
+
+# -- entry point ------------------------------------------------------------------------------------
+
+
+def detect_format(path: str) -> str:
+    """csv, jsonl or tensorboard, from the name, else from the first bytes."""
+    if os.path.isdir(path) or "tfevents" in os.path.basename(path):
+        return "tensorboard"
+    ext = os.path.splitext(path)[1].lower()
+    if ext in (".jsonl", ".ndjson", ".json"):
+        return "jsonl"
+    if ext in (".csv", ".tsv"):
+        return "csv"
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if head.lstrip().startswith(b"{"):
+        return "jsonl"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "tensorboard"
+    return "tensorboard" if b"\x00" in head else "csv"
+
+
+@dataclass
+class LogReader:
+    """The rows of one log, in order; `fraction()` says how much of it has been read (progress bars)."""
+
+    path: str
+    format: str
+    _rows: Iterator[Row] = field(repr=False)
+    _done: Callable[[], int] = field(repr=False)
+    _size: int = 0
+
+    def __iter__(self) -> Iterator[Row]:
+        return self._rows
+
+    def __next__(self) -> Row:
+        return next(self._rows)
+
+    def fraction(self) -> float:
+        return min(1.0, self._done() / self._size) if self._size else 0.0
+
+
+def read_log(path: str, columns: Mapping[str, str] | None = None, fmt: str | None = None) -> LogReader:
+    """Rows of a metrics log, whatever its format (`fmt`: csv, jsonl or tensorboard; None: detected).
+
+    `columns` maps Row fields (step, loss, lr, grad_norm, throughput, time, time_ms, device) to this
+    log's column names, JSON keys or TensorBoard tags; unmapped fields are found by their usual names.
+    """
+    cols = dict(columns or {})
+    if not os.path.exists(path):
+        raise ReplayError(f"{path}: no such file or folder")
+    kind = fmt or detect_format(path)
+    if kind not in FORMATS:
+        raise ReplayError(f"unknown log format {kind!r}; formats: {', '.join(FORMATS)}")
+    if kind == "tensorboard":
+        rows = _read_tensorboard(path, cols)
+        counted_rows = _Counted(rows, lambda _: 1)
+        return LogReader(path, kind, iter(counted_rows), lambda: counted_rows.done, len(rows))
+    if os.path.isdir(path):
+        raise ReplayError(f"{path} is a folder; a {kind} log is one file")
+    f = open(path, "rb")  # noqa: SIM115 - closed when the rows are exhausted (or the reader collected)
+    counted = _Counted(f, len)
+    read = _read_csv if kind == "csv" else _read_jsonl
+    return LogReader(path, kind, _closing(f, read(path, _decoded(counted), cols)), lambda: counted.done,
+                     os.fstat(f.fileno()).st_size)
+
+
+def _closing(f: IO[bytes], rows: Iterator[Row]) -> Iterator[Row]:
+    with f:
+        yield from rows
+
+
+def read_csv(path: str, columns: Mapping[str, str] | None = None) -> Iterator[Row]:
+    """Rows of a CSV metrics log (msmon's own, or any with `columns` naming its columns)."""
+    return read_log(path, columns, "csv")

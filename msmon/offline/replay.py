@@ -1,0 +1,180 @@
+"""Replay a recorded metrics log through the same `Monitor` that runs live.
+
+`replay(rows, monitor)` is the core: every row goes to `Monitor.step` as a live job would send it.
+`run_replay(path, config)` adds what `msmon replay` needs around it: any log format (`readers.py`),
+a Monitor that writes no files and sends nothing to a bot, the curves kept for the trend and the
+plot, and an optional progress callback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from msmon.contract.wire import Event, Severity, Status
+from msmon.core.trend import TrendSummary, summarize
+from msmon.offline.readers import ReplayError, Row, read_csv, read_log
+from notifier.config import load_config
+from notifier.monitor import Monitor
+
+__all__ = ["ReplayError", "Row", "read_csv", "read_log", "replay", "run_replay", "Curves", "Replayed",
+           "alert_line", "alert_json", "Progress"]
+
+
+def replay(rows: Iterable[Row], monitor: Monitor, on_row: Callable[[Row], None] | None = None) -> list[Event]:
+    """Feed every row to `monitor` as a live job would; all events raised, in order."""
+    events: list[Event] = []
+    step = monitor.step
+    for r in rows:
+        events.extend(step(r.step, loss=r.loss, lr=r.lr, grad_norm=r.grad_norm,
+                           throughput=r.throughput, time=r.time, device=r.device))
+        if on_row is not None:
+            on_row(r)
+    monitor.close()
+    return events
+
+
+@dataclass
+class Curves:
+    """One device's metrics as read from the log, for the trend and the plot."""
+
+    steps: list[int] = field(default_factory=list)
+    loss: list[float | None] = field(default_factory=list)
+    lr: list[float | None] = field(default_factory=list)
+    grad_norm: list[float | None] = field(default_factory=list)
+    throughput: list[float | None] = field(default_factory=list)
+
+    def add(self, r: Row) -> None:
+        self.steps.append(r.step)
+        self.loss.append(r.loss)
+        self.lr.append(r.lr)
+        self.grad_norm.append(r.grad_norm)
+        self.throughput.append(r.throughput)
+
+
+@dataclass
+class Replayed:
+    events: list[Event]
+    curves: dict[str, Curves]  # device -> its curves, in the order devices appeared
+    rows: int
+    format: str
+    monitor: Monitor
+
+    def firing(self) -> list[Event]:
+        """New alerts (not resolutions, not repeats)."""
+        return [e for e in self.events if e.status is Status.FIRING and not e.repeat]
+
+    def counts(self) -> str:
+        f = self.firing()
+        return (f"{len(f)} alert(s): {sum(e.severity is Severity.ERROR for e in f)} ERROR, "
+                f"{sum(e.severity is Severity.WARNING for e in f)} WARNING")
+
+    def trend(self, total_steps: int | None = None, target_loss: float | None = None,
+              window_steps: int | None = None) -> TrendSummary | None:
+        """The loss trend of the first device (training facts from the config unless given)."""
+        if not self.curves:
+            return None
+        c = next(iter(self.curves.values()))
+        training = self.monitor.config.training
+        return summarize(c.steps, c.loss, total_steps=total_steps or training.total_steps,
+                         target_loss=training.target_loss if target_loss is None else target_loss,
+                         window_steps=window_steps)
+
+
+def replay_monitor(config: Any, run_id: str, clock: Callable[[], float]) -> Monitor:
+    """A Monitor for analysis: the config's detectors and levels, but no CSV / TensorBoard files and no bot."""
+    cfg = load_config(config)
+    cfg.bot.url = None
+    return Monitor(cfg, run_id, clock=clock, sinks=[])
+
+
+def run_replay(path: str, config: Any, run_id: str = "replay", *, columns: Mapping[str, str] | None = None,
+               fmt: str | None = None, progress: Progress | None = None) -> Replayed:
+    """Read `path` (any supported format) and replay it through a Monitor built from `config`."""
+    source = read_log(path, columns, fmt)
+    last_time = [0.0]
+    # A row without a timestamp gets the previous row's, so timing rules never read the replay's own clock.
+    mon = replay_monitor(config, run_id, lambda: last_time[0])
+    curves: dict[str, Curves] = {}
+    n = [0]
+
+    def on_row(r: Row) -> None:
+        if r.time is not None:
+            last_time[0] = r.time
+        dev = r.device or mon.default_device
+        c = curves.get(dev)
+        if c is None:
+            c = curves[dev] = Curves()
+        c.add(r)
+        n[0] += 1
+        if progress is not None:
+            progress.update(n[0], source.fraction)
+
+    events = replay(source, mon, on_row)
+    if progress is not None:
+        progress.done(n[0])
+    return Replayed(events, curves, n[0], source.format, mon)
+
+
+class Progress:
+    """A one-line progress bar on a terminal stream (stderr): redrawn at most every `every` seconds."""
+
+    WIDTH = 30
+
+    def __init__(self, label: str, stream: IO[str] | None = None, every: float = 0.2,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.every = every
+        self.clock = clock
+        self.next_at = 0.0
+        self.drawn = False
+
+    def update(self, rows: int, fraction: Callable[[], float]) -> None:
+        if rows & 255:
+            return  # a clock read per 256 rows, not per row
+        now = self.clock()
+        if now < self.next_at:
+            return
+        self.next_at = now + self.every
+        self._draw(rows, fraction())
+
+    def _draw(self, rows: int, frac: float) -> None:
+        filled = int(frac * self.WIDTH)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        self.stream.write(f"\r{self.label} [{bar}] {frac:4.0%} {rows:,} rows")
+        self.stream.flush()
+        self.drawn = True
+
+    def done(self, rows: int) -> None:
+        self._draw(rows, 1.0)
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def alert_line(e: Event) -> str:
+    """Text mode: one alert (two lines when firing: the numbers, then the message)."""
+    state = "RESOLVED" if e.status is Status.RESOLVED else e.severity.value
+    if e.status is Status.RESOLVED:
+        return f"step {e.step:>7}  {state:<8} {e.rule:<16} device {e.device}"
+    again = " (still firing)" if e.repeat else ""
+    return (f"step {e.step:>7}  {state:<8} {e.rule:<16} device {e.device}  value {e.value:.4g} "
+            f"threshold {e.threshold:.4g}{again}\n{'':>15}{e.message}")
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None  # JSON has no NaN / Inf; the message says what the value was
+
+
+def alert_json(e: Event) -> str:
+    """JSON mode: one alert as one line of strict JSON (non-finite numbers are null)."""
+    return json.dumps({
+        "step": e.step, "rule": e.rule, "severity": e.severity.value, "status": e.status.value,
+        "value": _finite(e.value), "threshold": _finite(e.threshold), "message": e.message, "device": e.device,
+        "phase": e.phase, "repeat": e.repeat, "metric": e.metric, "run_id": e.run_id,
+    }, allow_nan=False)
