@@ -195,15 +195,17 @@ _FROM_WIRE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 T = TypeVar("T")
 
 
-def _tag(obj: Any) -> Any:
+def tag_nonfinite(obj: Any) -> Any:
+    """Builtins (dicts, lists, scalars) with every NaN and Inf as the wire's strings ("NaN", "Infinity",
+    "-Infinity"): JSON any reader takes. The codec's own tagging, for the bot's API answers too."""
     if isinstance(obj, float):
         if obj != obj:
             return "NaN"
         return _TO_WIRE.get(obj, obj)
     if isinstance(obj, dict):
-        return {k: _tag(v) for k, v in obj.items()}
+        return {k: tag_nonfinite(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_tag(v) for v in obj]
+        return [tag_nonfinite(v) for v in obj]
     return obj
 
 
@@ -227,7 +229,7 @@ def encode(obj: Any) -> bytes:
     """JSON bytes for a wire Struct (or a list of them), non-finite floats as strings."""
     if _finite(obj):
         return msgspec.json.encode(obj)  # the common case: msgspec's own encoder, nothing to tag
-    return msgspec.json.encode(_tag(msgspec.to_builtins(obj)))
+    return msgspec.json.encode(tag_nonfinite(msgspec.to_builtins(obj)))
 
 
 def _takes_float(t: Any) -> bool:
