@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bot.commands.parse import (
-    DESTRUCTIVE,
-    SUMMARY,
-    USAGE,
+    COMMANDS,
     VERBS,
     CommandError,
     Parsed,
@@ -16,6 +14,7 @@ from bot.commands.parse import (
     parse,
     parse_duration,
 )
+from msmon.contract.actions import ACTIONS, VERB_ACTION
 
 P = Parsed
 VALID: list[tuple[str, Parsed]] = [
@@ -185,22 +184,30 @@ def test_format_duration() -> None:
 def test_tables_cover_every_verb() -> None:
     assert VERBS == ("status", "runs", "pause", "resume", "save-checkpoint", "loosen-threshold", "scale-lr", "stop",
                      "ack", "silence", "help")
-    assert set(USAGE) == set(SUMMARY) == set(VERBS)
-    assert all(USAGE[v].split()[0] == v for v in VERBS)
-    assert USAGE["loosen-threshold"] == "loosen-threshold <run> <rule> <value|xFACTOR> [for <duration>]"
+    assert all(COMMANDS[v].usage.split()[0] == v and COMMANDS[v].summary and COMMANDS[v].example for v in VERBS)
+    assert COMMANDS["loosen-threshold"].usage == "loosen-threshold <run> <rule> <value|xFACTOR> [for <duration>]"
+
+
+def test_every_chat_action_is_a_verb_that_queues_it() -> None:
+    """The job-action table (msmon/contract/actions.py) is where the job's verbs come from."""
+    chat = {a.verb: a.name for a in ACTIONS.values() if a.chat}
+    assert chat == VERB_ACTION
+    assert set(chat) == {v for v in VERBS if COMMANDS[v].destructive}
+    assert {"set-threshold", "restore-threshold"}.isdisjoint(VERBS)  # the job's own, not for chat
 
 
 @pytest.mark.parametrize("verb", VERBS)
 def test_destructive(verb: str) -> None:
     changes_job = verb in {"pause", "resume", "stop", "scale-lr", "loosen-threshold", "save-checkpoint"}
-    assert (verb in DESTRUCTIVE) == changes_job
+    assert COMMANDS[verb].destructive == changes_job
     assert P(verb).destructive == changes_job
 
 
 def test_help_lists_every_verb() -> None:
     lines = help_text().splitlines()
     for verb in VERBS:
-        assert any(line.startswith(USAGE[verb]) and SUMMARY[verb] in line for line in lines), verb
+        v = COMMANDS[verb]
+        assert any(line.startswith(v.usage) and v.summary in line for line in lines), verb
 
 
 def test_help_for_one_verb() -> None:

@@ -38,54 +38,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
-VERBS: tuple[str, ...] = ("status", "runs", "pause", "resume", "save-checkpoint", "loosen-threshold",
-                          "scale-lr", "stop", "ack", "silence", "help")
-DESTRUCTIVE: frozenset[str] = frozenset({"pause", "resume", "stop", "scale-lr", "loosen-threshold",
-                                         "save-checkpoint"})
-USAGE: dict[str, str] = {
-    "status": "status <run>",
-    "runs": "runs",
-    "pause": "pause <run>",
-    "resume": "resume <run>",
-    "save-checkpoint": "save-checkpoint <run>",
-    "loosen-threshold": "loosen-threshold <run> <rule> <value|xFACTOR> [for <duration>]",
-    "scale-lr": "scale-lr <run> <factor>",
-    "stop": "stop <run> [confirm]",
-    "ack": "ack <run>/<rule>[/<device>]",
-    "silence": "silence <run> [rule] <duration>",
-    "help": "help [command]",
-}
-SUMMARY: dict[str, str] = {
-    "status": "step, loss/lr/grad norm/throughput vs baseline, firing alerts, ETA and a chart",
-    "runs": "the runs the bot knows",
-    "pause": "pause training (resume continues it)",
-    "resume": "resume a paused run",
-    "save-checkpoint": "save a checkpoint now",
-    "loosen-threshold": "raise a rule's threshold to a level or by a factor (xFACTOR), optionally for a while",
-    "scale-lr": "multiply the learning rate by a factor in (0, 100]",
-    "stop": "checkpoint, then stop; asks for confirmation (`stop <run> confirm` confirms)",
-    "ack": "acknowledge a firing alert, on all devices or on one",
-    "silence": "mute a run's alerts (or one rule's) for a while",
-    "help": "all commands, or one command's usage with an example",
-}
-EXAMPLE: dict[str, str] = {
-    "status": "status run-42",
-    "runs": "runs",
-    "pause": "pause run-42",
-    "resume": "resume run-42",
-    "save-checkpoint": "save-checkpoint run-42",
-    "loosen-threshold": "loosen-threshold run-42 grad_norm x1.5 for 2h",
-    "scale-lr": "scale-lr run-42 0.5",
-    "stop": "stop run-42 confirm",
-    "ack": "ack run-42/loss_spike/npu3",
-    "silence": "silence run-42 loss_spike 30m",
-    "help": "help loosen-threshold",
-}
-ALIASES: dict[str, str] = {
-    "checkpoint": "save-checkpoint", "save": "save-checkpoint", "ckpt": "save-checkpoint",
-    "loosen": "loosen-threshold", "threshold": "loosen-threshold", "lr": "scale-lr",
-    "acknowledge": "ack", "mute": "silence", "list": "runs", "unpause": "resume", "continue": "resume",
-}
+from msmon.contract.actions import ACTIONS
 
 MAX_DURATION_S = 30 * 86400.0
 MAX_LR_FACTOR = 100.0
@@ -129,7 +82,7 @@ class Parsed:
 
     @property
     def destructive(self) -> bool:
-        return self.verb in DESTRUCTIVE
+        return COMMANDS[self.verb].destructive
 
     def text(self) -> str:
         """The canonical command text; `parse(p.text()) == p`."""
@@ -312,22 +265,55 @@ def _help(verb: str, args: Sequence[str]) -> Parsed:
     return Parsed(verb, topic=_resolve(args[0], verb) if args else None)
 
 
-_PARSERS: dict[str, Callable[[str, Sequence[str]], Parsed]] = {
-    "status": _run_only, "runs": _no_args, "pause": _run_only, "resume": _run_only,
-    "save-checkpoint": _run_only, "loosen-threshold": _loosen, "scale-lr": _scale_lr, "stop": _stop,
-    "ack": _ack, "silence": _silence, "help": _help,
-}
+Parser = Callable[[str, Sequence[str]], Parsed]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verb:
+    """One chat command: its help texts and aliases, whether it changes the job, and how its arguments parse."""
+
+    name: str
+    usage: str
+    summary: str
+    example: str
+    parser: Parser
+    aliases: tuple[str, ...] = ()
+    destructive: bool = False
+
+
+# The bot's own verbs, answered from the bot's state; the job's verbs come from the job-action table.
+_BOT_VERBS = (
+    Verb("status", "status <run>", "step, loss/lr/grad norm/throughput vs baseline, firing alerts, ETA and a chart",
+         "status run-42", _run_only),
+    Verb("runs", "runs", "the runs the bot knows", "runs", _no_args, aliases=("list",)),
+    Verb("ack", "ack <run>/<rule>[/<device>]", "acknowledge a firing alert, on all devices or on one",
+         "ack run-42/loss_spike/npu3", _ack, aliases=("acknowledge",)),
+    Verb("silence", "silence <run> [rule] <duration>", "mute a run's alerts (or one rule's) for a while",
+         "silence run-42 loss_spike 30m", _silence, aliases=("mute",)),
+    Verb("help", "help [command]", "all commands, or one command's usage with an example", "help loosen-threshold",
+         _help),
+)
+_JOB_PARSERS: dict[str, Parser] = {"pause": _run_only, "resume": _run_only, "save-checkpoint": _run_only,
+                                   "loosen-threshold": _loosen, "scale-lr": _scale_lr, "stop": _stop}
+_JOB_VERBS = tuple(Verb(a.verb, a.usage, a.summary, a.example, _JOB_PARSERS[a.verb], a.aliases, a.destructive)
+                   for a in ACTIONS.values() if a.chat)
+
+# Every verb, in the order `help` lists them: looking at a run, changing the job, the alerts, help.
+COMMANDS: dict[str, Verb] = {v.name: v for v in (*_BOT_VERBS[:2], *_JOB_VERBS, *_BOT_VERBS[2:])}
+VERBS: tuple[str, ...] = tuple(COMMANDS)
+_ALIASES: dict[str, str] = {alias: v.name for v in COMMANDS.values() for alias in v.aliases}
 
 
 # --- entry points -------------------------------------------------------------------------------------------------
 
 def _usage_hint(verb: str) -> str:
-    return f"Usage: {USAGE[verb]} (e.g. {EXAMPLE[verb]})"
+    v = COMMANDS[verb]
+    return f"Usage: {v.usage} (e.g. {v.example})"
 
 
 def _canonical(word: str) -> str | None:
     w = word.lower().replace("_", "-")
-    return w if w in USAGE else ALIASES.get(w)
+    return w if w in COMMANDS else _ALIASES.get(w)
 
 
 def _resolve(word: str, context: str | None = None) -> str:
@@ -335,7 +321,7 @@ def _resolve(word: str, context: str | None = None) -> str:
     verb = _canonical(word)
     if verb is not None:
         return verb
-    close = difflib.get_close_matches(word.lower().replace("_", "-"), [*VERBS, *ALIASES], n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word.lower().replace("_", "-"), [*VERBS, *_ALIASES], n=1, cutoff=0.6)
     if close:
         guess = _canonical(close[0]) or close[0]
         raise CommandError(f"unknown command '{word}'; did you mean `{guess}`? {_usage_hint(guess)}", context)
@@ -358,7 +344,7 @@ def parse(text: str) -> Parsed:
         return Parsed("help")
     verb = _resolve(tokens[0])
     try:
-        return _PARSERS[verb](verb, tokens[1:])
+        return COMMANDS[verb].parser(verb, tokens[1:])
     except CommandError as exc:
         if exc.verb is not None:
             raise
@@ -368,12 +354,12 @@ def parse(text: str) -> Parsed:
 def help_text(verb: str | None = None) -> str:
     """All commands (usage and summary), or one command's usage, summary, example and aliases."""
     if verb is None:
-        width = max(map(len, USAGE.values()))
-        lines = [f"{USAGE[v]:<{width}}  {SUMMARY[v]}" for v in VERBS]
+        width = max(len(v.usage) for v in COMMANDS.values())
+        lines = [f"{v.usage:<{width}}  {v.summary}" for v in COMMANDS.values()]
         return "\n".join([*lines, f"Durations: {_DURATION_FORMS} (at most 30d). `help <command>` for more."])
-    v = _resolve(verb, "help")
-    aliases = sorted(a for a, target in ALIASES.items() if target == v)
-    lines = [USAGE[v], f"  {SUMMARY[v]}", f"  e.g. {EXAMPLE[v]}"]
+    v = COMMANDS[_resolve(verb, "help")]
+    aliases = sorted(v.aliases)
+    lines = [v.usage, f"  {v.summary}", f"  e.g. {v.example}"]
     if aliases:
         lines.append(f"  aliases: {', '.join(aliases)}")
     return "\n".join(lines)

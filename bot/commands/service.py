@@ -15,6 +15,7 @@ import logging
 import math
 from typing import Any
 
+from msmon.contract.actions import VERB_ACTION
 from msmon.contract.wire import Event, Severity, Status, Window
 from msmon.core.trend import summarize
 
@@ -26,9 +27,6 @@ from .origin import Origin
 from .parse import CommandError, Parsed, format_duration, help_text, parse
 
 log = logging.getLogger("msmon.bot")
-
-ACTION = {"pause": "pause", "resume": "resume", "save-checkpoint": "save_checkpoint", "scale-lr": "scale_lr",
-          "loosen-threshold": "loosen_threshold", "stop": "stop"}
 
 
 @dataclasses.dataclass
@@ -109,7 +107,7 @@ class CommandService:
         with self.store.tx():
             return self.store.commands.add(
                 created_at=now, user=origin.user, source=origin.source, project=project, run_id=run_id, text=text,
-                verb=verb, action=ACTION.get(verb), params={}, apply_step=None, status=status, detail=detail,
+                verb=verb, action=VERB_ACTION.get(verb), params={}, apply_step=None, status=status, detail=detail,
                 origin=dataclasses.asdict(origin), expires_at=None)
 
     def _unknown_run(self, run_id: str) -> str:
@@ -120,7 +118,7 @@ class CommandService:
         return f"No run `{run_id}` has reported to this bot.{hint} Known runs: {listed}. (`runs` lists them.)"
 
     def _queue(self, p: Parsed, run: dict[str, Any], origin: Origin, now: float) -> Answer:
-        action = ACTION[p.verb]
+        action = VERB_ACTION[p.verb]
         params: dict[str, Any] = {}
         if p.verb == "scale-lr":
             params["factor"] = p.factor
