@@ -417,7 +417,7 @@ class Monitor:
             status=v.status, value=value, threshold=threshold, message=message, hint="" if resolved else r.hint,
             metric=r.metric, baseline=baseline, phase=phase, repeat=v.repeat,
             actions=[] if resolved or v.repeat else self._actions_for(r.name, v.severity),
-            window=_window(d.recent),
+            window=Window.of(d.recent),
         )
         _log_event(ev)
         if self.transport is not None:
@@ -545,16 +545,6 @@ class Monitor:
 def _off(s: Sample, p: RuleParams) -> Finding | None:
     """The update of a rule taken out after a crash."""
     return None
-
-
-def _window(recent: deque[Sample]) -> Window:
-    return Window(
-        steps=[s.step for s in recent],
-        loss=[s.loss for s in recent],
-        learning_rate=[s.learning_rate for s in recent],
-        grad_norm=[s.grad_norm for s in recent],
-        tokens_per_s=[s.tokens_per_s for s in recent],
-    )
 
 
 def _action_dict(a: ActionConfig) -> dict[str, object]:

@@ -108,7 +108,7 @@ class CommandService:
             return self.store.commands.add(
                 created_at=now, user=origin.user, source=origin.source, project=project, run_id=run_id, text=text,
                 verb=verb, action=VERB_ACTION.get(verb), params={}, apply_step=None, status=status, detail=detail,
-                origin=dataclasses.asdict(origin), expires_at=None)
+                origin=origin.to_stored(), expires_at=None)
 
     def _unknown_run(self, run_id: str) -> str:
         known = [r["run_id"] for r in self.store.runs()]
@@ -133,7 +133,7 @@ class CommandService:
             cmd = self.store.commands.add(
                 created_at=now, user=origin.user, source=origin.source, project=run["project"], run_id=run["run_id"],
                 text=p.text(), verb=p.verb, action=action, params=params, apply_step=apply_step, status="pending",
-                detail="", origin=dataclasses.asdict(origin), expires_at=now + self.cfg.commands.expire_after)
+                detail="", origin=origin.to_stored(), expires_at=now + self.cfg.commands.expire_after)
         self.state.open_runs.add(run["run_id"])
         self.state.waiters.wake(run["run_id"])
         log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
@@ -189,7 +189,7 @@ class CommandService:
                  f"{', '.join(run['devices'])}"]
         hist = self._history(run)
         if hist:
-            window = _window(hist)
+            window = Window.of(hist)
             for name, values in (("loss", window.loss), ("lr", window.learning_rate),
                                  ("grad norm", window.grad_norm), ("tokens/s", window.tokens_per_s)):
                 now = next((v for v in reversed(values) if v is not None), None)
@@ -248,16 +248,10 @@ class CommandService:
         return Answer(msg)
 
 
-def _window(hist: list[Any]) -> Window:
-    return Window(steps=[s.step for s in hist], loss=[s.loss for s in hist],
-                  learning_rate=[s.learning_rate for s in hist], grad_norm=[s.grad_norm for s in hist],
-                  tokens_per_s=[s.tokens_per_s for s in hist])
-
-
 def _status_event(run: dict[str, Any], hist: list[Any]) -> Event:
     """The run's recent window dressed as an event, so the alert chart draws it."""
     last = hist[-1]
     return Event(run_id=run["run_id"], device=last.device, step=last.step, time=last.time, rule="status",
                  severity=Severity.WARNING, status=Status.RESOLVED, value=math.nan, threshold=math.nan,
-                 message=f"status of run {run['run_id']} at step {last.step}", window=_window(hist))
+                 message=f"status of run {run['run_id']} at step {last.step}", window=Window.of(hist))
 

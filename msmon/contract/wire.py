@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -77,6 +78,14 @@ class Window(msgspec.Struct, kw_only=True):
     learning_rate: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)]
     grad_norm: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)]
     tokens_per_s: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)]
+
+    @classmethod
+    def of(cls, samples: Iterable[Sample]) -> Window:
+        """The window of these samples, oldest first: an event's chart (the job) or a run's status (the bot)."""
+        recent = list(samples)
+        return cls(steps=[s.step for s in recent], loss=[s.loss for s in recent],
+                   learning_rate=[s.learning_rate for s in recent], grad_norm=[s.grad_norm for s in recent],
+                   tokens_per_s=[s.tokens_per_s for s in recent])
 
 
 class Event(msgspec.Struct, kw_only=True):
