@@ -1,1 +1,2 @@
-"""The sans-I/O core: detectors, the alert gate, trend fits. Imports no YAML, clock, thread or file."""
+"""The sans-I/O core: detectors, the alert gate, trend fits and the field specs the detectors declare their
+parameters with. Imports no YAML, clock, thread or file: only `msmon.contract` and the pure stdlib."""

@@ -1,1 +1,1 @@
-"""Offline tools: readers, replay, calibrate, backtest, plot. Only the CLI imports these."""
+"""Offline tools: readers, replay, calibrate, backtest, plot. Only the CLI and the demo import these."""
