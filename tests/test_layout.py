@@ -103,6 +103,13 @@ def test_the_whole_job_runtime_loads_nothing_of_the_bot() -> None:
     assert sorted(tops(loaded_by(*modules)) & BOT_DEPENDENCIES) == []
 
 
+def test_a_custom_loop_gets_the_runtime_without_mindspore() -> None:
+    """Every notifier module but the MindSpore edge (the Monitor, job control, transport) loads no MindSpore."""
+    modules = [m for m in every_module("notifier") if not m.startswith("notifier.mindspore")]
+    assert {"notifier.monitor", "notifier.control"} <= set(modules)
+    assert "mindspore" not in tops(loaded_by(*modules))
+
+
 def test_the_bot_loads_no_mindspore() -> None:
     pytest.importorskip("aiohttp")
     assert "mindspore" not in tops(loaded_by(*every_module("bot")))
