@@ -18,7 +18,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
-from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode
+from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
 
 from .commands import jobs
 from .commands.origin import Origin
@@ -45,6 +45,7 @@ OUTBOX = web.AppKey("outbox", Outbox)
 CONFIG = web.AppKey("config", BotConfig)
 TOKENS = web.AppKey("tokens", list)
 COMMANDS = web.AppKey("commands", CommandService)
+STATE = web.AppKey("state", BotState)  # the one state the ingest and the command side share
 REFUSED = web.AppKey("refused", Counter)  # cross-project requests refused, by route
 PROJECT = web.RequestKey("project", str)
 OPERATOR = web.RequestKey("operator", str)  # the operator's name; "" for a job's token
@@ -199,21 +200,8 @@ def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> 
         view["latest"] = {dev: msgspec.to_builtins(s) for dev, s in disp.windows.latest(r["run_id"]).items()}
         view["alerts"] = store.alerts(r["run_id"])
         view["actions"] = [msgspec.to_builtins(a) for a in disp.windows.actions.get(r["run_id"], [])]
-    finite: dict[str, Any] = _finite(view)
+    finite: dict[str, Any] = tag_nonfinite(view)
     return finite
-
-
-def _finite(obj: Any) -> Any:
-    """JSON for humans and tools: non-finite floats as the wire's strings."""
-    if isinstance(obj, float) and obj != obj:
-        return "NaN"
-    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
-        return "Infinity" if obj > 0 else "-Infinity"
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 async def run_detail(request: web.Request) -> web.Response:
@@ -232,13 +220,8 @@ async def poll_commands(request: web.Request) -> web.Response:
     _job_only(request)
     poll: Poll = await _body(request, Poll)
     _own(request, poll.run_id)
-    svc = request.app[COMMANDS]
     wait = min(max(poll.wait, 0.0), request.app[CONFIG].commands.long_poll)
-    cmds, cursor = jobs.poll(svc.state, poll.run_id, poll.device, poll.after)
-    if not cmds and wait > 0:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(svc.state.waiters.event(poll.run_id).wait(), wait)
-        cmds, cursor = jobs.poll(svc.state, poll.run_id, poll.device, poll.after)
+    cmds, cursor = await jobs.long_poll(request.app[STATE], poll.run_id, poll.device, poll.after, wait)
     return web.Response(body=encode(PollAnswer(commands=cmds, cursor=cursor)), content_type="application/json")
 
 
@@ -251,11 +234,11 @@ async def post_command(request: web.Request) -> web.Response:
     user = _operator_only(request)
     body: _CommandText = await _body(request, _CommandText)
     svc = request.app[COMMANDS]
-    answer = svc.submit(body.text, Origin(source="cli", user=user, receiver="console", channel="commands"))
+    answer = svc.submit(body.text, Origin(source="cli", user=user))  # reported on the console
     out = answer.to_json()
     if answer.chart is not None:
         out["chart"] = await _save_chart(request.app, answer)
-    return web.json_response(_finite(out), status=answer.status)
+    return web.json_response(tag_nonfinite(out), status=answer.status)
 
 
 async def _save_chart(app: web.Application, answer: Answer) -> str | None:
@@ -280,7 +263,7 @@ async def get_command(request: web.Request) -> web.Response:
     cmd = request.app[STORE].commands.get(request.match_info["command_id"])
     if cmd is None:
         return _error(404, f"no command {request.match_info['command_id']!r}")
-    return web.json_response(_finite(view(cmd)))
+    return web.json_response(tag_nonfinite(view(cmd)))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -353,7 +336,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app[REFUSED] = Counter("msmon_cross_project_refused_total", "job requests refused for another project's run, "
                            "by route", ["route"], registry=m.registry)
     svc = CommandService(state)
-    app[COMMANDS] = svc
+    app[COMMANDS], app[STATE] = svc, state
     app.router.add_post("/v1/ingest", ingest)
     app.router.add_post("/v1/heartbeat", heartbeat)
     app.router.add_get("/v1/runs", runs)

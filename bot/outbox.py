@@ -30,7 +30,7 @@ from .delivery import Deferred, Failed, FailureKind, OutboxRow, Outcome, Plan, P
 from .metrics import BotMetrics
 from .pipeline.group import firing_key
 from .pipeline.ratelimit import RateLimiter
-from .receivers import DeliveryError, Message, Note, Receiver
+from .receivers import DeliveryError, Message, Note, Receiver, decode_note
 from .store import Store
 
 log = logging.getLogger("msmon.bot")
@@ -195,7 +195,7 @@ class Outbox:
         for r in rows:
             try:
                 if r.kind == "note":
-                    attempt.notes.append(decode(r.payload, Note))
+                    attempt.notes.append(decode_note(r.payload, r.channel))
                 else:
                     attempt.payloads.append(decode(r.payload, Payload))
             except (msgspec.DecodeError, ValueError, TypeError) as exc:
@@ -253,7 +253,7 @@ class Outbox:
         kind = t.head.kind
         if kind == "note":
             for note in t.notes:
-                await t.receiver.note(t.head.channel, note)
+                await t.receiver.note(note)
         elif kind == "alert":
             await self._alert(t)
         elif kind == "repeat":

@@ -6,12 +6,15 @@ answer within 3 s: the command service answers from memory and SQLite in millise
 slower (a status chart, the job's result) goes out later through the durable outbox, by
 `response_url` or in the alert's thread. Socket Mode (bot/socket_mode.py) feeds the same `command`
 and `interaction` methods.
+
+This is where a Slack request becomes an `Origin` for the command service: who (the user's ID and
+name) and the `ReplyTo` that the Slack receiver answers through (the channel, the alert's thread, the
+response_url). Nothing past here reads Slack's fields.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -29,6 +32,7 @@ from .commands import jobs
 from .commands.origin import Origin
 from .commands.service import Answer, CommandService
 from .config import BotConfig
+from .receivers import ReplyTo
 from .receivers.render import escape_slack
 
 log = logging.getLogger("msmon.bot")
@@ -143,9 +147,9 @@ class SlackInbound:
 
     async def command(self, form: dict[str, str]) -> dict[str, Any]:
         """A slash command; returns the immediate answer."""
-        origin = Origin(source="slack", user=form.get("user_id", ""),
-                        user_name=form.get("user_name", ""), receiver="slack", channel=form.get("channel_id"),
-                        response_url=form.get("response_url"))
+        reply_to = ReplyTo(channel=form.get("channel_id", ""), url=form.get("response_url", ""))
+        origin = Origin(source="slack", user=form.get("user_id", ""), user_name=form.get("user_name", ""),
+                        receiver="slack", reply_to=reply_to)
         answer = self.svc.submit(form.get("text", ""), origin)
         self._chart_later(answer, origin)
         return _message(answer)
@@ -160,18 +164,19 @@ class SlackInbound:
             click.container.channel_id if click.container else None)
         thread = (click.message.thread_ts or click.message.ts) if click.message else None
         origin = Origin(source="slack-button", user=click.user.id, user_name=click.user.username or click.user.name,
-                        receiver="slack", channel=channel, thread_ts=thread)
+                        receiver="slack", reply_to=ReplyTo(channel=channel or "", thread=thread or ""))
         answer = self.svc.submit(click.actions[0].value, origin)
-        if answer.private and click.response_url:
-            jobs.note(self.svc.state, dataclasses.replace(origin, response_url=click.response_url), answer.text,
-                      private=True)
+        if answer.private and click.response_url:  # only the clicker sees it
+            jobs.note(self.svc.state, _answer_url(origin, click.response_url), answer.text, private=True)
         else:
             jobs.note(self.svc.state, origin, f"{origin.who}: {answer.text}")
         self._chart_later(answer, origin)
         return None
 
     def _chart_later(self, answer: Answer, origin: Origin) -> None:
-        if answer.chart is None or not self.charts or not origin.channel:
+        """A status answer's chart, drawn off the event loop, then posted in the channel (a response_url
+        takes no file)."""
+        if answer.chart is None or not self.charts or not origin.reply_to.channel:
             return
         from .chart import render_chart_off_loop
 
@@ -184,8 +189,8 @@ class SlackInbound:
                 log.warning("msmon bot: the status chart of run %s at step %s could not be drawn (%s: %s); the "
                             "status answer went out without it", event.run_id, event.step, type(exc).__name__, exc)
                 return
-            jobs.note(self.svc.state, dataclasses.replace(origin, response_url=None),
-                          f"chart of run {event.run_id} at step {event.step:,}", chart=png)
+            jobs.note(self.svc.state, _answer_url(origin, ""), f"chart of run {event.run_id} at step {event.step:,}",
+                      chart=png)
 
         task = asyncio.ensure_future(draw())
         self.tasks.add(task)
@@ -241,6 +246,11 @@ class SlackInbound:
         except BadRequest as exc:
             raise web.HTTPBadRequest(reason=str(exc)) from None
         return web.json_response(answer) if answer else web.Response(status=200)
+
+
+def _answer_url(origin: Origin, url: str) -> Origin:
+    """The same origin answered through response_url `url` ("": in its channel, or the alert's thread)."""
+    return msgspec.structs.replace(origin, reply_to=msgspec.structs.replace(origin.reply_to, url=url))
 
 
 def _message(answer: Answer) -> dict[str, Any]:

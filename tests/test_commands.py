@@ -4,6 +4,7 @@ with the real wire schema; tests/test_chatops_e2e.py runs the same path with rea
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -373,3 +374,70 @@ def test_a_status_answer_shows_job_data_as_text_never_as_mentions_or_links(bot):
     assert code == 200
     assert "&lt;!channel&gt;" in body["text"] and "&lt;@U0BOSS&gt;" in body["text"]
     assert "<!" not in body["text"] and "<@" not in body["text"] and "<http" not in body["text"]
+
+
+# -- rows stored before reply_to (an upgrade) ---------------------------------------------------------
+
+
+def _old_note(text, thread_ts=None, response_url=None, private=False) -> str:
+    """A note as the outbox stored it before ReplyTo: Slack's fields in the note, the channel in the row."""
+    return json.dumps({"text": text, "thread_ts": thread_ts, "response_url": response_url, "command_id": None,
+                       "chart": None, "private": private})
+
+
+def test_rows_stored_before_reply_to_are_still_delivered_where_they_belong(tmp_path, slack, env, capsys):
+    """A bot upgraded with a command still open (its origin: Slack's channel and thread_ts beside the rest)
+    and notes still in its outbox (the channel in the row, thread_ts / response_url in the note, and
+    "commands" where there was no channel): each answer goes where it would have gone before."""
+    from bot.store import Store
+
+    cfg = config(tmp_path, slack)
+    now = time.time()
+    store = Store(cfg["bot"]["state_path"])
+    with store.tx():
+        store.commands.add(
+            created_at=now, user="U0ALICE", source="slack-button", project="llm", run_id="run-42", text="pause run-42",
+            verb="pause", action="pause", params={}, apply_step=1, status="pending", detail="", expires_at=now + 600,
+            origin={"source": "slack-button", "user": "U0ALICE", "user_name": "alice", "receiver": "slack",
+                    "channel": "C0ALERTS", "thread_ts": "1700000000.000100", "response_url": None})
+        store.enqueue_many([(now, receiver, channel, "note", f"note|old|{i}", "run-42", payload, now) for i, (
+            receiver, channel, payload) in enumerate([
+                ("slack", "C0ALERTS", _old_note("old note in the thread", thread_ts="1700000000.000200")),
+                ("slack", "C0CHAT", _old_note("old note by url", response_url=slack.response_url("old"),
+                                              private=True)),
+                ("slack", "commands", _old_note("old note with nowhere to go")),
+                ("console", "commands", _old_note("old note for the console"))])])
+    store.close()
+    b = BotServer(cfg)
+    try:
+        assert slack.wait_for(lambda s: len(s.responses("old")) == 1 and any(
+            m["text"] == "old note in the thread" for m in s.messages()), timeout=10)
+        (threaded,) = [m for m in slack.messages() if m["text"] == "old note in the thread"]
+        assert (threaded["channel"], threaded["thread_ts"]) == ("C0ALERTS", "1700000000.000200")
+        assert slack.responses("old")[0]["response_type"] == "ephemeral"
+        assert wait_for(lambda: all(r["delivered_at"] is not None for r in b.store.db.execute(
+            "SELECT delivered_at FROM outbox WHERE kind='note'")))
+        assert "[msmon] old note for the console" in capsys.readouterr().out
+        assert not any("nowhere" in m["text"] for m in slack.messages())  # as before: nothing posted
+        report(b)
+        (cmd,) = poll(b).commands
+        assert (cmd.id, cmd.issued_by) == ("c1", "alice")
+        answer(b, cmd, detail="paused at step 101; waiting for resume")
+        assert slack.wait_for(lambda s: any("device 0 OK" in m["text"] for m in s.messages()), timeout=10)
+        (done,) = [m for m in slack.messages() if "device 0 OK" in m["text"]]
+        assert (done["channel"], done["thread_ts"]) == ("C0ALERTS", "1700000000.000100")
+        assert "c1 `pause run-42` (from @alice)" in done["text"]
+    finally:
+        b.stop()
+
+
+def test_an_origin_is_stored_and_read_back_whole():
+    from bot.commands.origin import Origin
+    from bot.receivers import ReplyTo
+
+    slack_origin = Origin(source="slack", user="U0ALICE", user_name="alice", receiver="slack",
+                          reply_to=ReplyTo(channel="C0CHAT", url="https://hooks.slack.com/commands/x"))
+    cli_origin = Origin(source="cli", user="cli:carol")
+    for origin in (slack_origin, cli_origin):
+        assert Origin.from_stored(json.loads(json.dumps(origin.to_stored()))) == origin
+    assert cli_origin.to_stored()["reply_to"] == {}  # the console needs no address

@@ -1,15 +1,19 @@
 """The job's side of commands: what the jobs' polls and posts get, what their answers do, and the
 reports that go back to where a command came from. Functions of the shared `BotState`: the ingest path
-(bot/dispatch.py) and the HTTP poll route call them; so does the command service.
+(bot/dispatch.py) and the HTTP poll route call them; so do the chat edges (bot/slack_inbound.py).
 
     job's ActionResult (command_id) -> record per device -> report where the command came from
     expiry loop -> a command no job took is closed and the user told
 
-Reports travel through the durable outbox (kind "note"), so a chat outage delays them and loses nothing.
+Reports travel through the durable outbox (kind "note"), so a chat outage delays them and loses nothing;
+each goes to its command's `Origin`: the receiver named there, with the `ReplyTo` the chat edge made,
+carried unread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from msmon.contract.wire import ActionResult, Command, encode
@@ -32,6 +36,18 @@ def poll(state: BotState, run_id: str, device: str, after: int) -> tuple[list[Co
         cmds.append(_wire(c))
     return cmds, cursor
 
+
+async def long_poll(state: BotState, run_id: str, device: str, after: int, wait: float) -> tuple[list[Command], int]:
+    """`poll`, and when nothing is there, again once a command for the run is queued or `wait` seconds
+    have passed (a job's long poll)."""
+    cmds, cursor = poll(state, run_id, device, after)
+    if not cmds and wait > 0:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(state.waiters.event(run_id).wait(), wait)
+        cmds, cursor = poll(state, run_id, device, after)
+    return cmds, cursor
+
+
 def pending_for(state: BotState, run_id: str, device: str) -> list[Command]:
     """For the answer to a job's event post: every open command the device has not answered."""
     if run_id not in state.open_runs:
@@ -41,10 +57,12 @@ def pending_for(state: BotState, run_id: str, device: str) -> list[Command]:
         return []
     return poll(state, run_id, device, 0)[0]
 
+
 def _wire(c: dict[str, Any]) -> Command:
     return Command(id=c["id"], run_id=c["run_id"], action=c["action"], params=c["params"],
-                   apply_step=c["apply_step"], issued_by=c["origin"].get("user_name") or c["user"],
+                   apply_step=c["apply_step"], issued_by=Origin.from_stored(c["origin"]).user_name or c["user"],
                    issued_at=c["created_at"], expires_at=c["expires_at"])
+
 
 def record_results(state: BotState, actions: list[ActionResult]) -> int:
     """Record the jobs' answers to commands (inside the ingest transaction); reports queued."""
@@ -73,8 +91,10 @@ def record_results(state: BotState, actions: list[ActionResult]) -> int:
         state.store.commands.update(c["id"], now, results=results, status=status,
                                    detail=_summary(results) if done else c["detail"])
         if done or not a.ok:
-            queued += _note(state, c, _report(c, results, done))
+            _note(state, c, _report(c, results, done))
+            queued += 1
     return queued
+
 
 def expire(state: BotState) -> int:
     """Close the commands no job answered in time, and tell whoever sent them."""
@@ -100,20 +120,20 @@ def expire(state: BotState) -> int:
         state.wake_outbox()
     return n
 
-def _note(state: BotState, c: dict[str, Any], text: str) -> int:
+
+def _note(state: BotState, c: dict[str, Any], text: str) -> None:
     """Queue a report for where command `c` came from."""
-    o = c["origin"]
-    note(state, Origin(**o), text, c["run_id"], c["id"])
-    return 1
+    note(state, Origin.from_stored(c["origin"]), text, c["run_id"], c["id"])
+
 
 def note(state: BotState, origin: Origin, text: str, run_id: str | None = None, command_id: str | None = None,
          chart: bytes | None = None, private: bool = False) -> None:
-    """Queue a report in chat for `origin` (through the durable outbox)."""
-    note = Note(text=text, thread_ts=origin.thread_ts, response_url=origin.response_url, command_id=command_id,
-                chart=chart, private=private)
+    """Queue a report in chat for `origin` (through the durable outbox): to its receiver, the row's
+    channel that of its ReplyTo (so the report shares that conversation's rate limit and pacing)."""
+    note = Note(text=text, reply_to=origin.reply_to, command_id=command_id, chart=chart, private=private)
     now = state.clock()
-    state.store.enqueue_many([(now, origin.receiver, origin.channel or "commands", "note",
-                              f"note|{command_id}|{now!r}", run_id, encode(note).decode(), now)])
+    state.store.enqueue_many([(now, origin.receiver, origin.reply_to.channel, "note", f"note|{command_id}|{now!r}",
+                              run_id, encode(note).decode(), now)])
     state.wake_outbox()
 
 
@@ -125,8 +145,7 @@ def _summary(results: dict[str, dict[str, Any]]) -> str:
 
 
 def _report(c: dict[str, Any], results: dict[str, dict[str, Any]], done: bool) -> str:
-    name = c["origin"].get("user_name")
-    head = f"{c['id']} `{c['text']}` (from {'@' + name if name else c['user']})"
+    head = f"{c['id']} `{c['text']}` (from {Origin.from_stored(c['origin']).who})"
     if not done:
         return f"{head}: a rank failed: {_summary(results)}"
     return f"{head}: {_summary(results)}"

@@ -1,22 +1,39 @@
-"""Where a command came from, and so where its answers go."""
+"""Where a command came from, and so where its answers go: who sent it, through which receiver, and
+that receiver's own address for the answers (`ReplyTo`, which nothing here reads)."""
 
 from __future__ import annotations
 
-import dataclasses
+from typing import Any
+
+import msgspec
+
+from ..receivers import ReplyTo
 
 
-@dataclasses.dataclass
-class Origin:
-    """Where a command came from, and so where its answers go."""
+class Origin(msgspec.Struct, frozen=True, kw_only=True):
+    """Who sent a command and where its answers go; stored with the command (its `origin` JSON)."""
 
-    source: str  # "slack" (slash command, HTTP or Socket Mode), "slack-button", "cli"
-    user: str  # Slack user ID or operator name: what permissions name
+    source: str  # how it came in: "slack" (slash command, HTTP or Socket Mode), "slack-button", "cli"
+    user: str  # the chat system's user ID or the operator's name: what permissions name
     user_name: str = ""
-    receiver: str = "console"  # "slack" or "console": where reports go
-    channel: str | None = None  # Slack channel the command was typed in / of the alert message
-    thread_ts: str | None = None  # the alert message a button sat on
-    response_url: str | None = None
+    receiver: str = "console"  # the receiver that reports go through
+    reply_to: ReplyTo = ReplyTo()  # that receiver's address for them (empty: its default)
 
     @property
     def who(self) -> str:
         return f"@{self.user_name}" if self.user_name else self.user
+
+    def to_stored(self) -> dict[str, Any]:
+        """The JSON object store.commands keeps."""
+        stored: dict[str, Any] = msgspec.to_builtins(self)
+        return stored
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any]) -> Origin:
+        """A stored command's origin. One stored before ReplyTo carries Slack's channel, thread_ts and
+        response_url beside the rest: read into its ReplyTo."""
+        origin = msgspec.convert(stored, cls)
+        if "reply_to" in stored:
+            return origin
+        return msgspec.structs.replace(origin, reply_to=ReplyTo.before(
+            stored.get("channel"), stored.get("thread_ts"), stored.get("response_url")))

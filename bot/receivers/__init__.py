@@ -4,6 +4,9 @@ A new alert is two steps: `post` (the text; its reference is stored at once) and
 in its thread), so that a failed attachment is retried without posting the text again. The chart is
 drawn by the outbox before `post`; when it cannot be drawn, `chart_problem` says why and the text
 says so. Job data is escaped by each receiver for its markup (see render.py).
+
+Answers to a command (`Note`) go where the command came from: its `ReplyTo`, made by the chat edge
+the command came in through and read only by the receiver of that name.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Protocol
 
 import msgspec
 
-from msmon.contract.wire import Event, Severity, Status
+from msmon.contract.wire import Event, Severity, Status, decode
 
 
 class DeliveryError(Exception):
@@ -48,15 +51,54 @@ class Message:
         return self.events[0]
 
 
+class ReplyTo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Where a receiver answers a command, in that receiver's terms: made by the chat edge the command
+    came in through (bot/slack_inbound.py for Slack), read by the receiver of the same name. The
+    command service, bot/commands/jobs.py and the outbox carry it unread, but for `channel`: an outbox
+    row's channel, as a route's is for alerts (the lane rate limits and Retry-After pace). All empty:
+    the receiver's default (the console prints; Slack has nowhere to post)."""
+
+    channel: str = ""  # the conversation (Slack: the channel the command was typed in, or of the alert)
+    thread: str = ""  # a message to answer under (Slack: the alert's ts)
+    url: str = ""  # a one-off address for the answer (Slack: the response_url of a slash command or button)
+
+    @classmethod
+    def before(cls, channel: str | None, thread_ts: str | None, response_url: str | None) -> ReplyTo:
+        """The address of a row stored before ReplyTo (a command's origin, an undelivered note): Slack's
+        fields, and "commands" where there was no channel."""
+        return cls(channel="" if channel in (None, _NO_CHANNEL_BEFORE) else channel, thread=thread_ts or "",
+                   url=response_url or "")
+
+
+_NO_CHANNEL_BEFORE = "commands"  # what rows stored before ReplyTo name the absence of a channel with
+
+
 class Note(msgspec.Struct):
     """A report in chat that is not an alert: a command's result, a status with its chart."""
 
     text: str
-    thread_ts: str | None = None  # answer in this message's thread
-    response_url: str | None = None  # Slack: answer the slash command or button through it
+    reply_to: ReplyTo = ReplyTo()  # where it goes
     command_id: str | None = None
     chart: bytes | None = None  # a PNG to attach
-    private: bool = False  # only the asker sees it (Slack: an ephemeral answer through response_url)
+    private: bool = False  # only the asker sees it (Slack: an ephemeral answer through its url)
+
+
+class _NoteBefore(msgspec.Struct):
+    """The parts of a stored note that tell its shape: `reply_to` now, Slack's fields before."""
+
+    reply_to: ReplyTo | None = None
+    thread_ts: str | None = None
+    response_url: str | None = None
+
+
+def decode_note(raw: bytes | str, channel: str) -> Note:
+    """A note as an outbox row stores it; `channel` is the row's. A row queued before ReplyTo (its
+    channel in the row, its thread and response_url in the note) is read into the new shape."""
+    note = decode(raw, Note)
+    stored = msgspec.json.decode(raw, type=_NoteBefore)
+    if stored.reply_to is None:
+        note.reply_to = ReplyTo.before(channel, stored.thread_ts, stored.response_url)
+    return note
 
 
 class Receiver(Protocol):
@@ -79,6 +121,6 @@ class Receiver(Protocol):
         """Answer in the thread of `ref` (a reminder, a resolution, a WARNING under its run's alert)."""
         ...
 
-    async def note(self, channel: str, note: Note) -> None:
-        """A report in chat (a command's result, a status)."""
+    async def note(self, note: Note) -> None:
+        """A report in chat (a command's result, a status), to `note.reply_to`."""
         ...

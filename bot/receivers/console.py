@@ -76,7 +76,8 @@ class ConsoleReceiver:
     async def reply(self, channel: str, ref: str, msg: Message) -> None:
         self._write(f"(in reply to {ref}) ", text(msg, escape_console).split("\n"))
 
-    async def note(self, channel: str, note: Note) -> None:
+    async def note(self, note: Note) -> None:
+        """Printed, whatever its reply address: the console has one place to write to."""
         lines = _lines(note.text)
         if note.chart is not None and self.charts_dir is not None:
             lines.append("chart: " + escape_console(self._save(f"status-{note.command_id or next(self._ids)}",

@@ -140,12 +140,17 @@ class SlackReceiver:
         await self._call("chat.update", self.client.chat_update(channel=channel, ts=ref, text=text(msg, escape_slack),
                                                                  blocks=blocks(msg)))
 
-    async def note(self, channel: str, note: Note) -> None:
+    async def note(self, note: Note) -> None:
+        """To the reply address bot/slack_inbound.py made: its response_url (`url`) when there is one,
+        else the channel (in the alert's thread for a button); a chart goes to the channel. No channel,
+        no URL: nowhere to post, nothing posted."""
         # A note is msmon's text with job data in it (a run id, a rank's result detail): escaped whole,
         # which keeps msmon's own *bold* and `code` (notes carry no <...> markup of their own).
         body = escape_slack(note.text)
-        if note.response_url:
-            client = AsyncWebhookClient(note.response_url, retry_handlers=self.client.retry_handlers)
+        to = note.reply_to
+        thread = to.thread or None
+        if to.url:
+            client = AsyncWebhookClient(to.url, retry_handlers=self.client.retry_handlers)
             try:
                 resp = await client.send(text=body, replace_original=False,
                                          response_type="ephemeral" if note.private else "in_channel")
@@ -155,14 +160,14 @@ class SlackReceiver:
                 retry = resp.headers.get("Retry-After") if resp.headers else None
                 raise DeliveryError(f"Slack response_url answered HTTP {resp.status_code}: {_reason(resp.body)}",
                                     retry_after(retry))
-        elif channel and channel != "commands":
+        elif to.channel:
             await self._call("chat.postMessage", self.client.chat_postMessage(
-                channel=channel, thread_ts=note.thread_ts, text=body, unfurl_links=False))
-        if note.chart is not None and channel and channel != "commands":
+                channel=to.channel, thread_ts=thread, text=body, unfurl_links=False))
+        if note.chart is not None and to.channel:
             try:
                 await self._call("files_upload_v2", self.client.files_upload_v2(
-                    channel=channel, content=note.chart, filename=slug(f"status-{note.command_id or 'run'}") + ".png",
-                    title="status", thread_ts=note.thread_ts))
+                    channel=to.channel, content=note.chart,
+                    filename=slug(f"status-{note.command_id or 'run'}") + ".png", title="status", thread_ts=thread))
             except DeliveryError as exc:
                 log.warning("msmon bot: status chart upload failed: %s", exc)
 
