@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from notifier.config import ConfigError
+from msmon.config.errors import ConfigError
 
 from .app import STORE, create_app
 from .config import BotConfig, load_bot_config
