@@ -7,6 +7,11 @@ returned with the loss; `Monitor.step` gets called on every step (it only sample
 `step_interval`-th), and the events it returns carry the configured actions. A `JobControl` runs
 those actions, and the bot's chat commands when `monitor_config.bot.url` is set, at the step
 boundary: `control.apply(step)` after each step.
+
+JobControl knows no framework. Pause, resume and the threshold commands need nothing more; for
+save-checkpoint, scale-lr and a stop's checkpoint it asks a backend, here `LoopBackend` below (three
+methods, notifier.control.Backend; `JobControl(mon)` alone answers that those need one). With
+Model.train, MonitorCallback brings notifier.mindspore's MindSporeBackend instead.
 """
 
 from __future__ import annotations
@@ -22,7 +27,29 @@ from mindspore import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from notifier import Monitor  # noqa: E402
-from notifier.mindspore import JobControl, global_norm  # noqa: E402
+from notifier.control import JobControl  # noqa: E402
+from notifier.mindspore import global_norm  # noqa: E402
+
+
+class LoopBackend:
+    """This loop's part of the job actions: its network's checkpoints and its optimizer's LR Parameter."""
+
+    def __init__(self, net: nn.Cell, lr: ms.Parameter, checkpoint_dir: str = "./checkpoints") -> None:
+        self.net, self.lr, self.checkpoint_dir = net, lr, checkpoint_dir
+
+    def save_checkpoint(self, step: int, name: str) -> str:
+        os.makedirs(self.checkpoint_dir, exist_ok=True)
+        path = os.path.join(self.checkpoint_dir, f"{name}.ckpt")  # `name` is file-safe (run, device, step)
+        ms.save_checkpoint(self.net, path)
+        return path
+
+    def scale_lr(self, factor: float) -> str:
+        before = float(self.lr.asnumpy())
+        ms.ops.assign(self.lr, ms.Tensor(before * factor, ms.float32))  # set_data would not reach a compiled step
+        return f"lr {before:.3g} -> {before * factor:.3g}"
+
+    def stop(self, run_context: object) -> None:
+        pass  # this loop ends itself on control.stop_requested
 
 
 def main() -> None:
@@ -61,8 +88,7 @@ def main() -> None:
                                                 "alert": {"baseline_steps": 100}}}
     samples = xb.shape[0]
     with Monitor(config, run_id="custom-loop") as mon:
-        control = JobControl(mon, checkpoint_dir="./checkpoints")
-        control.bind(net, opt)  # what save_checkpoint saves, whose LR scale_lr scales
+        control = JobControl(mon, LoopBackend(net, lr))  # what save_checkpoint saves, whose LR scale_lr scales
         control.listen()  # chat commands from the bot, when monitor_config.bot.url is set
         for step in range(1, args.steps + 1):
             if args.lr_jump_at is not None and step == args.lr_jump_at:

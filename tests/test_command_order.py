@@ -24,8 +24,8 @@ pytest.importorskip("aiohttp")
 
 from msmon.contract.wire import Command, Heartbeat, encode  # noqa: E402
 from notifier import Monitor  # noqa: E402
-from notifier.mindspore import JobControl, MonitorCallback  # noqa: E402
-from notifier.mindspore.control import CommandOrder, Outcome, Request, acceptance_order  # noqa: E402
+from notifier.control import CommandOrder, JobControl, Outcome, Request, acceptance_order  # noqa: E402
+from notifier.mindspore import MindSporeBackend, MonitorCallback  # noqa: E402
 from tests.bot_server import BotServer, wait_for  # noqa: E402
 from tests.ms_helpers import MLP, dataset, model, regression_data  # noqa: E402
 
@@ -220,9 +220,9 @@ def monitor_cfg(**rules):
 
 def bound_control(tmp_path, run="order", **kw) -> JobControl:
     net = MLP()
-    control = JobControl(Monitor(monitor_cfg(), run), str(tmp_path / "ckpt"), heartbeat_every=0.05, **kw)
-    control.bind(net, ms.nn.SGD(net.trainable_params(), 0.01))
-    return control
+    backend = MindSporeBackend(str(tmp_path / "ckpt"))
+    backend.bind(net, ms.nn.SGD(net.trainable_params(), 0.01))
+    return JobControl(Monitor(monitor_cfg(), run), backend, heartbeat_every=0.05, **kw)
 
 
 def applying(control: JobControl, step: int) -> tuple[threading.Thread, list]:
@@ -311,7 +311,7 @@ def test_two_delivery_threads_and_the_training_thread_answer_each_command_once(t
 
 
 def test_a_stop_stops_even_when_its_checkpoint_fails(tmp_path):
-    control = JobControl(Monitor(monitor_cfg(), "order"), str(tmp_path / "ckpt"))  # no network bound
+    control = JobControl(Monitor(monitor_cfg(), "order"), MindSporeBackend(str(tmp_path / "ckpt")))  # no network
     control.request("stop")
     (res,) = control.apply(3)
     assert control.stop_requested and not res.ok
@@ -321,7 +321,7 @@ def test_a_stop_stops_even_when_its_checkpoint_fails(tmp_path):
 def test_time_paused_in_a_custom_loop_is_not_a_step_stall(tmp_path):
     """JobControl + Monitor.step, as examples/custom_loop.py: a 0.6 s pause in a job of ~3 ms steps."""
     mon = Monitor(monitor_cfg(step_stall={"min_seconds": 0.2}), "loop")
-    control = JobControl(mon, str(tmp_path / "ckpt"), heartbeat_every=0.1)
+    control = JobControl(mon, heartbeat_every=0.1)  # no backend: a pause needs none
     events = []
     for step in range(1, 121):
         time.sleep(0.003)

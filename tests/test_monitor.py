@@ -333,3 +333,68 @@ def test_loosen_moves_every_phase_in_proportion_from_the_default_levels_and_rest
 def test_a_run_id_the_bot_would_refuse_is_refused_at_start(run_id):
     with pytest.raises(ValueError, match="run_id must be 1 to 256 characters"):
         Monitor(config(), run_id)
+
+
+# -- JobControl without MindSpore: a custom loop's chat commands -----------------------------------------------
+
+
+class RecordingBackend:
+    """A custom loop's own backend: records what JobControl asked of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def save_checkpoint(self, step: int, name: str) -> str:
+        self.calls.append(("save_checkpoint", name))
+        return f"/ckpt/{name}.pt"
+
+    def scale_lr(self, factor: float) -> str:
+        self.calls.append(("scale_lr", factor))
+        return f"lr 0.1 -> {0.1 * factor:g}"
+
+    def stop(self, run_context: object) -> None:
+        self.calls.append(("stop", run_context))
+
+
+def test_job_control_imports_no_mindspore():
+    import subprocess
+    import sys
+
+    code = "import sys, notifier.control; print('mindspore' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_job_control_without_a_backend_pauses_resumes_and_moves_thresholds_and_says_what_needs_one():
+    from notifier.control import JobControl
+
+    mon = Monitor(config(alert={"grad_norm_threshold": 10.0}), "loop", sinks=[], clock=FakeClock())
+    control = JobControl(mon)
+    control.request("pause", timeout=0.01)
+    control.request("set_threshold", rule="grad_norm", value=20.0, level="error")
+    control.request("save_checkpoint")
+    control.request("scale_lr", factor=0.5)
+    by_action = {r.action: r for r in control.apply(7)}
+    assert by_action["pause"].ok and by_action["resume"].ok and not control.paused
+    assert by_action["set_threshold"].ok and mon.config.alert.rules.grad_norm.error == 20.0
+    for action, what in (("save_checkpoint", "save a checkpoint"), ("scale_lr", "scale the LR")):
+        assert not by_action[action].ok and f"no backend to {what} with" in by_action[action].detail
+    control.request("stop")
+    (stop,) = control.apply(8)
+    assert control.stop_requested and not stop.ok and "no backend to save a checkpoint" in stop.detail
+
+
+def test_job_control_hands_checkpoints_the_lr_and_the_stop_to_its_backend():
+    from notifier.control import JobControl
+
+    backend = RecordingBackend()
+    control = JobControl(Monitor(config(), "loop", device=3, sinks=[], clock=FakeClock()), backend)
+    for action, params in (("save_checkpoint", {}), ("scale_lr", {"factor": 0.5}), ("stop", {})):
+        control.request(action, **params)
+    done = control.apply(9, run_context="ctx")
+    assert [(r.action, r.ok, r.path) for r in done] == [
+        ("save_checkpoint", True, "/ckpt/loop-device3-step9.pt"), ("scale_lr", True, None),
+        ("stop", True, "/ckpt/loop-device3-step9.pt")]
+    assert done[1].detail == "lr 0.1 -> 0.05"
+    assert backend.calls == [("save_checkpoint", "loop-device3-step9"), ("scale_lr", 0.5), ("stop", "ctx"),
+                             ("save_checkpoint", "loop-device3-step9")]

@@ -1,17 +1,19 @@
 """msmon for MindSpore: the callback, grad-norm train steps, live LR scaling, job actions.
 
 Importing this module imports MindSpore (`pip install msmon[mindspore]`); `notifier` itself does not.
+`JobControl` is framework-neutral (notifier/control.py); `MindSporeBackend` is its MindSpore part.
 """
 
+from ..control import ActionError, JobControl
+from .backend import MindSporeBackend
 from .callback import MonitorCallback, parse_outputs
-from .control import ACTIONS, JobControl
 from .grad_norm import TrainStepWithGradNorm, TrainStepWithGradNormLossScale, global_norm
-from .lr import ActionError, ScalableLR
+from .lr import ScalableLR
 
 __all__ = [
-    "ACTIONS",
     "ActionError",
     "JobControl",
+    "MindSporeBackend",
     "MonitorCallback",
     "ScalableLR",
     "TrainStepWithGradNorm",

@@ -23,9 +23,9 @@ from mindspore.train import Callback
 from msmon.contract.wire import ActionResult, Event
 
 from ..config import MonitorConfig
+from ..control import JobControl
 from ..monitor import Monitor
-from .control import JobControl
-from .lr import global_step, lr_handles
+from .backend import MindSporeBackend
 
 log = logging.getLogger("msmon")
 
@@ -100,14 +100,13 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         super().__init__()
         self.monitor = monitor if monitor is not None else Monitor(
             config, run_id, device=_rank() if device is None else device)
-        self.control = JobControl(self.monitor, checkpoint_dir, pause_timeout, on_result=on_action)
+        self.backend = MindSporeBackend(checkpoint_dir)
+        self.control = JobControl(self.monitor, self.backend, pause_timeout, on_result=on_action)
         self.on_event = on_event
         self._seq_length = seq_length or self.monitor.config.training.seq_length
         self._batch: int | None = None
         self._tokens_per_sample: int | None = None
         self._last_step = 0
-        self._lr_from_outputs = True
-        self._optimizer: Any = None
         if self.monitor.config.training.grad_accumulation_steps > 1:
             log.info("msmon: MonitorCallback reports the steps MindSpore counts; training.grad_accumulation_steps "
                      "treats them as micro-steps, which is right only if your train cell returns one loss per "
@@ -117,8 +116,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
 
     def on_train_begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
-        self._optimizer = find_optimizer(cb)
-        self.control.bind(cb.train_network, self._optimizer)
+        self.backend.bind(cb.train_network, find_optimizer(cb))
         self.control.listen()  # chat commands, applied at step boundaries
         self._last_step = int(getattr(cb, "initial_step", 0) or 0)
         self._batch = None  # read from the first batch's shape (a dataset's get_batch_size() may say 1)
@@ -141,7 +139,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         else:
             loss, lr, grad_norm = parse_outputs(cb.net_outputs)
             if lr is None:
-                lr = self._read_lr()
+                lr = self.backend.read_lr()
             events = mon.step(step, loss=loss, lr=lr, grad_norm=grad_norm, samples=n, tokens=tokens)
             for ev in events:
                 self._dispatch(ev)
@@ -169,15 +167,6 @@ class MonitorCallback(Callback):  # type: ignore[misc]
                 self._batch = 0
         if self._seq_length is not None:
             self._tokens_per_sample = int(self._seq_length)
-
-    def _read_lr(self) -> float | None:
-        opt = self._optimizer
-        if opt is None:
-            return None
-        try:
-            return lr_handles(opt)[0].read(global_step(opt) - 1)
-        except Exception:  # noqa: BLE001 - an exotic optimizer: no LR, but never a crash
-            return None
 
     def _dispatch(self, ev: Event) -> None:
         self.control.take_event(ev)

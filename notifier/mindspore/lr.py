@@ -8,9 +8,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-
-class ActionError(RuntimeError):
-    """A job action that cannot be carried out; the message says why and what to do."""
+from ..control import ActionError
 
 
 class ScalableLR(nn.learning_rate_schedule.LearningRateSchedule):  # type: ignore[misc]
@@ -39,9 +37,6 @@ class LrHandle:
     def __init__(self, lr: Any) -> None:
         self.lr = lr
         self._array: Any = None  # the schedule as a numpy array, for list LRs
-
-    def describe(self) -> str:
-        return type(self.lr).__name__
 
     def read(self, step_index: int) -> float:
         """The LR of the optimizer step with 0-based index `step_index`."""

@@ -4,6 +4,11 @@ Requests may come from any thread (a rule's `actions:`, code, the bot's chat com
 here and run on the training thread between two steps, the only place where the weights are
 consistent and a checkpoint is meaningful. `CommandOrder` (pure) decides what applies when, in the
 order the bot accepted the commands; `JobControl` carries it out.
+
+Framework-neutral: what touches the weights or the optimizer (a checkpoint, the LR, the framework's
+own stop) is a `Backend`'s (notifier/mindspore/backend.py for MindSpore). Without one, a custom loop
+still gets pause, resume and the threshold commands; the others answer that they need a backend.
+The actions themselves are those of msmon/contract/actions.py.
 """
 
 from __future__ import annotations
@@ -11,25 +16,41 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-import mindspore as ms
-
-from msmon.common.safenames import inside, slug
+from msmon.common.safenames import slug
+from msmon.contract.actions import ACTIONS
 from msmon.contract.wire import ActionResult, Command, Event
 
-from ..monitor import Monitor
-from .lr import ActionError, LrHandle, global_step, lr_handles
+from .monitor import Monitor
 
 log = logging.getLogger("msmon")
 
-ACTIONS = ("save_checkpoint", "pause", "resume", "scale_lr", "set_threshold", "loosen_threshold",
-           "restore_threshold", "stop")
+
+class ActionError(RuntimeError):
+    """A job action that cannot be carried out; the message says why and what to do."""
+
+
+class Backend(Protocol):
+    """What JobControl asks of a training framework: the actions that touch its weights or optimizer.
+    Called on the training thread, at a step boundary; raise ActionError to say what stands in the way."""
+
+    def save_checkpoint(self, step: int, name: str) -> str:
+        """Write a checkpoint of the weights at `step`; `name` is a file-safe stem naming the run, the
+        device and the step (`run-42-device0-step500`). Returns the path written."""
+        ...
+
+    def scale_lr(self, factor: float) -> str:
+        """Multiply the learning rate by `factor`; returns what changed, e.g. `lr 0.001 -> 0.0005`."""
+        ...
+
+    def stop(self, run_context: Any) -> None:
+        """Ask the framework to end training after this step (`run_context`: what `apply` was given)."""
+        ...
 
 
 class Request:
@@ -229,12 +250,14 @@ def _cancelled_by(later: Request) -> str:
 class JobControl:
     """Executes job actions for one training process. Thread-safe `request()`; `apply()` on the
     training thread at a step boundary. What applies when is CommandOrder's decision; the actions
-    themselves (checkpoint, LR, request_stop, the pause's wait) are here."""
+    themselves (the pause's wait, the thresholds, `stop_requested`) are here, and the framework's part
+    (checkpoint, LR, the framework's stop) is `backend`'s. With no backend, save_checkpoint and scale_lr
+    fail saying so, and a stop sets `stop_requested` (for a custom loop to end on) but writes no checkpoint."""
 
     def __init__(
         self,
         monitor: Monitor,
-        checkpoint_dir: str = "./checkpoints",
+        backend: Backend | None = None,
         pause_timeout: float | None = None,
         heartbeat_every: float = 30.0,
         on_result: Callable[[ActionResult], None] | None = None,
@@ -242,7 +265,7 @@ class JobControl:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.monitor = monitor
-        self.checkpoint_dir = checkpoint_dir
+        self.backend = backend
         self.heartbeat_every = heartbeat_every
         self.on_result = on_result
         self.on_paused = on_paused  # called while paused: (step, seconds paused), every heartbeat_every
@@ -255,8 +278,6 @@ class JobControl:
         self._undo: dict[str, Any] = {}  # loosen_threshold's levels to restore, by token
         self.last_step = 0  # the last step boundary seen
         self.paused = False
-        self.train_network: Any = None
-        self.optimizer: Any = None
         self.stop_requested = False
 
     @property
@@ -266,9 +287,6 @@ class JobControl:
     @pause_timeout.setter
     def pause_timeout(self, value: float | None) -> None:
         self._order.pause_timeout = value
-
-    def bind(self, train_network: Any, optimizer: Any) -> None:
-        self.train_network, self.optimizer = train_network, optimizer
 
     # -- any thread --------------------------------------------------------------------------
 
@@ -415,26 +433,23 @@ class JobControl:
         return self.save_checkpoint(step)
 
     def save_checkpoint(self, step: int) -> tuple[str, str]:
-        if self.train_network is None:
-            raise ActionError("no network to save yet (training has not started)")
-        os.makedirs(self.checkpoint_dir, exist_ok=True)
+        """Write the checkpoint of `step` through the backend: (what to answer, the path written)."""
         mon = self.monitor
-        # job data names the file only as safe slugs, inside checkpoint_dir (a run id `../x` stays a name)
-        path = inside(self.checkpoint_dir, f"{slug(mon.run_id)}-device{slug(mon.default_device)}-step{step}.ckpt")
-        ms.save_checkpoint(self.train_network, path)
+        # job data names the file only as safe slugs (a run id `../x` stays a name); the backend keeps it in its folder
+        path = self._need_backend("save a checkpoint").save_checkpoint(
+            step, f"{slug(mon.run_id)}-device{slug(mon.default_device)}-step{step}")
         return f"checkpoint of step {step} written to {path}", path
 
     def _do_scale_lr(self, step: int, run_context: Any, factor: float) -> tuple[str, None]:
-        if self.optimizer is None:
-            raise ActionError("no optimizer known yet (training has not started)")
-        handles = lr_handles(self.optimizer)
-        idx = max(global_step(self.optimizer) - 1, 0)
-        before = [h.read(idx) for h in handles]
-        for h in handles:
-            h.scale(float(factor))
-        after = [h.read(idx) for h in handles]
+        detail = self._need_backend("scale the LR").scale_lr(float(factor))
         self.monitor.note_lr_change()
-        return "lr " + ", ".join(f"{a:.3g} -> {b:.3g}" for a, b in zip(before, after, strict=True)), None
+        return detail, None
+
+    def _need_backend(self, what: str) -> Backend:
+        if self.backend is None:
+            raise ActionError(f"no backend to {what} with: this JobControl was made without one (pass "
+                              "backend=, e.g. notifier.mindspore's MindSporeBackend, or your own)")
+        return self.backend
 
     def _do_set_threshold(self, step: int, run_context: Any, rule: str, value: float,
                           level: str = "warning") -> tuple[str, None]:
@@ -464,8 +479,8 @@ class JobControl:
 
     def _do_stop(self, step: int, run_context: Any) -> tuple[str, str | None]:
         self.stop_requested = True  # first: a stop applies even when its checkpoint cannot be written
-        if run_context is not None:
-            run_context.request_stop()
+        if self.backend is not None:
+            self.backend.stop(run_context)
         try:
             detail, path = self.save_checkpoint(step)
         except Exception as exc:  # noqa: BLE001 - reported as the stop's failure; the job stops all the same
@@ -474,4 +489,4 @@ class JobControl:
         return f"stopping after step {step}; {detail}", path
 
 
-__all__ = ["ACTIONS", "ActionError", "CommandOrder", "JobControl", "LrHandle", "Outcome", "Request", "acceptance_order"]
+__all__ = ["ActionError", "Backend", "CommandOrder", "JobControl", "Outcome", "Request", "acceptance_order"]

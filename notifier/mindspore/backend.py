@@ -1,0 +1,65 @@
+"""`MindSporeBackend`: what JobControl's checkpoint, scale_lr and stop do in a MindSpore training.
+
+    backend = MindSporeBackend("./checkpoints")
+    backend.bind(net, optimizer)  # MonitorCallback does this at on_train_begin
+    control = JobControl(monitor, backend)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import mindspore as ms
+
+from msmon.common.safenames import inside
+
+from ..control import ActionError
+from .lr import global_step, lr_handles
+
+
+class MindSporeBackend:
+    """Checkpoints of the bound network, the bound optimizer's LR, `run_context.request_stop()`."""
+
+    def __init__(self, checkpoint_dir: str = "./checkpoints") -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self.train_network: Any = None
+        self.optimizer: Any = None
+
+    def bind(self, train_network: Any, optimizer: Any) -> None:
+        """What save_checkpoint saves, and whose LR scale_lr scales."""
+        self.train_network, self.optimizer = train_network, optimizer
+
+    def save_checkpoint(self, step: int, name: str) -> str:
+        if self.train_network is None:
+            raise ActionError("no network to save yet (training has not started)")
+        os.makedirs(self.checkpoint_dir, exist_ok=True)
+        path = inside(self.checkpoint_dir, f"{name}.ckpt")  # whatever `name` holds, the file stays in the folder
+        ms.save_checkpoint(self.train_network, path)
+        return path
+
+    def scale_lr(self, factor: float) -> str:
+        opt = self.optimizer
+        if opt is None:
+            raise ActionError("no optimizer known yet (training has not started)")
+        handles = lr_handles(opt)
+        idx = max(global_step(opt) - 1, 0)
+        before = [h.read(idx) for h in handles]
+        for h in handles:
+            h.scale(factor)
+        after = [h.read(idx) for h in handles]
+        return "lr " + ", ".join(f"{a:.3g} -> {b:.3g}" for a, b in zip(before, after, strict=True))
+
+    def read_lr(self) -> float | None:
+        """The LR of the current optimizer step (of the first parameter group); None when unknown."""
+        opt = self.optimizer
+        if opt is None:
+            return None
+        try:
+            return lr_handles(opt)[0].read(global_step(opt) - 1)
+        except Exception:  # noqa: BLE001 - an exotic optimizer: no LR, but never a crash
+            return None
+
+    def stop(self, run_context: Any) -> None:
+        if run_context is not None:
+            run_context.request_stop()
