@@ -1,6 +1,7 @@
 """Job -> bot transport: the edge around `notifier.sendq.SendQueue`, the pure state machine that
-decides what is sent, when, and what a full queue drops. Here live the sockets, the threads and the
-spool file; nothing here decides anything the state machine can.
+decides what is sent, when, and what a full queue drops. Here live the threads and the spool file
+(the requests go through `notifier.http`, the client `msmon cmd` uses too); nothing here decides
+anything the state machine can.
 
 * The training thread only encodes an item (to know its size) and queues it under a lock that is
   never held across I/O: O(1), never blocks on the network, never raises.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import http.client
 import logging
 import math
 import os
@@ -27,9 +27,6 @@ import random
 import socket
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -54,6 +51,7 @@ from msmon.contract.wire import (
     encode,
 )
 
+from .http import HTTPFailure, request
 from .sendq import Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, judge, retry_after
 
 log = logging.getLogger("msmon")
@@ -197,25 +195,6 @@ class Reply:
     body: bytes = b""
     retry_after: str | None = None
     detail: str = ""
-
-
-def _fault_of(exc: BaseException) -> Fault:
-    if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
-        reason = exc.reason
-        if isinstance(reason, BaseException):
-            return _fault_of(reason)
-        return Fault.BAD_URL if "unknown url type" in str(reason) else Fault.UNREACHABLE
-    if isinstance(exc, TimeoutError):
-        return Fault.TIMEOUT
-    if isinstance(exc, http.client.IncompleteRead):
-        return Fault.TRUNCATED
-    if isinstance(exc, OSError):  # refused, reset, closed without a word, no route
-        return Fault.UNREACHABLE
-    if isinstance(exc, http.client.HTTPException):  # a status line or headers that are not HTTP
-        return Fault.NOT_HTTP
-    if isinstance(exc, ValueError):  # http.client.InvalidURL and kin
-        return Fault.BAD_URL
-    return Fault.BUG
 
 
 _ADVICE = {
@@ -528,25 +507,12 @@ class BotTransport:
 
     def _exchange(self, path: str, body: bytes, timeout: float) -> Reply:
         try:
-            req = urllib.request.Request(self.url + path, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-            if self._token:
-                req.add_header("Authorization", f"Bearer {self._token}")
-            try:
-                with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - checked http(s) URL
-                    status, raw = resp.status, resp.read()
-                    after = resp.headers.get("Retry-After")
-            except urllib.error.HTTPError as exc:
-                status, after = exc.code, exc.headers.get("Retry-After") if exc.headers else None
-                try:
-                    raw = exc.read()[:300]
-                except Exception:  # noqa: BLE001 - the error page itself is broken: the status is enough
-                    raw = b""
-        except Exception as exc:  # noqa: BLE001 - whatever the network or the peer did, it is a Fault
-            return Reply(_fault_of(exc), detail=f"{type(exc).__name__}: {exc}"[:300])
-        fault = judge(status, raw)
-        detail = "" if fault is None else raw[:200].decode("utf-8", "replace").strip()
-        return Reply(fault, status, raw, after, detail)
+            answer = request(self.url + path, body, token=self._token, timeout=timeout)
+        except HTTPFailure as exc:
+            return Reply(exc.fault, detail=str(exc)[:300])
+        fault = judge(answer.status, answer.body)
+        detail = "" if fault is None else answer.body[:200].decode("utf-8", "replace").strip()
+        return Reply(fault, answer.status, answer.body, answer.headers.get("Retry-After"), detail)
 
     def _ingest_commands(self, body: bytes) -> list[Command]:
         try:
