@@ -95,12 +95,12 @@ def traces() -> None:
         with_throughput += "throughput_drop" in cal["monitor_config"]["alert"]["rules"]
         configs = {"default": defaults, "calibrated": cal}
         for name, cfg in configs.items():
-            false_alarms[name] += len(firing(replay(rows, replay_monitor(cfg, run, lambda: 0.0))))
+            false_alarms[name] += len(firing(replay(rows, replay_monitor(cfg, run))))
         at = rng.randrange(1500, max(1501, len(rows) - 400))
         for kind, (rule, bad) in {"loss": ("loss_spike", _loss_rise(rows, at)),
                                   "throughput": ("throughput_drop", _slowdown(rows, at))}.items():
             for name, cfg in configs.items():
-                got = firing(replay(bad, replay_monitor(cfg, run, lambda: 0.0)))
+                got = firing(replay(bad, replay_monitor(cfg, run)))
                 caught[(name, kind)] += any(r == rule and at <= step < at + 400 for step, r in got)
     print(f"modded-nanogpt: {len(runs)} runs, {refused} refused by calibrate, {steps:,} steps replayed; one injected "
           f"incident of each kind per run after step 1500; throughput_drop calibrated in {with_throughput} runs (the "

@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 from mindspore import nn  # noqa: E402
 
 from msmon.offline.backtest.engine import LABEL_COLUMNS, divergence_step  # noqa: E402
-from msmon.offline.replay import Row  # noqa: E402
+from msmon.offline.readers import Row  # noqa: E402
 from notifier.mindspore import TrainStepWithGradNorm, parse_outputs  # noqa: E402
 from tests.ms_helpers import MLP, regression_data  # noqa: E402 - the same model and data as the tests
 

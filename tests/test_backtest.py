@@ -24,7 +24,7 @@ from msmon.offline.backtest.engine import (
     summarize,
 )
 from msmon.offline.backtest.sources import expand, load
-from msmon.offline.replay import Row
+from msmon.offline.readers import Row
 from notifier import Severity, Status
 from tests.conftest import ROOT
 

@@ -25,7 +25,7 @@ def rows_of(records):
 
 
 def alerts(cfg, rows):
-    events = replay(rows, replay_monitor(cfg, "check", lambda: 0.0))
+    events = replay(rows, replay_monitor(cfg, "check"))
     return [(e.step, e.rule, e.severity.value) for e in events if e.status is Status.FIRING and not e.repeat]
 
 

@@ -11,7 +11,8 @@ import time
 import pytest
 import yaml
 
-from msmon.offline.replay import read_csv, replay
+from msmon.offline.readers import read_csv
+from msmon.offline.replay import replay
 from notifier import Monitor, Severity, Status
 from tests.conftest import ROOT
 

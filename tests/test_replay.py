@@ -14,8 +14,8 @@ import pytest
 
 from msmon.cli.main import main
 from msmon.contract.wire import Status
-from msmon.offline.readers import Row, parse_columns, read_log
-from msmon.offline.replay import ReplayError, read_csv, replay, run_replay
+from msmon.offline.readers import ReplayError, Row, parse_columns, read_csv, read_log
+from msmon.offline.replay import replay, run_replay
 from notifier import Monitor
 from tests import analysis_data as data
 from tests.conftest import ROOT

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from bot.config import load_bot_config
 from bot.server import BotThread
 from msmon.contract.wire import Event
-from msmon.offline.replay import read_csv
+from msmon.offline.readers import read_csv
+from msmon.offline.replay import replay
 from notifier import Monitor
 from notifier.config import load_config
 from notifier.transport import BotTransport
@@ -48,11 +49,7 @@ def run_demo(trace: str, monitor_config: str, out_dir: str, pace: float = 0.002)
     cfg.tensorboard.log_dir = os.path.join(out_dir, "tb_logs")
     transport = BotTransport(bot.url, "demo-13b", "0", token, spool_dir=cfg.bot.spool_dir, flush_interval=0.05)
     mon = Monitor(cfg, "demo-13b", transport=transport)
-    events: list[Event] = []
-    for r in read_csv(trace):
-        events += mon.step(r.step, loss=r.loss, lr=r.lr, grad_norm=r.grad_norm, throughput=r.throughput, time=r.time)
-        time.sleep(pace)
-    mon.close()  # flushes the transport
+    events = replay(read_csv(trace), mon, on_row=lambda _: time.sleep(pace))  # closing mon flushes the transport
     deadline = time.monotonic() + 30
     while bot.store.depth() and time.monotonic() < deadline:
         time.sleep(0.1)

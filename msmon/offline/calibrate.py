@@ -24,6 +24,7 @@ from msmon.core.detectors.loss_spike import LossSpike
 from msmon.core.detectors.rolling import RollingQuantiles, SlidingFit
 from msmon.core.detectors.throughput import ThroughputDrop, rate_of
 from msmon.offline.readers import Row
+from msmon.offline.replay import replay, replay_monitor
 from notifier.config import MonitorConfig, load_config
 
 MARGIN = 1.5  # levels sit this far above the worst the baseline reached
@@ -454,11 +455,9 @@ def calibrate(rows: Iterable[Row], *, steps: int = 1000, start: int | None = Non
 
 def check_quiet(result: Calibration, rows: Sequence[Row]) -> list[str]:
     """Alerts of the calibrated rules when `rows` are replayed through the fragment as written (YAML and all)."""
-    from msmon.offline.replay import replay, replay_monitor
-
     cfg = yaml.safe_load(result.to_yaml())
     calibrated = set(cfg["monitor_config"]["alert"]["rules"])
-    mon = replay_monitor(cfg, "calibrate-check", lambda: 0.0)
+    mon = replay_monitor(cfg, "calibrate-check")
     events = replay(rows, mon)
     return [f"{e.severity.value} {e.rule} at step {e.step}" for e in events
             if e.status is Status.FIRING and e.rule in calibrated]

@@ -38,7 +38,8 @@ def _load() -> tuple[Any, Any]:
     return Figure, FigureCanvasAgg
 
 
-def _finite(values: Sequence[float | None]) -> list[float]:
+def _plottable(values: Sequence[float | None]) -> list[float]:
+    """A curve as matplotlib draws it: gaps (not logged, NaN, Inf) as NaN, which it leaves blank."""
     return [v if v is not None and math.isfinite(v) else math.nan for v in values]
 
 
@@ -46,7 +47,7 @@ def _draw_panel(ax: Any, attr: str, label: str, curves: dict[str, Curves]) -> No
     drawn = False
     positive: list[float] = []
     for i, (device, c) in enumerate(curves.items()):
-        ys = _finite(getattr(c, attr))
+        ys = _plottable(getattr(c, attr))
         if all(math.isnan(y) for y in ys):
             continue
         drawn = True

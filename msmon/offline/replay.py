@@ -1,6 +1,7 @@
 """Replay a recorded metrics log through the same `Monitor` that runs live.
 
-`replay(rows, monitor)` is the core: every row goes to `Monitor.step` as a live job would send it.
+`replay(rows, monitor)` is the core: every row goes to `Monitor.step` as a live job would send it,
+the log's timestamps as the clock.
 `run_replay(path, config)` adds what `msmon replay` needs around it: any log format (`readers.py`),
 a Monitor that writes no files and sends nothing to a bot, the curves kept for the trend and the
 plot, and an optional progress callback.
@@ -18,21 +19,27 @@ from typing import IO, Any
 
 from msmon.contract.wire import Event, Severity, Status
 from msmon.core.trend import TrendSummary, summarize
-from msmon.offline.readers import ReplayError, Row, read_csv, read_log
+from msmon.offline.readers import Row, read_log
 from notifier.config import load_config
 from notifier.monitor import Monitor
 
-__all__ = ["ReplayError", "Row", "read_csv", "read_log", "replay", "run_replay", "Curves", "Replayed",
-           "alert_line", "alert_json", "Progress"]
+__all__ = ["replay", "replay_monitor", "run_replay", "Curves", "Replayed", "alert_line", "alert_json", "Progress"]
 
 
 def replay(rows: Iterable[Row], monitor: Monitor, on_row: Callable[[Row], None] | None = None) -> list[Event]:
-    """Feed every row to `monitor` as a live job would; all events raised, in order."""
+    """Feed every row to `monitor` as a live job would; all events raised, in order.
+
+    The log is the clock: a row without a timestamp is stepped at the previous row's (0.0 before the
+    first), so the timing rules never read this machine's clock and a replay raises the same alerts
+    every time. `on_row` sees each row after the Monitor did."""
     events: list[Event] = []
     step = monitor.step
+    now = 0.0
     for r in rows:
+        if r.time is not None:
+            now = r.time
         events.extend(step(r.step, loss=r.loss, lr=r.lr, grad_norm=r.grad_norm,
-                           throughput=r.throughput, time=r.time, device=r.device))
+                           throughput=r.throughput, time=now, device=r.device))
         if on_row is not None:
             on_row(r)
     monitor.close()
@@ -86,26 +93,23 @@ class Replayed:
                          window_steps=window_steps)
 
 
-def replay_monitor(config: Any, run_id: str, clock: Callable[[], float]) -> Monitor:
-    """A Monitor for analysis: the config's detectors and levels, but no CSV / TensorBoard files and no bot."""
+def replay_monitor(config: Any, run_id: str) -> Monitor:
+    """A Monitor for analysis: the config's detectors and levels, but no CSV / TensorBoard files and no bot.
+    `replay` gives it every row's time, so its own clock is never read."""
     cfg = load_config(config)
     cfg.bot.url = None
-    return Monitor(cfg, run_id, clock=clock, sinks=[])
+    return Monitor(cfg, run_id, sinks=[])
 
 
 def run_replay(path: str, config: Any, run_id: str = "replay", *, columns: Mapping[str, str] | None = None,
                fmt: str | None = None, progress: Progress | None = None) -> Replayed:
     """Read `path` (any supported format) and replay it through a Monitor built from `config`."""
     source = read_log(path, columns, fmt)
-    last_time = [0.0]
-    # A row without a timestamp gets the previous row's, so timing rules never read the replay's own clock.
-    mon = replay_monitor(config, run_id, lambda: last_time[0])
+    mon = replay_monitor(config, run_id)
     curves: dict[str, Curves] = {}
     n = [0]
 
     def on_row(r: Row) -> None:
-        if r.time is not None:
-            last_time[0] = r.time
         dev = r.device or mon.default_device
         c = curves.get(dev)
         if c is None:
@@ -167,7 +171,7 @@ def alert_line(e: Event) -> str:
             f"threshold {e.threshold:.4g}{again}\n{'':>15}{e.message}")
 
 
-def _finite(x: float) -> float | None:
+def _json_number(x: float) -> float | None:
     return x if math.isfinite(x) else None  # JSON has no NaN / Inf; the message says what the value was
 
 
@@ -175,6 +179,6 @@ def alert_json(e: Event) -> str:
     """JSON mode: one alert as one line of strict JSON (non-finite numbers are null)."""
     return json.dumps({
         "step": e.step, "rule": e.rule, "severity": e.severity.value, "status": e.status.value,
-        "value": _finite(e.value), "threshold": _finite(e.threshold), "message": e.message, "device": e.device,
-        "phase": e.phase, "repeat": e.repeat, "metric": e.metric, "run_id": e.run_id,
+        "value": _json_number(e.value), "threshold": _json_number(e.threshold), "message": e.message,
+        "device": e.device, "phase": e.phase, "repeat": e.repeat, "metric": e.metric, "run_id": e.run_id,
     }, allow_nan=False)

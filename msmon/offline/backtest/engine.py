@@ -30,7 +30,8 @@ from collections.abc import Iterable, Sequence
 from typing import Literal, cast
 
 from msmon.contract.wire import Event, Severity, Status
-from msmon.offline.replay import Row, replay, replay_monitor
+from msmon.offline.readers import Row
+from msmon.offline.replay import replay, replay_monitor
 from notifier.config import MonitorConfig, load_config
 
 Kind = Literal["clean", "training", "timing"]
@@ -220,15 +221,9 @@ def replay_config(source: str | MonitorConfig, step_interval: int | None = None)
 
 
 def run_trace(label: Label, rows: Sequence[Row], config: MonitorConfig) -> TraceResult:
-    """Replay `rows` through a fresh Monitor on `config` (see `replay_config`; no files, no bot) and score
-    them. A row without a time gets the previous row's, so an untimed log never reads this machine's clock."""
-    now = [0.0]
-
-    def on_row(r: Row) -> None:
-        if r.time is not None:
-            now[0] = r.time
-
-    events = replay(rows, replay_monitor(config, label.trace, lambda: now[0]), on_row)
+    """Replay `rows` through a fresh Monitor on `config` (see `replay_config`; no files, no bot, the log's
+    own clock) and score them."""
+    events = replay(rows, replay_monitor(config, label.trace))
     return score(label, [r.step for r in rows], alerts_of(events))
 
 

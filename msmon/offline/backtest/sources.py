@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from msmon.offline.backtest.engine import BacktestError, Label, Run, replay_config, run_trace
-from msmon.offline.replay import ReplayError, Row, read_csv
+from msmon.offline.readers import ReplayError, Row, read_csv
 from notifier.config import MonitorConfig
 
 
