@@ -251,4 +251,4 @@ def test_calibrate_is_registered_beside_replay():
 
     text = build_parser().format_help()
     assert "calibrate" in text and "replay" in text
-    assert (ROOT / "msmon" / "cli" / "analysis.py").is_file()
+    assert (ROOT / "msmon" / "cli" / "calibrate.py").is_file()

@@ -140,3 +140,6 @@ def test_cmd_says_what_is_missing(tmp_path):
     p = subprocess.run([MSMON, "cmd", "--bot", "http://127.0.0.1:9", "status", "run-42"], capture_output=True,
                        text=True, env={**env, "MSMON_OPERATOR_TOKEN": "t"}, timeout=60)
     assert p.returncode == 2 and "cannot reach the msmon bot at http://127.0.0.1:9" in p.stderr
+    p = subprocess.run([MSMON, "cmd", "--bot", "127.0.0.1:8080", "status", "run-42"], capture_output=True,
+                       text=True, env={**env, "MSMON_OPERATOR_TOKEN": "t"}, timeout=60)
+    assert p.returncode == 2 and "the bot's URL must start with http:// or https://" in p.stderr

@@ -2,7 +2,8 @@
 
 The text goes to the bot as is (POST /v1/commands with an operator token); the bot parses it with
 the same parser as `/msmon` in Slack and answers at once. For a command that travels to the job,
-`msmon cmd` then waits for the job's result (GET /v1/commands/ID) and prints it. Standard library only.
+`msmon cmd` then waits for the job's result (GET /v1/commands/ID) and prints it. The requests go
+through `notifier.http`, the client the job's transport uses.
 """
 
 from __future__ import annotations
@@ -10,39 +11,45 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
+
+from msmon.cli.common import FAILED, OK, add_bot_options, fail
+from msmon.common.urls import url_problem
+from notifier.http import HTTPFailure, request
 
 FINAL = ("done", "failed", "expired", "partial")
 
 
 class BotError(Exception):
-    pass
+    """The bot cannot be asked, or its answer about a command cannot be used; the message says which."""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("cmd", help='send a chat command to the bot without Slack: msmon cmd "pause run-42"')
+    p.add_argument("words", nargs="+", metavar="command",
+                   help="the command, as typed after /msmon in Slack ('help' lists them)")
+    add_bot_options(p)
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job's result (default 60)")
+    p.add_argument("--no-wait", action="store_true", help="print the bot's answer and return")
+    p.set_defaults(func=run)
 
 
 def call(url: str, token: str | None, path: str, body: dict[str, Any] | None = None,
          timeout: float = 10.0) -> tuple[int, dict[str, Any]]:
+    """POST `body` (GET without one) to the bot's `path`: (HTTP status, the bot's JSON answer). An error
+    page that is not JSON comes back as {"error": its first 300 bytes}."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, method="GET" if body is None else "POST")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the operator's bot URL
-            return resp.status, json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        try:
-            return exc.code, json.loads(raw)
-        except ValueError:
-            return exc.code, {"error": raw[:300].decode("utf-8", "replace")}
-    except (urllib.error.URLError, OSError) as exc:
-        raise BotError(f"cannot reach the msmon bot at {url}: {exc}. Is `msmon serve` running there? "
+        answer = request(url.rstrip("/") + path, data, token=token, timeout=timeout)
+    except HTTPFailure as exc:
+        raise BotError(f"cannot reach the msmon bot at {url}: {exc.cause}. Is `msmon serve` running there? "
                        "(--bot or MSMON_BOT_URL)") from None
+    ok = 200 <= answer.status < 300
+    try:
+        return answer.status, json.loads(answer.body or b"{}") if ok else json.loads(answer.body)
+    except ValueError:
+        return answer.status, {"error": answer.body[:300].decode("utf-8", "replace")}
 
 
 def send(url: str, token: str | None, text: str) -> tuple[int, dict[str, Any]]:
@@ -62,48 +69,39 @@ def wait_result(url: str, token: str | None, command_id: str, timeout: float, ev
         time.sleep(every)
 
 
-def cmd_cmd(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     token = os.environ.get(args.token_env)
     if not token:
-        print(f"msmon cmd: the environment variable {args.token_env} holds no operator token (the bot's "
-              "commands.operators lists who may send commands)", file=sys.stderr)
-        return 2
-    text = " ".join(args.words)
+        return fail("cmd", f"the environment variable {args.token_env} holds no operator token (the bot's "
+                    "commands.operators lists who may send commands)")
+    problem = url_problem(args.bot)
+    if problem is not None:
+        return fail("cmd", f"the bot's URL {problem} (--bot or MSMON_BOT_URL)")
     try:
-        code, answer = send(args.bot, token, text)
+        code, answer = send(args.bot, token, " ".join(args.words))
         if "error" in answer:
-            print(f"msmon cmd: the bot refused the request (HTTP {code}): {answer['error']}", file=sys.stderr)
-            return 2
+            return fail("cmd", f"the bot refused the request (HTTP {code}): {answer['error']}")
         print(answer["text"])
         if answer.get("chart"):
             print(f"chart: {answer['chart']}")
         cmd = answer.get("command")
         if not answer["ok"]:
-            return 1
+            return FAILED
         if cmd is None or args.no_wait:
-            return 0
+            return OK
         cmd = wait_result(args.bot, token, cmd["id"], args.wait)
     except BotError as exc:
-        print(f"msmon cmd: {exc}", file=sys.stderr)
-        return 2
+        return fail("cmd", exc)
+    return _report(cmd, args.wait)
+
+
+def _report(cmd: dict[str, Any], waited: float) -> int:
+    """Print what became of a command that travelled to the job: OK only when it is done."""
     status = cmd.get("status")
     if status not in FINAL:
-        print(f"{cmd['id']}: no result from the job after {args.wait:.0f} s (it applies at step "
+        print(f"{cmd['id']}: no result from the job after {waited:.0f} s (it applies at step "
               f"{cmd['apply_step']:,}); `msmon cmd` stops waiting, the bot does not: the result will show in "
               f"`GET /v1/commands/{cmd['id']}` and in the bot's receivers")
-        return 1
+        return FAILED
     print(f"{cmd['id']} {status}: {cmd['detail']}")
-    return 0 if status == "done" else 1
-
-
-def register(sub: Any) -> None:
-    c = sub.add_parser("cmd", help='send a chat command to the bot without Slack: msmon cmd "pause run-42"')
-    c.add_argument("words", nargs="+", metavar="command",
-                   help="the command, as typed after /msmon in Slack ('help' lists them)")
-    c.add_argument("--bot", default=os.environ.get("MSMON_BOT_URL", "http://127.0.0.1:8080"),
-                   help="the bot's URL (default: $MSMON_BOT_URL or http://127.0.0.1:8080)")
-    c.add_argument("--token-env", default="MSMON_OPERATOR_TOKEN",
-                   help="environment variable holding your operator token (default: MSMON_OPERATOR_TOKEN)")
-    c.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the job's result (default 60)")
-    c.add_argument("--no-wait", action="store_true", help="print the bot's answer and return")
-    c.set_defaults(func=cmd_cmd)
+    return OK if status == "done" else FAILED

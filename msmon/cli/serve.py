@@ -1,0 +1,26 @@
+"""`msmon serve`: run the msmon bot service (the bot's dependencies load only here)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from msmon.cli.common import USAGE
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="run the msmon bot service")
+    p.add_argument("--config", default=None, help="bot.yaml (default: built-in defaults, console receiver)")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from bot.server import serve  # the [bot] extra: only when serving
+    except ImportError as exc:
+        print(f"msmon serve needs the bot's dependencies: pip install 'msmon[bot]' ({exc})", file=sys.stderr)
+        return USAGE
+    return serve(args.config, args.host, args.port)
