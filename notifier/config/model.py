@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from msmon.config.errors import closest, shown
 from msmon.config.validate import Context, add_bounds, parse_fields, setting, spec, url_problem
+from msmon.contract.actions import ACTIONS, AUTOMATIC
 from msmon.core.detectors import RULES
 from msmon.core.detectors.base import RuleParams
-from msmon.core.detectors.convergence import ConvergenceParams, LossForecastParams
-from msmon.core.detectors.grad_norm import GradNormCreepParams, GradNormParams, GradNormSpikeParams
-from msmon.core.detectors.loss_spike import LossSpikeParams
-from msmon.core.detectors.lr_schedule import LrScheduleParams
-from msmon.core.detectors.nonfinite import NonFiniteParams
-from msmon.core.detectors.stall import StepStallParams
-from msmon.core.detectors.straggler import StragglerParams
-from msmon.core.detectors.throughput import ThroughputDropParams
-from msmon.core.detectors.vanished import VanishedGradParams
 
 Metric = Literal["loss", "learning_rate", "grad_norm", "throughput"]
 ALL_METRICS: tuple[str, ...] = ("loss", "learning_rate", "grad_norm", "throughput")
@@ -37,28 +29,27 @@ DAY = 86_400.0
 add_bounds(RuleParams, warning={"ge": 0, "le": 1e12}, error={"ge": 0, "le": 1e12}, consecutive={"le": 10_000},
            window={"le": 100_000}, window_steps={"le": 10_000_000}, min_t={"le": 1_000}, jump={"le": 1_000},
            min_fluctuation={"le": 100}, epsilon={"le": 1}, min_seconds={"le": DAY})
-for _ratio_rule in (LossSpikeParams, GradNormSpikeParams, GradNormCreepParams, StepStallParams, StragglerParams,
-                    VanishedGradParams, LossForecastParams):  # multiples, counts, loss units: below a million
-    add_bounds(_ratio_rule, warning={"le": 1e6}, error={"le": 1e6})
-add_bounds(ConvergenceParams, warning={"le": 1_000}, error={"le": 1_000})
+for _ratio_rule in ("loss_spike", "grad_norm_spike", "grad_norm_creep", "step_stall", "straggler", "vanished_grad",
+                    "loss_forecast"):  # multiples, counts, loss units: below a million
+    add_bounds(RULES[_ratio_rule][0], warning={"le": 1e6}, error={"le": 1e6})
+add_bounds(RULES["convergence"][0], warning={"le": 1_000}, error={"le": 1_000})
+
+_C = TypeVar("_C")
 
 
-@dataclasses.dataclass
+def _one_key_per_rule(cls: type[_C]) -> type[_C]:
+    """Make `cls` a dataclass with one field per rule of RULES, in its order: the rule's params class, its
+    defaults and its detector's summary. The list of rules is RULES; the schema follows it."""
+    for name, (params_cls, detector_cls) in RULES.items():
+        cls.__annotations__[name] = params_cls
+        setattr(cls, name, _field(params_cls(), detector_cls.summary))
+    return dataclasses.dataclass(cls)
+
+
+@_one_key_per_rule
 class RulesConfig:
-    """One entry per rule; each takes enable / warning / error / consecutive and its own keys."""
-
-    nonfinite: NonFiniteParams = _field(NonFiniteParams(), "NaN/Inf in loss or grad norm: ERROR at once")
-    loss_spike: LossSpikeParams = _field(LossSpikeParams(), "loss above its rolling median")
-    grad_norm: GradNormParams = _field(GradNormParams(), "grad norm above an absolute threshold")
-    grad_norm_spike: GradNormSpikeParams = _field(GradNormSpikeParams(), "grad norm x its rolling median")
-    grad_norm_creep: GradNormCreepParams = _field(GradNormCreepParams(), "sustained rise of the grad norm")
-    vanished_grad: VanishedGradParams = _field(VanishedGradParams(), "grad norm stuck at zero")
-    lr_schedule: LrScheduleParams = _field(LrScheduleParams(), "LR schedule sanity")
-    throughput_drop: ThroughputDropParams = _field(ThroughputDropParams(), "sustained throughput drop")
-    step_stall: StepStallParams = _field(StepStallParams(), "one step far slower than the median")
-    straggler: StragglerParams = _field(StragglerParams(), "one device slower than the others")
-    convergence: ConvergenceParams = _field(ConvergenceParams(), "loss descent slowing down")
-    loss_forecast: LossForecastParams = _field(LossForecastParams(), "forecast loss vs training.target_loss")
+    """One entry per rule (msmon.core.detectors.RULES); each takes enable / warning / error / consecutive and
+    its own keys. `get(rule)` reads one."""
 
     def get(self, rule: str) -> RuleParams:
         params: RuleParams = getattr(self, rule)
@@ -157,12 +148,16 @@ class CsvConfig:
     path: str = _field("./msmon_logs/{run_id}.csv", "file; {run_id} and {device} are filled in")
 
 
+# What the actions a rule may run take (timeout, factor): each is a key of an `actions:` entry.
+_ACTION_PARAMS = tuple(dict.fromkeys(p.name for a in AUTOMATIC for p in ACTIONS[a].params))
+
+
 @dataclasses.dataclass
 class ActionConfig:
     """What the job does by itself when a rule fires at a severity."""
 
     rule: str = _field("", "a rule name, or * for any rule")
-    action: str = _field("", "save_checkpoint, pause, scale_lr or stop")
+    action: str = _field("", ", ".join(AUTOMATIC[:-1]) + " or " + AUTOMATIC[-1])
     severity: Literal["WARNING", "ERROR"] = _field("ERROR", "the severity that triggers it")
     factor: float | None = _field(None, "scale_lr only: the LR multiplier", gt=0, le=100)
     timeout: float | None = _field(None, "pause only: seconds before resuming by itself", gt=0,
@@ -173,17 +168,18 @@ class ActionConfig:
             hint = closest(self.rule, RULES)
             yield "rule", (f"unknown rule {shown(self.rule)}" + (f"; did you mean {hint}?" if hint else "")
                            + " (use * for any rule)")
-        actions = ("save_checkpoint", "pause", "scale_lr", "stop")
-        if self.action not in actions:
-            hint = closest(self.action, actions)
+        if self.action not in AUTOMATIC:
+            hint = closest(self.action, AUTOMATIC)
             yield "action", (f"unknown action {shown(self.action)}" + (f"; did you mean {hint}?" if hint else "")
-                             + "; actions are " + ", ".join(actions))
-        if self.action == "scale_lr" and self.factor is None:
-            yield "factor", "scale_lr needs a factor, e.g. factor: 0.5"
-        if self.action != "scale_lr" and self.factor is not None:
-            yield "factor", f"only scale_lr takes a factor, not {self.action}"
-        if self.action != "pause" and self.timeout is not None:
-            yield "timeout", f"only pause takes a timeout, not {self.action}"
+                             + "; actions are " + ", ".join(AUTOMATIC))
+        action = ACTIONS[self.action] if self.action in AUTOMATIC else None
+        for key in _ACTION_PARAMS:
+            param = action.param(key) if action is not None else None
+            if param is not None and param.required and getattr(self, key) is None:
+                yield key, f"{self.action} needs a {key}, e.g. {key}: {param.example}"
+            if param is None and getattr(self, key) is not None:
+                takers = " or ".join(a for a in AUTOMATIC if ACTIONS[a].param(key))
+                yield key, f"only {takers} takes a {key}, not {self.action}"
 
 
 @dataclasses.dataclass

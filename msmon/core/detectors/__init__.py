@@ -1,4 +1,6 @@
-"""The rules: one small, pure detector per kind of trouble (see docs/RULES in the README)."""
+"""The rules: one small, pure detector per kind of trouble (the README, "What the thresholds mean", has each one).
+
+`RULES` is the one list of them: the config schema (notifier/config/model.py) and the Monitor read it."""
 
 from __future__ import annotations
 

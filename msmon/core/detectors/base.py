@@ -132,6 +132,7 @@ class Detector(Protocol):
     """One rule's memory and logic. `update` returns None when the sample is normal."""
 
     rule: ClassVar[str]
+    summary: ClassVar[str]  # what it watches, in one line
     metric: ClassVar[str]  # the metric the rule watches (shown in alerts)
     requires: ClassVar[frozenset[str]]  # metrics that must be in `metrics:` for the rule to run
     hint: ClassVar[str]  # what the person reading the alert should do first

@@ -146,6 +146,7 @@ def _se(fit: tuple[float, float, float, int]) -> float:
 
 class Convergence:
     rule: ClassVar[str] = "convergence"
+    summary: ClassVar[str] = "loss descent slowing down"
     metric: ClassVar[str] = "loss"
     requires: ClassVar[frozenset[str]] = frozenset({"loss"})
     hint: ClassVar[str] = ("Progress has stalled: check the LR (decayed too early? stuck at its minimum?), "
@@ -208,6 +209,7 @@ class LossForecastParams(RuleParams):
 
 class LossForecast:
     rule: ClassVar[str] = "loss_forecast"
+    summary: ClassVar[str] = "forecast loss vs training.target_loss"
     metric: ClassVar[str] = "loss"
     requires: ClassVar[frozenset[str]] = frozenset({"loss"})
     hint: ClassVar[str] = ("At this rate the run ends above its target loss: decide now whether to extend the "

@@ -33,6 +33,7 @@ class GradNormParams(RuleParams):
 
 class GradNormThreshold:
     rule: ClassVar[str] = "grad_norm"
+    summary: ClassVar[str] = "grad norm above an absolute threshold"
     metric: ClassVar[str] = "grad_norm"
     requires: ClassVar[frozenset[str]] = frozenset({"grad_norm"})
     hint: ClassVar[str] = _HINT
@@ -62,6 +63,7 @@ class GradNormSpikeParams(RuleParams):
 
 class GradNormSpike(BaselineRule):
     rule: ClassVar[str] = "grad_norm_spike"
+    summary: ClassVar[str] = "grad norm x its rolling median"
     metric: ClassVar[str] = "grad_norm"
     requires: ClassVar[frozenset[str]] = frozenset({"grad_norm"})
     hint: ClassVar[str] = _HINT
@@ -105,6 +107,7 @@ class GradNormCreepParams(RuleParams):
 
 class GradNormCreep:
     rule: ClassVar[str] = "grad_norm_creep"
+    summary: ClassVar[str] = "sustained rise of the grad norm"
     metric: ClassVar[str] = "grad_norm"
     requires: ClassVar[frozenset[str]] = frozenset({"grad_norm"})
     hint: ClassVar[str] = ("The grad norm has been climbing steadily: the early sign of a coming divergence. "

@@ -39,6 +39,7 @@ class LossSpikeParams(RuleParams):
 
 class LossSpike(BaselineRule):
     rule: ClassVar[str] = "loss_spike"
+    summary: ClassVar[str] = "loss above its rolling median"
     metric: ClassVar[str] = "loss"
     requires: ClassVar[frozenset[str]] = frozenset({"loss"})
     hint: ClassVar[str] = ("Look at the data batch and the grad norm around this step. If the loss does not come "

@@ -27,6 +27,7 @@ class LrScheduleParams(RuleParams):
 
 class LrSchedule:
     rule: ClassVar[str] = "lr_schedule"
+    summary: ClassVar[str] = "LR schedule sanity"
     metric: ClassVar[str] = "learning_rate"
     requires: ClassVar[frozenset[str]] = frozenset({"learning_rate"})
     hint: ClassVar[str] = ("Check the LR schedule settings (warmup_steps, total_steps / decay steps, min_lr) "

@@ -19,6 +19,7 @@ class NonFiniteParams(RuleParams):
 
 class NonFinite:
     rule: ClassVar[str] = "nonfinite"
+    summary: ClassVar[str] = "NaN/Inf in loss or grad norm: ERROR at once"
     metric: ClassVar[str] = "loss"
     requires: ClassVar[frozenset[str]] = frozenset()
     hint: ClassVar[str] = ("The weights are probably corrupted from here on. Stop or roll back to the last good "

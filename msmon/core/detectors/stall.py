@@ -31,6 +31,7 @@ class StepStallParams(RuleParams):
 
 class StepStall(BaselineRule):
     rule: ClassVar[str] = "step_stall"
+    summary: ClassVar[str] = "one step far slower than the median"
     metric: ClassVar[str] = "step_time"
     requires: ClassVar[frozenset[str]] = frozenset()
     hint: ClassVar[str] = ("One step took far longer than usual: look for checkpoint or log I/O, a slow "

@@ -27,6 +27,7 @@ class StragglerParams(RuleParams):
 
 class Straggler:
     rule: ClassVar[str] = "straggler"
+    summary: ClassVar[str] = "one device slower than the others"
     metric: ClassVar[str] = "step_time"
     requires: ClassVar[frozenset[str]] = frozenset()
     hint: ClassVar[str] = ("One device is slower than the rest and holds every step back: check that host's "

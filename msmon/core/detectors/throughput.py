@@ -40,6 +40,7 @@ class ThroughputDropParams(RuleParams):
 
 class ThroughputDrop(BaselineRule):
     rule: ClassVar[str] = "throughput_drop"
+    summary: ClassVar[str] = "sustained throughput drop"
     metric: ClassVar[str] = "throughput"
     requires: ClassVar[frozenset[str]] = frozenset({"throughput"})
     hint: ClassVar[str] = ("Check the data loader (CPU load, storage), host memory and swap, thermal throttling, "

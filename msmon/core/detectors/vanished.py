@@ -22,6 +22,7 @@ class VanishedGradParams(RuleParams):
 
 class VanishedGrad:
     rule: ClassVar[str] = "vanished_grad"
+    summary: ClassVar[str] = "grad norm stuck at zero"
     metric: ClassVar[str] = "grad_norm"
     requires: ClassVar[frozenset[str]] = frozenset({"grad_norm"})
     hint: ClassVar[str] = ("Nothing is being learned. Check gradient clipping (max norm 0?), the loss scale "
