@@ -62,23 +62,28 @@ def test_errors_count_towards_warning_but_error_needs_n_errors_in_a_row() -> Non
     assert run(gate, steps([W, E, W, E, W, E]), consecutive=2) == [(1, WARNING, FIRING, False)]
 
 
+def idle(st: GateState) -> bool:
+    """Nothing counted and nothing firing: the Monitor skips the gate for a normal sample then."""
+    return st.firing is None and st.n_warn == 0
+
+
 def test_state_counters_and_idle() -> None:
     gate = AlertGate(alert_interval=1000, baseline_steps=0, resolve_after=2)
     st = GateState()
-    assert st.idle
+    assert idle(st)
     gate.admit(st, W, 0, 3)
-    assert (st.n_warn, st.n_err, st.firing) == (1, 0, None) and not st.idle
+    assert (st.n_warn, st.n_err, st.firing) == (1, 0, None) and not idle(st)
     gate.admit(st, E, 1, 3)
     assert (st.n_warn, st.n_err) == (2, 1)
     gate.admit(st, CLEAR, 2, 3)
-    assert (st.n_warn, st.n_err) == (0, 0) and st.idle
+    assert (st.n_warn, st.n_err) == (0, 0) and idle(st)
     for step in (3, 4, 5):
         gate.admit(st, E, step, 3)
-    assert st.firing is ERROR and st.emitted and st.last_emit == {ERROR: 5} and not st.idle
+    assert st.firing is ERROR and st.emitted and st.last_emit == {ERROR: 5} and not idle(st)
     gate.admit(st, CLEAR, 6, 3)
-    assert st.clear == 1 and not st.idle
+    assert st.clear == 1 and not idle(st)
     gate.admit(st, CLEAR, 7, 3)
-    assert st.firing is None and st.clear == 0 and st.idle
+    assert st.firing is None and st.clear == 0 and idle(st)
 
 
 # -- baseline and immediate ---------------------------------------------------------------------
@@ -162,7 +167,7 @@ def test_flap_that_resolves_before_alert_interval_stays_silent() -> None:
     st = GateState()
     run(gate, steps([W, CLEAR, CLEAR, CLEAR]), st=st)
     assert run(gate, steps([W] * 20 + [CLEAR] * 3, start=10), st=st) == []  # no FIRING, so no RESOLVED
-    assert st.firing is None and st.idle
+    assert st.firing is None and idle(st)
     # Outside the interval, the same alert goes out at once.
     assert run(gate, steps([W], start=150), st=st) == [(150, WARNING, FIRING, False)]
 

@@ -23,10 +23,6 @@ class GateState:
         self.emitted = False  # whether this firing episode produced an event
         self.last_emit: dict[Severity, int] = {}
 
-    @property
-    def idle(self) -> bool:
-        return self.firing is None and self.n_warn == 0
-
 
 class Verdict:
     __slots__ = ("severity", "status", "repeat")
