@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from msmon.common.retry import retry_after as retry_after  # re-exported for the transport
 from msmon.contract.wire import ActionResult, Event, Sample, Severity, Status
 
 Item = Event | Sample | ActionResult
@@ -330,7 +329,7 @@ class SendQueue:
     def failed(self, batch: Batch, now: float, fault: Fault, wait: float | None = None) -> Outcome:
         """The request failed: the entries go back in place; or, when the bot refused the data itself,
         the batch is halved until the one entry it refuses is found, and that one is a dead letter.
-        `wait`: the peer's Retry-After in seconds (already bounded by `retry_after`)."""
+        `wait`: the peer's Retry-After in seconds (already bounded by `msmon.common.retry.retry_after`)."""
         self._check(batch)
         out = Outcome(fault=fault, first_of_kind=fault not in self._faults_seen)
         self._faults_seen.add(fault)
@@ -468,5 +467,4 @@ class SendQueue:
         self._unreported[cls] = self._unreported.get(cls, 0) + n
 
 
-__all__ = ["Batch", "Entry", "Fault", "Item", "Limits", "Outcome", "SendQueue", "Tier", "classify", "judge",
-           "retry_after"]
+__all__ = ["Batch", "Entry", "Fault", "Item", "Limits", "Outcome", "SendQueue", "Tier", "classify", "judge"]

@@ -35,6 +35,7 @@ from typing import Any
 
 import msgspec
 
+from msmon.common.retry import retry_after
 from msmon.common.safenames import inside, slug
 from msmon.common.urls import redacted, url_problem
 from msmon.contract.wire import (
@@ -52,7 +53,7 @@ from msmon.contract.wire import (
 )
 
 from .http import HTTPFailure, request
-from .sendq import Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, judge, retry_after
+from .sendq import Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, judge
 
 log = logging.getLogger("msmon")
 

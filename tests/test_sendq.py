@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from msmon.common.retry import retry_after
 from msmon.contract.wire import ActionResult, Event, Sample, Severity, Status
-from notifier.sendq import Batch, Fault, Limits, SendQueue, Tier, classify, judge, retry_after
+from notifier.sendq import Batch, Fault, Limits, SendQueue, Tier, classify, judge
 from notifier.transport import Spool
 
 _ids = itertools.count(1)
