@@ -11,7 +11,6 @@ Detection is pure code (see `detectors/` and `gate.py`); files are written off-t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -25,6 +24,7 @@ from msmon.contract.wire import MAX_ID, Event, Sample, Severity, Status, Window
 from msmon.core.detectors import RULES, DetectorContext, Finding, RuleParams
 from msmon.core.detectors.base import SKIP
 from msmon.core.gate import AlertGate, GateState, Verdict
+from msmon.core.levels import Levels, PhaseSpec
 
 from .config import MonitorConfig, load_config
 from .config.model import ActionConfig
@@ -81,14 +81,6 @@ class _Device:
         self.recent: deque[Sample] = deque(maxlen=WINDOW_SAMPLES)
 
 
-class _Phase:
-    __slots__ = ("name", "start", "end", "params", "ordered")
-
-    def __init__(self, name: str, start: int, end: float, params: dict[str, RuleParams]) -> None:
-        self.name, self.start, self.end, self.params = name, start, end, params
-        self.ordered: list[RuleParams] = []  # params in the order of the active rules
-
-
 class Monitor:
     def __init__(
         self,
@@ -121,11 +113,11 @@ class Monitor:
         self._want_grad, self._want_throughput = self._want["grad_norm"], self._want["throughput"]
         self._alerting = cfg.alert.enable
         self._gate = AlertGate(cfg.alert.alert_interval, cfg.alert.baseline_steps, cfg.alert.resolve_after)
-        self._phases = self._build_phases(cfg)
-        self._phase = self._phase_at(0)
+        self._levels = Levels({name: cfg.alert.rules.get(name) for name in RULES},
+                              [PhaseSpec(p.name, p.start_step, p.end_step, p.rules) for p in cfg.alert.phases])
+        self._phase = self._levels.at(0)
         self._active = self._active_rules(cfg, metrics)
-        for ph in self._phases:
-            ph.ordered = [ph.params[name] for name in self._active]
+        self._levels.order(self._active)
         self._ctx_peers: dict[str, float] = {}
         self._devices: dict[str, _Device] = {}
         self._ignored: set[str] = set()
@@ -182,27 +174,6 @@ class Monitor:
         return BotTransport(b.url, self.run_id, self.default_device, token, project=b.project, labels=b.labels,
                             spool_dir=b.spool_dir, spool_max_bytes=int(b.spool_max_mb * (1 << 20)),
                             heartbeat_interval=b.heartbeat_interval)
-
-    @staticmethod
-    def _build_phases(cfg: MonitorConfig) -> list[_Phase]:
-        """Non-overlapping step segments covering 0..inf: the configured phases, "default" between them."""
-        base = {name: cfg.alert.rules.get(name) for name in RULES}
-        segments: list[_Phase] = []
-        at = 0
-        for p in sorted(cfg.alert.phases, key=lambda p: p.start_step):
-            if p.start_step > at:
-                segments.append(_Phase("default", at, p.start_step, base))
-            params = dict(base)
-            for rule, override in p.rules.items():
-                params[rule] = dataclasses.replace(base[rule], **override)
-            end = math.inf if p.end_step is None else p.end_step
-            segments.append(_Phase(p.name, p.start_step, end, params))
-            at = int(end) if end != math.inf else -1
-            if at < 0:
-                break
-        if at >= 0:
-            segments.append(_Phase("default", at, math.inf, base))
-        return segments
 
     @staticmethod
     def _active_rules(cfg: MonitorConfig, metrics: set[str]) -> list[str]:
@@ -352,7 +323,7 @@ class Monitor:
             return _EMPTY
         phase = self._phase
         if not phase.start <= step < phase.end:
-            phase = self._phase = self._phase_at(step)
+            phase = self._phase = self._levels.at(step)
         events: list[Event] | None = None
         gate = self._gate
         for r, p in zip(d.rules, phase.ordered):  # noqa: B905 - same length by construction
@@ -383,12 +354,6 @@ class Monitor:
                       "training and the other rules continue. Please report this with the traceback.",
                       r.name, step, d.name, self.run_id)
         r.update = _off
-
-    def _phase_at(self, step: int) -> _Phase:
-        for p in self._phases:
-            if p.start <= step < p.end:
-                return p
-        return self._phases[-1]
 
     def _check_missing(self, s: Sample) -> None:
         for metric, present in (("loss", s.loss), ("learning_rate", s.learning_rate), ("grad_norm", s.grad_norm)):
@@ -431,31 +396,17 @@ class Monitor:
                 out.append(_action_dict(a))
         return out
 
-    def _params_of(self, rule: str) -> list[tuple[str, RuleParams]]:
-        """(phase name, params) of `rule` in every phase, each params object once."""
+    def _known(self, rule: str) -> str:
         if rule not in RULES:
             from msmon.config.errors import closest
 
             hint = closest(rule, RULES)
             raise ValueError(f"unknown rule {rule!r}" + (f"; did you mean {hint}?" if hint else ""))
-        seen: set[int] = set()
-        out = []
-        for ph in self._phases:
-            params = ph.params[rule]
-            if id(params) not in seen:
-                seen.add(id(params))
-                out.append((ph.name, params))
-        return out
+        return rule
 
     def set_threshold(self, rule: str, value: float, level: str = "warning") -> float | None:
         """Change a rule's WARNING or ERROR level live, in every phase; returns the old level."""
-        if level not in ("warning", "error"):
-            raise ValueError(f"level must be warning or error, not {level!r}")
-        old = None
-        for name, params in self._params_of(rule):
-            if name == "default" or old is None:
-                old = params.levels[0 if level == "warning" else 1]
-            setattr(params, level, value)
+        old = self._levels.set(self._known(rule), value, level)
         log.info("msmon: run %s: %s %s level set to %g (was %s)", self.run_id, rule, level, value, old)
         return old
 
@@ -463,34 +414,13 @@ class Monitor:
         """Scale a rule's levels live, in every phase: by `factor`, or so that its main level (WARNING if
         set, else ERROR) becomes `value`; the other level moves in proportion. Returns a description
         and an opaque `undo` for `restore()`."""
-        found = self._params_of(rule)
-        main = next((params for name, params in found if name == "default"), found[0][1])  # not a warmup's
-        base = main.warning if main.warning is not None else main.error
-        if base is None:
-            raise ValueError(f"rule {rule} has no level set: nothing to loosen (set one with set_threshold)")
-        if factor is None:
-            if value is None:
-                raise ValueError("give a value or a factor")
-            factor = value / base
-        if not (factor > 0 and math.isfinite(factor)):
-            raise ValueError(f"factor must be a positive number, not {factor}")
-        before = main.levels
-        undo = [(params, params.warning, params.error) for _, params in found]
-        for _, params in found:
-            for level in ("warning", "error"):
-                v = getattr(params, level)
-                if v is not None:
-                    setattr(params, level, v * factor)
-        after = main.levels
-        desc = (f"{rule} WARNING {_level(before[0])} -> {_level(after[0])}, "
-                f"ERROR {_level(before[1])} -> {_level(after[1])}")
+        desc, undo = self._levels.loosen(self._known(rule), value=value, factor=factor)
         log.info("msmon: run %s: %s", self.run_id, desc)
         return desc, undo
 
     def restore(self, undo: Any) -> None:
         """Put back the levels `loosen()` changed."""
-        for params, warning, error in undo:
-            params.warning, params.error = warning, error
+        self._levels.restore(undo)
 
     def note_lr_change(self) -> None:
         """The LR was changed on purpose (scale_lr): the LR rule must not call the next move a bug."""
@@ -567,10 +497,6 @@ def _log_event(ev: Event) -> None:
     if ev.actions:
         acts = " Automatic actions: " + ", ".join(str(a["action"]) for a in ev.actions) + "."
     log.log(level, "%s %s %s%s: %s. %s%s", where, ev.severity.value, ev.rule, again, ev.message, ev.hint, acts)
-
-
-def _level(v: float | None) -> str:
-    return "off" if v is None else f"{v:g}"
 
 
 def describe(cfg: MonitorConfig, run_id: str) -> list[str]:

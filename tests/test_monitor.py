@@ -317,10 +317,10 @@ def test_loosen_moves_every_phase_in_proportion_from_the_default_levels_and_rest
         sinks=[], clock=FakeClock())
     desc, undo = mon.loosen("grad_norm", value=15.0)  # the default phase's ERROR level 10 -> 15, not warmup's 50
     assert desc == "grad_norm WARNING 5 -> 7.5, ERROR 10 -> 15"
-    levels = {name: params.levels for name, params in mon._params_of("grad_norm")}
+    levels = {name: params.levels for name, params in mon._levels.of("grad_norm")}
     assert levels == {"warmup": (37.5, 75.0), "default": (7.5, 15.0)}
     mon.restore(undo)
-    assert {name: params.levels for name, params in mon._params_of("grad_norm")} == {
+    assert {name: params.levels for name, params in mon._levels.of("grad_norm")} == {
         "warmup": (25.0, 50.0), "default": (5.0, 10.0)}
     with pytest.raises(ValueError, match="factor must be a positive number"):
         mon.loosen("grad_norm", factor=0.0)
