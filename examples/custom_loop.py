@@ -26,8 +26,7 @@ from mindspore import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from notifier import Monitor  # noqa: E402
-from notifier.control import JobControl  # noqa: E402
+from notifier import JobControl, Monitor  # noqa: E402
 from notifier.mindspore import global_norm  # noqa: E402
 
 

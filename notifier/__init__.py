@@ -14,13 +14,16 @@ if TYPE_CHECKING:
     from msmon.contract.wire import Event, Sample, Severity, Status
 
     from .config import ConfigError, MonitorConfig, load_config
+    from .control import JobControl
     from .monitor import Monitor
 
 _WHERE = {"ConfigError": ".config", "MonitorConfig": ".config", "load_config": ".config", "Monitor": ".monitor",
+          "JobControl": ".control",
           "Event": "msmon.contract.wire", "Sample": "msmon.contract.wire", "Severity": "msmon.contract.wire",
           "Status": "msmon.contract.wire"}
 
-__all__ = ["ConfigError", "Event", "Monitor", "MonitorConfig", "Sample", "Severity", "Status", "load_config"]
+__all__ = ["ConfigError", "Event", "JobControl", "Monitor", "MonitorConfig", "Sample", "Severity", "Status",
+           "load_config"]
 __version__ = "0.1.0"
 
 

@@ -117,7 +117,7 @@ class Event(msgspec.Struct, kw_only=True):
 
 
 class ActionResult(msgspec.Struct, kw_only=True):
-    """What a job action (save_checkpoint, pause, resume, scale_lr, set_threshold, stop) did."""
+    """What a job action (msmon/contract/actions.py: save_checkpoint, pause, resume, ...) did."""
 
     run_id: RunId
     device: Id
@@ -142,7 +142,7 @@ class Command(msgspec.Struct, kw_only=True):
 
     id: str
     run_id: str
-    action: str  # save_checkpoint | pause | resume | scale_lr | loosen_threshold | stop
+    action: str  # a chat action of msmon/contract/actions.py: pause, resume, save_checkpoint, ...
     params: dict[str, object] = msgspec.field(default_factory=dict)
     apply_step: int = 0
     issued_by: str = ""
