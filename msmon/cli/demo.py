@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from msmon.cli.common import FAILED, OK, USAGE, add_verbose, quiet_logging
@@ -37,18 +36,17 @@ def run(args: argparse.Namespace) -> int:
     trace = make_trace(os.path.join(args.out, "incident-13b.csv"))
     print(f"msmon demo, part 1: a 13B fine-tune; the grad norm starts creeping at step {CREEP_START}, the loss "
           f"jumps from 1.82 to 6.47 at step {SPIKE_STEP} ({STEP_SECONDS:.0f} s per step).")
-    bot_demo = None if args.no_bot else _bot_demo()
     bot: BotThread | None = None
     try:
-        if bot_demo is not None:
-            events, bot = _into_the_bot(bot_demo, trace, args.config, args.out)
+        if not args.no_bot and _have_the_bot():
+            events, bot = _into_the_bot(trace, args.config, args.out)
         else:
             events = _through_the_detectors(trace, args.config)
         if not _first_alert(events):
             return FAILED
-        if bot_demo is None or bot is None or args.no_chatops:
+        if bot is None or args.no_chatops:
             return OK
-        return _chatops(bot_demo, bot, args.out)
+        return _chatops(bot, args.out)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return USAGE
@@ -57,13 +55,13 @@ def run(args: argparse.Namespace) -> int:
             bot.stop()
 
 
-def _bot_demo() -> ModuleType | None:
-    """`msmon.demo.run`, which starts a bot in this process; None without the [bot] extra."""
+def _have_the_bot() -> bool:
+    """Whether `msmon.demo.run`, which starts a bot in this process, can load: False without the [bot] extra."""
     try:
-        from msmon.demo import run as bot_demo
+        import msmon.demo.run  # noqa: F401
     except ImportError:
-        return None
-    return bot_demo
+        return False
+    return True
 
 
 def _through_the_detectors(trace: str, config: str) -> list[Event]:
@@ -74,11 +72,13 @@ def _through_the_detectors(trace: str, config: str) -> list[Event]:
     return events
 
 
-def _into_the_bot(bot_demo: ModuleType, trace: str, config: str, out: str) -> tuple[list[Event], BotThread]:
+def _into_the_bot(trace: str, config: str, out: str) -> tuple[list[Event], BotThread]:
+    from msmon.demo.run import run_demo  # the [bot] extra: _have_the_bot found it
+
     print(f"Starting the msmon bot (SQLite state and chart PNGs in {out}/, console receiver) and replaying "
           f"{trace} through {config}, reporting to the bot as a training job would. The bot's console "
           "receiver prints what it delivers:\n", flush=True)
-    events, bot = bot_demo.run_demo(trace, config, out)
+    events, bot = run_demo(trace, config, out)
     runs = bot.store.runs()
     firing = bot.store.alerts(RUN_ID, "firing")
     print(f"\nThe bot now holds run {RUN_ID} at step {runs[0]['last_step'] if runs else '?'} with "
@@ -98,7 +98,7 @@ def _first_alert(events: list[Event]) -> bool:
     return True
 
 
-def _chatops(bot_demo: ModuleType, bot: BotThread, out: str) -> int:
+def _chatops(bot: BotThread, out: str) -> int:
     try:
         import mindspore  # noqa: F401 - part 2 trains with it
     except ImportError:
@@ -108,4 +108,6 @@ def _chatops(bot_demo: ModuleType, bot: BotThread, out: str) -> int:
     print("\nmsmon demo, part 2: a real MindSpore training (an MLP on this CPU) reports to the same bot. At step "
           "300 a bad schedule raises its learning rate 3x; when the bot's first ERROR is out, `msmon cmd` saves a "
           "checkpoint, pauses the job, asks for its status, resumes it and stops it.\n", flush=True)
-    return OK if bot_demo.run_chatops(bot, out) else FAILED
+    from msmon.demo.run import run_chatops  # loaded already for part 1
+
+    return OK if run_chatops(bot, out) else FAILED
