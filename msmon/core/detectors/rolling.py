@@ -118,27 +118,26 @@ class SlidingFit:
             self.n += 1
         xs.append(x)
         ys.append(y)
+        self._count(x, y)
+        self._n_added += 1
+        if self._n_added == self.size:
+            self._n_added = 0
+            self._rebuild()
+
+    def _count(self, x: float, y: float) -> None:
+        """Add one point to the sums (relative to the origin `_x0`)."""
         dx = x - self._x0
         self._sx += dx
         self._sy += y
         self._sxx += dx * dx
         self._sxy += dx * y
         self._syy += y * y
-        self._n_added += 1
-        if self._n_added == self.size:
-            self._n_added = 0
-            self._rebuild()
 
     def _rebuild(self) -> None:
         self._x0 = self._xs[0]
         self._sx = self._sy = self._sxx = self._sxy = self._syy = 0.0
         for x, y in zip(self._xs, self._ys, strict=True):
-            dx = x - self._x0
-            self._sx += dx
-            self._sy += y
-            self._sxx += dx * dx
-            self._sxy += dx * y
-            self._syy += y * y
+            self._count(x, y)
 
     @property
     def span(self) -> float:
