@@ -247,6 +247,18 @@ def test_msmon_cmd_api_needs_an_operator_token_and_reports_to_the_console(bot):
                                 for n in delivered_notes(bot)))
 
 
+def test_msmon_cmd_status_answers_with_the_path_of_its_chart(bot, tmp_path):
+    report(bot)
+    code, body = bot.request("POST", "/v1/commands", b'{"text": "status run-42"}', token="operator-token")
+    assert code == 200 and "run-42* (llm): step 100, running" in body["text"]
+    path = body["chart"]
+    assert path.startswith(str(tmp_path / "charts")) and path.endswith(".png")
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    code, body = bot.request("POST", "/v1/commands", b'{"text": "runs"}', token="operator-token")
+    assert code == 200 and "chart" not in body  # only a status has one
+
+
 def test_a_command_no_job_takes_expires_and_the_user_is_told(tmp_path, slack, env):
     b = BotServer(config(tmp_path, slack, expire_after=1.0))
     try:
@@ -400,13 +412,15 @@ def test_rows_stored_before_reply_to_are_still_delivered_where_they_belong(tmp_p
             verb="pause", action="pause", params={}, apply_step=1, status="pending", detail="", expires_at=now + 600,
             origin={"source": "slack-button", "user": "U0ALICE", "user_name": "alice", "receiver": "slack",
                     "channel": "C0ALERTS", "thread_ts": "1700000000.000100", "response_url": None})
-        store.enqueue_many([(now, receiver, channel, "note", f"note|old|{i}", "run-42", payload, now) for i, (
-            receiver, channel, payload) in enumerate([
-                ("slack", "C0ALERTS", _old_note("old note in the thread", thread_ts="1700000000.000200")),
-                ("slack", "C0CHAT", _old_note("old note by url", response_url=slack.response_url("old"),
-                                              private=True)),
-                ("slack", "commands", _old_note("old note with nowhere to go")),
-                ("console", "commands", _old_note("old note for the console"))])])
+        store.db.executemany(
+            "INSERT INTO outbox(created_at, receiver, channel, kind, key, run_id, payload, next_at)"
+            " VALUES(?,?,?,'note',?,'run-42',?,?)", [(now, receiver, channel, f"note|old|{i}", payload, now) for i, (
+                receiver, channel, payload) in enumerate([
+                    ("slack", "C0ALERTS", _old_note("old note in the thread", thread_ts="1700000000.000200")),
+                    ("slack", "C0CHAT", _old_note("old note by url", response_url=slack.response_url("old"),
+                                                  private=True)),
+                    ("slack", "commands", _old_note("old note with nowhere to go")),
+                    ("console", "commands", _old_note("old note for the console"))])])
     store.close()
     b = BotServer(cfg)
     try:
