@@ -1,6 +1,6 @@
 """The alerts' stored state, kept in memory in front of SQLite.
 
-The dispatcher is the only writer of alert rows, so a write-through copy of each fingerprint's row
+Ingest (bot/ingest.py) is the only writer of alert rows, so a write-through copy of each fingerprint's row
 (what was sent for it, its severity and status) stays exact and saves a query per event. A
 suppressed repeat that changes neither severity nor status only moves the row's last step: those
 touches are held here and written in one statement by `flush()` (the app calls it every second and
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from .pipeline.dedup import NotifyState
+from .pipeline.flow import NEVER, NotifyState
 from .store import Store
 
 
@@ -25,9 +25,6 @@ class Entry:
 
     def __init__(self, notify: NotifyState, severity: str | None, status: str | None, acked: bool = False) -> None:
         self.notify, self.severity, self.status, self.acked = notify, severity, status, acked
-
-
-_NEVER = NotifyState()
 
 
 class AlertIndex:
@@ -53,12 +50,13 @@ class AlertIndex:
             self._trim()
         return out
 
-    def stage(self, fp: str, notify: NotifyState | None, severity: str, status: str) -> None:
-        """A row written in the current transaction (`notify` None: what was sent is unchanged)."""
+    def stage(self, fp: str, notify: NotifyState | None, severity: str, status: str) -> Entry:
+        """A row written in the current transaction (`notify` None: what was sent is unchanged); its new entry."""
         old = self.staged.get(fp) or self.entries.get(fp)
         self.touches.pop(fp, None)  # the row's own write carries a newer step
         acked = old is not None and old.acked and old.status != "resolved" and status != "resolved"
-        self.staged[fp] = Entry(notify or (old.notify if old else _NEVER), severity, status, acked)
+        e = self.staged[fp] = Entry(notify or (old.notify if old else NEVER), severity, status, acked)
+        return e
 
     def acked(self, fps: Iterable[str]) -> None:
         """Someone acknowledged these alerts (already written to SQLite)."""

@@ -25,7 +25,7 @@ from .commands.origin import Origin
 from .commands.service import Answer, CommandService, view
 from .config import BotConfig
 from .delivery import Policy
-from .dispatch import Dispatcher
+from .ingest import Ingest
 from .metrics import BotMetrics
 from .outbox import Outbox
 from .pipeline.ratelimit import RateLimiter
@@ -38,7 +38,7 @@ from .watchdog import Watchdog
 
 log = logging.getLogger("msmon.bot")
 
-DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+INGEST = web.AppKey("ingest", Ingest)
 STORE = web.AppKey("store", Store)
 METRICS = web.AppKey("metrics", BotMetrics)
 OUTBOX = web.AppKey("outbox", Outbox)
@@ -172,41 +172,41 @@ async def ingest(request: web.Request) -> web.Response:
                                                  "envelope's run_id")
     body = await request.read()
     _own(request, env.run_id, env.project)  # no await from here to the commit: nobody re-homes it in between
-    return web.json_response(request.app[DISPATCHER].ingest(env, body), status=202)
+    return web.json_response(request.app[INGEST].envelope(env, body), status=202)
 
 
 async def heartbeat(request: web.Request) -> web.Response:
     _job_only(request)
     hb: Heartbeat = await _body(request, Heartbeat)
-    request.app[DISPATCHER].heartbeat(hb, _own(request, hb.run_id))
+    request.app[INGEST].heartbeat(hb, _own(request, hb.run_id))
     return web.json_response({"ok": True}, status=202)
 
 
 async def runs(request: web.Request) -> web.Response:
     store = request.app[STORE]
-    request.app[DISPATCHER].state.flush()
+    request.app[INGEST].state.flush()
     return web.json_response({"runs": [_run_view(request, r) for r in store.runs()
                                        if request[PROJECT] in ("*", r["project"])]})
 
 
 def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> dict[str, Any]:
-    store, disp = request.app[STORE], request.app[DISPATCHER]
+    store, windows = request.app[STORE], request.app[INGEST].state.windows
     firing = store.alerts(r["run_id"], "firing")
     view = {k: r[k] for k in ("run_id", "project", "labels", "devices", "first_seen", "last_seen", "last_step",
                               "last_heartbeat", "paused", "gone")}
     view["firing"] = [{"rule": a["rule"], "device": a["device"], "severity": a["severity"],
                        "since_step": a["first_step"], "acked_by": a["acked_by"]} for a in firing]
     if detail:
-        view["latest"] = {dev: msgspec.to_builtins(s) for dev, s in disp.windows.latest(r["run_id"]).items()}
+        view["latest"] = {dev: msgspec.to_builtins(s) for dev, s in windows.latest(r["run_id"]).items()}
         view["alerts"] = store.alerts(r["run_id"])
-        view["actions"] = [msgspec.to_builtins(a) for a in disp.windows.actions.get(r["run_id"], [])]
+        view["actions"] = [msgspec.to_builtins(a) for a in windows.actions.get(r["run_id"], [])]
     finite: dict[str, Any] = tag_nonfinite(view)
     return finite
 
 
 async def run_detail(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
-    request.app[DISPATCHER].state.flush()
+    request.app[INGEST].state.flush()
     r = request.app[STORE].run(run_id)
     if r is None or request[PROJECT] not in ("*", r["project"]):  # another project's run is not there for it
         known = [x["run_id"] for x in request.app[STORE].runs() if request[PROJECT] in ("*", x["project"])][:20]
@@ -322,7 +322,6 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     store = Store(cfg.state_path)
     m = BotMetrics()
     state = BotState(cfg, store, m, clock)
-    disp = Dispatcher(state)
     rl = cfg.rate_limit
     if delivery is None:
         dc = cfg.delivery
@@ -331,7 +330,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     outbox = Outbox(store, receivers or build_receivers(cfg),
                     RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock, policy=delivery)
     state.doorbell = outbox.wake
-    app[CONFIG], app[STORE], app[METRICS], app[DISPATCHER], app[OUTBOX] = cfg, store, m, disp, outbox
+    app[CONFIG], app[STORE], app[METRICS], app[INGEST], app[OUTBOX] = cfg, store, m, Ingest(state), outbox
     app[TOKENS] = _tokens(cfg)
     app[REFUSED] = Counter("msmon_cross_project_refused_total", "job requests refused for another project's run, "
                            "by route", ["route"], registry=m.registry)
@@ -348,7 +347,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     inbound = add_slack_routes(app, cfg, svc, clock)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
-    watchdog = Watchdog(cfg, store, disp, clock)
+    watchdog = Watchdog(cfg, store, app[INGEST], clock)
 
     async def background(app: web.Application) -> Any:
         bridge = None

@@ -2,9 +2,11 @@
 receiver within the rate limits, and marks the rows delivered only after the receiver said OK.
 
 Rows stay in SQLite until then, so a crash, a restart or a Slack outage loses nothing. This is the
-edge around `bot.delivery.Scheduler` (when to try, when to give up: pure): it reads typed rows,
-decodes each payload once per attempt, calls the receiver, turns whatever happened into an outcome
-and writes the scheduler's verdict back. Whatever a receiver raises stays with its row group:
+I/O edge of the delivery pipeline: the policy is pure, in `bot.delivery.Scheduler` (which groups are
+due, when to try again, when to give up) and the DELIVERY stages of bot/pipeline (the rows of a group
+that go together, the rate limits). The worker reads typed rows, runs each due group through the
+stages, decodes each payload once per attempt, calls the receiver, turns whatever happened into an
+outcome and writes the scheduler's verdict back. Whatever a receiver raises stays with its row group:
 counted, retried with backoff, dead-lettered after a bound, never a hot loop, never in the way of
 the other rows. A new message's reference is stored the moment it is posted, before its chart is
 attached, so a retry attaches the chart without posting the text again. A message is re-sent only
@@ -28,6 +30,8 @@ from msmon.contract.wire import Event, Severity, Status, decode
 
 from .delivery import Deferred, Failed, FailureKind, OutboxRow, Outcome, Plan, Policy, Scheduler, Sent, Verdict
 from .metrics import BotMetrics
+from .payload import Payload
+from .pipeline import DELIVERY, flow
 from .pipeline.group import firing_key
 from .pipeline.ratelimit import RateLimiter
 from .receivers import DeliveryError, Message, Note, Receiver, decode_note
@@ -36,16 +40,6 @@ from .store import Store
 log = logging.getLogger("msmon.bot")
 
 CHARTS_KEPT = 16  # drawn charts kept for the retries of their group (about 100 kB each)
-
-
-class Payload(msgspec.Struct):
-    """An outbox row's payload, as `bot.dispatch` writes it."""
-
-    event: Event
-    project: str = "default"
-    labels: dict[str, str] = msgspec.field(default_factory=dict)
-    received_at: float | None = None
-    thread: bool = False
 
 
 def _events(payloads: list[Payload]) -> list[Event]:
@@ -99,7 +93,7 @@ class Outbox:
     def __init__(self, store: Store, receivers: dict[str, Receiver], limiter: RateLimiter, metrics: BotMetrics,
                  clock: Callable[[], float] = time.time, policy: Policy | None = None,
                  rand: Callable[[], float] = random.random) -> None:
-        self.store, self.receivers, self.limiter, self.metrics, self.clock = store, receivers, limiter, metrics, clock
+        self.store, self.receivers, self.metrics, self.clock = store, receivers, metrics, clock
         self.scheduler = Scheduler(policy, rand)
         self.doorbell = asyncio.Event()
         # Row id -> the reference of its posted message, until the row's verdict is written: a post is
@@ -109,6 +103,7 @@ class Outbox:
         # round; the row is not tried meanwhile, so a delivered message is not delivered again.
         self._unwritten: dict[int, tuple[Verdict, float]] = {}
         self._charts: OrderedDict[tuple[str, tuple[int, ...]], tuple[bytes | None, str | None]] = OrderedDict()
+        self._round = flow.Round(self.scheduler, limiter, self._posted, self._unwritten)
 
     def wake(self) -> None:
         self.doorbell.set()
@@ -138,22 +133,18 @@ class Outbox:
                 t.cancel()
 
     async def deliver_due(self) -> int:
-        """One pass over the due groups, oldest first; returns how many messages went out."""
+        """One pass over the due groups, oldest first, each through the DELIVERY stages at its turn (a
+        429 earlier in the round paces the rest of its lane); returns how many messages went out."""
         self._write_unwritten()
         now = self.clock()
         sent = 0
         for gk in self.scheduler.groups(self.store.due(now), now):
-            rows = [r for r in self.store.pending(*gk) if r.id not in self._unwritten]
-            if not rows:
+            due, dropped_by = flow.run_stages(DELIVERY, self._round, flow.Due(self.store.pending(*gk), self.clock()))
+            if dropped_by is not None:
                 continue
-            head = rows[0]
-            at = self.clock()  # a 429 earlier in this round paces the rest of its lane
-            paced = self.scheduler.paced_until(head.lane, at) - at
-            wait = paced if paced > 0.0 else self.limiter.wait(head.channel, head.run_id, now)
-            if wait > 0.0:
-                self._settle(rows, Deferred(wait), head.receiver)
-                continue
-            if await self._send(rows):
+            if due.wait > 0.0:
+                self._settle(due.rows, Deferred(due.wait), due.rows[0].receiver)
+            elif await self._send(due.rows):
                 sent += 1
         self.metrics.outbox_depth.set(self.store.depth())
         self.metrics.outbox_dead.set(self.store.dead_count())
@@ -170,8 +161,6 @@ class Outbox:
 
     async def _send(self, rows: list[OutboxRow]) -> bool:
         receiver = self.receivers.get(rows[0].receiver) or self.receivers["console"]
-        rows = [msgspec.structs.replace(r, posted_ref=self._posted[r.id])
-                if r.posted_ref is None and r.id in self._posted else r for r in rows]
         attempt = self._decode(receiver, rows)
         if attempt is None:
             return False

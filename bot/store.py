@@ -10,10 +10,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from msmon.contract.wire import Severity
 
 from .delivery import OutboxRow, Verdict
-from .pipeline.dedup import NotifyState
+from .pipeline.flow import NotifyState
 from .pipeline.silence import Silence
 
 SCHEMA = """
@@ -43,6 +45,36 @@ CREATE TABLE IF NOT EXISTS silences (
     id INTEGER PRIMARY KEY AUTOINCREMENT, expires_at REAL, run_id TEXT, rule TEXT, device TEXT,
     severity TEXT, created_by TEXT, comment TEXT);
 """
+
+
+class AlertRow(msgspec.Struct, frozen=True):
+    """An alert's row as ingest writes it: what the job reports now (severity, status, step) and, when a
+    notification was queued, the event's JSON and what the notification log says was sent."""
+
+    fingerprint: str
+    run_id: str
+    rule: str
+    device: str
+    severity: str
+    status: str  # firing | resolved
+    step: int
+    at: float
+    event: str | None = None  # None: the row keeps its last event
+    sent: NotifyState | None = None  # None: what was sent is unchanged (the notification was dropped)
+
+
+class OutboxEntry(msgspec.Struct, frozen=True):
+    """A new outbox row: one message's part for `receiver`'s `channel`, sent with the other pending
+    rows of its `key` and `kind` (alert | repeat | resolve | note) once `next_at` has come."""
+
+    created_at: float
+    receiver: str
+    channel: str
+    kind: str
+    key: str
+    run_id: str | None
+    payload: str
+    next_at: float
 
 
 class Store:
@@ -151,9 +183,8 @@ class Store:
         """(last step, updated at, fingerprint): a suppressed repeat moved the alert's last step."""
         self.db.executemany("UPDATE alerts SET last_step=?, updated_at=? WHERE fingerprint=?", rows)
 
-    def save_alerts(self, rows: list[tuple[Any, ...]]) -> None:
-        """Upsert alerts: (fp, run, rule, device, severity, status, step, now, event json or None,
-        sent: bool, sent_severity, sent_at, sent_resolved). Unsent rows keep their last event JSON."""
+    def save_alerts(self, rows: list[AlertRow]) -> None:
+        """Upsert alerts. A new episode (the row was resolved) starts at this step and is not acknowledged."""
         self.db.executemany(
             "INSERT INTO alerts(fingerprint, run_id, rule, device, severity, status, first_step, last_step,"
             " updated_at, event, sent_severity, sent_at, sent_resolved)"
@@ -166,12 +197,11 @@ class Store:
             " acked_by=CASE WHEN alerts.status='resolved' THEN NULL ELSE alerts.acked_by END,"
             " sent_severity=CASE WHEN ?10 THEN ?11 ELSE alerts.sent_severity END,"
             " sent_at=CASE WHEN ?10 THEN ?12 ELSE alerts.sent_at END,"
-            " sent_resolved=CASE WHEN ?10 THEN ?13 ELSE alerts.sent_resolved END", rows)
+            " sent_resolved=CASE WHEN ?10 THEN ?13 ELSE alerts.sent_resolved END", map(_alert_params, rows))
 
-    def enqueue_many(self, rows: list[tuple[Any, ...]]) -> None:
-        """Outbox rows: (created_at, receiver, channel, kind, key, run_id, payload, next_at)."""
+    def enqueue_many(self, entries: list[OutboxEntry]) -> None:
         self.db.executemany("INSERT INTO outbox(created_at, receiver, channel, kind, key, run_id, payload, next_at)"
-                            " VALUES(?,?,?,?,?,?,?,?)", rows)
+                            " VALUES(?,?,?,?,?,?,?,?)", map(msgspec.structs.astuple, entries))
 
     def ack(self, run_id: str, rule: str, device: str | None, user: str) -> list[str]:
         """Acknowledge the firing alerts of a run's rule (one device, or all); their fingerprints."""
@@ -297,6 +327,16 @@ class Store:
                         device=r["device"], severity=r["severity"], created_by=r["created_by"] or "",
                         comment=r["comment"] or "") for r in rows]
         return [x for x in self._silence_cache if x.expires_at > now]
+
+
+def _alert_params(r: AlertRow) -> tuple[Any, ...]:
+    """save_alerts' 13 parameters for one row (?10: whether a notification was queued)."""
+    sent = r.sent
+    if sent is None:
+        return (r.fingerprint, r.run_id, r.rule, r.device, r.severity, r.status, r.step, r.at, r.event, False,
+                None, None, 0)
+    return (r.fingerprint, r.run_id, r.rule, r.device, r.severity, r.status, r.step, r.at, r.event, True,
+            None if sent.severity is None else sent.severity.value, sent.sent_at, int(sent.resolved))
 
 
 # -- commands: every one received, allowed or not (the audit log), and the open ones' delivery state ---

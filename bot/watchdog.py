@@ -12,7 +12,7 @@ from typing import Any
 from msmon.contract.wire import Event, Severity, Status
 
 from .config import BotConfig
-from .dispatch import Dispatcher
+from .ingest import Ingest
 from .store import Store
 
 HINTS = {
@@ -37,9 +37,9 @@ def verdicts(run: dict[str, Any], now: float, heartbeat_timeout: float, stall_ti
 
 
 class Watchdog:
-    def __init__(self, cfg: BotConfig, store: Store, dispatcher: Dispatcher, clock: Callable[[], float] = time.time,
+    def __init__(self, cfg: BotConfig, store: Store, ingest: Ingest, clock: Callable[[], float] = time.time,
                  period: float = 2.0) -> None:
-        self.cfg, self.store, self.dispatcher, self.clock, self.period = cfg, store, dispatcher, clock, period
+        self.cfg, self.store, self.ingest, self.clock, self.period = cfg, store, ingest, clock, period
         self.firing: dict[tuple[str, str], bool] = {}
 
     def check(self) -> int:
@@ -59,7 +59,7 @@ class Watchdog:
                     self.firing[key] = False
                     queued += self._raise(run, rule, Status.RESOLVED, 0.0, now)
         if queued:
-            self.dispatcher.state.wake_outbox()
+            self.ingest.state.wake_outbox()
         return queued
 
     def _raise(self, run: dict[str, Any], rule: str, status: Status, silent: float, now: float) -> int:
@@ -69,8 +69,7 @@ class Watchdog:
                    severity=Severity.ERROR, status=status, value=silent, threshold=limit,
                    message=f"{what} for {silent:.0f} s (limit {limit:.0f} s)" if status is Status.FIRING else
                    f"{rule} cleared", hint=HINTS[rule] if status is Status.FIRING else "")
-        with self.dispatcher.state.tx():
-            return self.dispatcher.event(ev, run["project"], run["labels"], now)
+        return self.ingest.event(ev, run["project"], run["labels"], now)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bot.config import load_bot_config
-from bot.dispatch import Dispatcher
+from bot.ingest import Ingest
 from bot.metrics import BotMetrics
 from bot.state import BotState
 from bot.store import Store
@@ -18,75 +18,75 @@ def ev(step: int, sev: Severity = Severity.WARNING, device: str = "0", status: S
                  value=1.0, threshold=0.5, message="m")
 
 
-def dispatcher(tmp_path, clock=lambda: 1000.0) -> Dispatcher:
+def edge(tmp_path, clock=lambda: 1000.0) -> Ingest:
     cfg = load_bot_config({"bot": {"port": 0, "state_path": str(tmp_path / "s.sqlite")}})
-    return Dispatcher(BotState(cfg, Store(cfg.state_path), BotMetrics(), clock))
+    return Ingest(BotState(cfg, Store(cfg.state_path), BotMetrics(), clock))
 
 
-def ingest(d: Dispatcher, *events: Event) -> int:
-    queued: int = d.ingest(Envelope(run_id="r", device="0", sent_at=0.0, events=list(events)))["queued"]
+def ingest(d: Ingest, *events: Event) -> int:
+    queued: int = d.envelope(Envelope(run_id="r", device="0", sent_at=0.0, events=list(events)))["queued"]
     return queued
 
 
-def last_step(d: Dispatcher) -> int:
-    (row,) = d.store.alerts("r")
+def last_step(d: Ingest) -> int:
+    (row,) = d.state.store.alerts("r")
     step: int = row["last_step"]
     return step
 
 
 def test_repeats_move_the_last_step_once_flushed_and_a_restart_reads_the_state_back(tmp_path):
-    d = dispatcher(tmp_path)
+    d = edge(tmp_path)
     assert ingest(d, ev(10)) == 1
     assert ingest(d, *[ev(s) for s in range(11, 200)]) == 0  # repeats inside repeat_interval
     assert last_step(d) == 10  # held in memory...
     d.state.flush()
     assert last_step(d) == 199  # ... and written in one statement
-    d.store.close()
-    d2 = dispatcher(tmp_path)  # a restart: nothing cached, the state comes from SQLite
+    d.state.store.close()
+    d2 = edge(tmp_path)  # a restart: nothing cached, the state comes from SQLite
     assert ingest(d2, ev(200)) == 0  # still a repeat: dedup remembered what was sent
     assert ingest(d2, ev(201, Severity.ERROR)) == 1  # a rise passes
     d2.state.flush()
-    (row,) = d2.store.alerts("r")
+    (row,) = d2.state.store.alerts("r")
     assert (row["severity"], row["status"], row["first_step"], row["last_step"]) == ("ERROR", "firing", 10, 201)
 
 
 def test_a_rolled_back_envelope_leaves_the_memory_copy_as_it_was(tmp_path):
-    d = dispatcher(tmp_path)
-    saved = d.store.save_alerts
+    d = edge(tmp_path)
+    saved = d.state.store.save_alerts
 
     def broken(rows):
         saved(rows)
         raise OSError("disk full")
 
-    d.store.save_alerts = broken  # type: ignore[method-assign]
+    d.state.store.save_alerts = broken  # type: ignore[method-assign]
     with pytest.raises(OSError):
         ingest(d, ev(10, Severity.ERROR))
-    assert d.store.alerts("r") == []  # the transaction was rolled back...
-    d.store.save_alerts = saved  # type: ignore[method-assign]
+    assert d.state.store.alerts("r") == []  # the transaction was rolled back...
+    d.state.store.save_alerts = saved  # type: ignore[method-assign]
     assert ingest(d, ev(11, Severity.ERROR)) == 1  # ... and so was the copy: the ERROR is not "already sent"
 
 
 def test_a_suppressed_change_of_state_is_written_at_once(tmp_path):
-    d = dispatcher(tmp_path)
+    d = edge(tmp_path)
     assert ingest(d, ev(10, Severity.ERROR)) == 1
     assert ingest(d, ev(11, Severity.WARNING)) == 0  # a WARNING under a firing ERROR: inhibited...
-    (row,) = d.store.alerts("r")
+    (row,) = d.state.store.alerts("r")
     assert (row["severity"], row["last_step"]) == ("WARNING", 11)  # ... but the row says what the job reports now
 
 
 def test_the_copy_is_bounded(tmp_path):
-    d = dispatcher(tmp_path)
-    d.index.max_entries = 50
+    d = edge(tmp_path)
+    d.state.index.max_entries = 50
     ingest(d, *[ev(1, device=str(k)) for k in range(200)])
-    assert len(d.index.entries) == 50
+    assert len(d.state.index.entries) == 50
     assert ingest(d, *[ev(2, device=str(k)) for k in range(200)]) == 0  # forgotten entries are read back
 
 
 def test_the_stores_run_and_silence_copies_follow_rollbacks_and_new_silences(tmp_path):
     from bot.pipeline.silence import Silence
 
-    d = dispatcher(tmp_path)
-    store = d.store
+    d = edge(tmp_path)
+    store = d.state.store
     with store.tx():
         store.touch_run("r", "llm", {}, "0", 10, 1000.0)
     with pytest.raises(OSError), store.tx():

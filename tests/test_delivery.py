@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from bot.delivery import Deferred, Failed, OutboxRow, Policy, Scheduler, Sent
-from bot.store import Store
+from bot.store import OutboxEntry, Store
 
 POLICY = Policy(base=1.0, cap=300.0, max_attempts=10, max_error_attempts=3, max_retry_after=900.0)
 NOW = 1_000.0
@@ -104,7 +104,7 @@ def test_done_rows_are_never_handed_out_and_a_posted_group_only_has_its_follow_u
 
 def test_verdicts_written_by_the_store_read_back_as_the_model_applies_them(tmp_path):
     store = Store(str(tmp_path / "bot.sqlite"))
-    store.enqueue_many([(NOW, "slack", "C1", "alert", "k", "run-42", "{}", NOW)] * 2)
+    store.enqueue_many([OutboxEntry(NOW, "slack", "C1", "alert", "k", "run-42", "{}", NOW)] * 2)
     s = Scheduler(POLICY, half)
     for outcome, state in [(Failed("transient", "x", posted_ref="171.01"), "retry"),
                            (Failed("rate_limited", "429", retry_after=5.0), "retry"), (Sent(), "delivered")]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bot.config import Route
-from bot.pipeline import dedup, group, inhibit, route, silence
+from bot.config import PipelineConfig, Route
+from bot.delivery import Failed, OutboxRow, Scheduler
+from bot.pipeline import DELIVERY, STAGES, acked, dedup, group, inhibit, ratelimit, route, silence
+from bot.pipeline.flow import Context, Due, Notification, NotifyState, Round, run_stages
 from bot.pipeline.ratelimit import RateLimiter, TokenBucket
 from msmon.contract.wire import Event, Severity, Status
 
@@ -16,7 +18,7 @@ def ev(sev=Severity.WARNING, status=Status.FIRING, run="r", rule="loss_spike", d
 
 
 def test_dedup_repeat_interval_and_rises():
-    s = dedup.NotifyState()
+    s = NotifyState()
     assert dedup.decide(ev(), s, 0.0, 60)
     s = dedup.record(ev(), s, 0.0)
     assert not dedup.decide(ev(), s, 59.0, 60)  # same severity inside repeat_interval
@@ -26,7 +28,7 @@ def test_dedup_repeat_interval_and_rises():
     s = dedup.record(ev(status=Status.RESOLVED), s, 1.0)
     assert not dedup.decide(ev(status=Status.RESOLVED), s, 2.0, 60)  # resolved once
     assert dedup.decide(ev(), s, 2.0, 60)  # a new episode
-    assert not dedup.decide(ev(status=Status.RESOLVED), dedup.NotifyState(), 0.0, 60)  # nothing was sent
+    assert not dedup.decide(ev(status=Status.RESOLVED), NotifyState(), 0.0, 60)  # nothing was sent
 
 
 def test_inhibit_holds_warnings_of_a_run_with_an_error():
@@ -80,6 +82,77 @@ def test_token_buckets_per_channel_run_and_global():
     assert rl.wait("C3", "r3", 0.02) == 0.0  # r3's burst used up now ...
     assert rl.wait("C4", "r3", 0.03) == pytest.approx(1.98)  # ... so its own bucket (0.5/s) holds the next one
     assert rl.wait("C1", "r1", 1.0) == 0.0
+
+
+def ctx(now: float = 100.0, error_firing: bool = False, silences: list[silence.Silence] | None = None,
+        routes: list[Route] | None = None) -> Context:
+    return Context(now, PipelineConfig(repeat_interval=60.0, group_wait=5.0), routes or [], "llm", {},
+                   silences or [], error_firing)
+
+
+def test_the_stages_are_declared_in_order_with_one_shape():
+    assert [s.name for s in STAGES] == ["dedup", "acked", "inhibit", "silence", "route", "group"]
+    assert [s.name for s in DELIVERY] == ["group_due", "rate_limit"]
+
+
+def test_a_new_alert_comes_out_of_the_stages_routed_grouped_and_due():
+    routes = [Route(receiver="slack", channel="C1")]
+    n, dropped_by = run_stages(STAGES, ctx(routes=routes), Notification(ev(), "r|loss_spike|0"))
+    assert dropped_by is None
+    assert (n.kind, n.receiver, n.channel, n.thread) == ("alert", "slack", "C1", True)  # a WARNING: in the thread
+    assert (n.key, n.due_at) == (group.group_key(ev()), 105.0)  # group_wait
+    n, _ = run_stages(STAGES, ctx(), Notification(ev(Severity.ERROR), "r|loss_spike|0"))
+    assert (n.receiver, n.thread, n.due_at) == ("console", False, 100.0)  # no route: the console; an ERROR at once
+
+
+def test_each_stage_drops_what_it_is_for_and_names_itself():
+    sent = NotifyState(Severity.WARNING, 90.0)
+    cases = [(ctx(), Notification(ev(), "fp", sent), "dedup"),  # a repeat inside repeat_interval
+             (ctx(now=200.0), Notification(ev(), "fp", sent, acked=True), "acked"),  # a reminder of an acked alert
+             (ctx(error_firing=True), Notification(ev(), "fp"), "inhibit"),
+             (ctx(silences=[silence.Silence(id=1, expires_at=1e9)]), Notification(ev(), "fp"), "silence")]
+    for c, n, stage in cases:
+        out, dropped_by = run_stages(STAGES, c, n)
+        assert dropped_by is not None and dropped_by.name == stage
+        assert out.event is n.event
+    reminder, dropped_by = run_stages(STAGES, ctx(now=200.0), Notification(ev(), "fp", sent))
+    assert dropped_by is None and reminder.kind == "repeat"
+    rise = Notification(ev(Severity.ERROR), "fp", sent, acked=True)
+    assert acked.stage(ctx(), rise) is rise  # a rise in severity still goes out
+    resolution = Notification(ev(status=Status.RESOLVED), "fp", sent, acked=True)
+    assert acked.stage(ctx(), resolution) is resolution
+    out = dedup.stage(ctx(), resolution)
+    assert out is not None and out.kind == "resolve"
+
+
+def test_a_firing_error_that_reaches_inhibit_holds_the_warnings_after_it():
+    c = ctx()
+    assert inhibit.stage(c, Notification(ev(), "w0")) is not None  # before the ERROR: goes out
+    assert inhibit.stage(c, Notification(ev(Severity.ERROR), "e")) is not None
+    assert c.error_firing and inhibit.stage(c, Notification(ev(), "w1")) is None
+    assert inhibit.stage(c, Notification(ev(status=Status.RESOLVED), "w2")) is not None  # resolutions pass
+
+
+def outbox_row(id: int, channel: str = "C1", posted_ref: str | None = None) -> OutboxRow:
+    return OutboxRow(id=id, created_at=0.0, receiver="slack", channel=channel, kind="alert", key="k", run_id="r",
+                     payload="{}", posted_ref=posted_ref)
+
+
+def test_group_due_leaves_out_unwritten_rows_and_remembers_posts():
+    rnd = Round(Scheduler(), RateLimiter(10.0, 10.0, 10.0, 5), posted={2: "171.01"}, unwritten={3})
+    due = group.due(rnd, Due([outbox_row(1), outbox_row(2), outbox_row(3)], at=0.0))
+    assert due is not None
+    assert [(r.id, r.posted_ref) for r in due.rows] == [(1, None), (2, "171.01")]
+    assert group.due(rnd, Due([outbox_row(3)], at=0.0)) is None  # nothing left to try now
+
+
+def test_rate_limit_waits_for_a_paced_lane_then_for_tokens():
+    scheduler = Scheduler()
+    rnd = Round(scheduler, RateLimiter(per_channel=1.0, per_run=10.0, global_rate=10.0, burst=1), {}, ())
+    assert ratelimit.stage(rnd, Due([outbox_row(1)], at=0.0)).wait == 0.0  # the token is taken
+    assert ratelimit.stage(rnd, Due([outbox_row(2)], at=0.0)).wait == 1.0  # the channel's bucket is empty
+    scheduler.after([outbox_row(3, channel="C2")], Failed("rate_limited", "429", retry_after=30.0), 0.0)  # paces C2
+    assert ratelimit.stage(rnd, Due([outbox_row(4, channel="C2")], at=10.0)).wait == 20.0
 
 
 def test_metric_windows_are_fixed_size_rings_that_keep_none_and_nan_apart():

@@ -20,6 +20,7 @@ from msmon.contract.wire import ActionResult, Command, encode
 
 from ..receivers import Note
 from ..state import BotState
+from ..store import OutboxEntry
 from .origin import Origin
 from .parse import format_duration
 
@@ -132,8 +133,8 @@ def note(state: BotState, origin: Origin, text: str, run_id: str | None = None, 
     channel that of its ReplyTo (so the report shares that conversation's rate limit and pacing)."""
     note = Note(text=text, reply_to=origin.reply_to, command_id=command_id, chart=chart, private=private)
     now = state.clock()
-    state.store.enqueue_many([(now, origin.receiver, origin.reply_to.channel, "note", f"note|{command_id}|{now!r}",
-                              run_id, encode(note).decode(), now)])
+    state.store.enqueue_many([OutboxEntry(now, origin.receiver, origin.reply_to.channel, "note",
+                                          f"note|{command_id}|{now!r}", run_id, encode(note).decode(), now)])
     state.wake_outbox()
 
 

@@ -1,8 +1,40 @@
-"""The event path, one small pure stage per module (after Alertmanager's dispatch/inhibit/silence/notify):
+"""The bot's two pipelines, declared here in order (after Alertmanager's notify pipeline).
 
-    ingest -> dedup -> inhibit -> silence -> route -> durable outbox -> group -> rate limit -> receivers
+Ingest (bot/ingest.py), per event of an envelope, inside the envelope's SQLite transaction:
 
-The first four run when an envelope is accepted (`bot.dispatch`); grouping and rate limiting run
-where messages leave (`bot.outbox`), so nothing waits in memory. Stages take the clock as an
-argument; persistence and I/O live in `bot.store`, `bot.outbox` and `bot.receivers`.
+    event ─► dedup ─► acked ─► inhibit ─► silence ─► route ─► group ─► alert row + outbox row (queued)
+               │        │         │          │
+               └────────┴─────────┴──────────┴─► dropped: the alert row only (what the job reports now),
+                                                 msmon_suppressed_total{stage=<the stage's name>}
+
+Delivery (bot/outbox.py), per due group of outbox rows, every round of the worker:
+
+    due rows ─► Scheduler.groups ─► group_due ─► rate_limit ─► receiver ─► Scheduler.after ─► rows settled
+    (SQLite)    (bot/delivery.py)       │             │                    (the verdict: delivered,
+                                        │             └─► wait > 0: deferred, not an attempt     retry, dead)
+                                        └─► no row left to try: skipped
+
+Every stage is a `Stage` (bot/pipeline/flow.py): a name and one function `(ctx, item) -> item | None`,
+pure: the clock's reading and the settings come in the context; SQLite, receivers and the clock itself
+stay in bot/ingest.py, bot/outbox.py and bot/store.py. Each stage's decision lives in its own module,
+tested on its own (tests/test_pipeline.py).
 """
+
+from __future__ import annotations
+
+from . import acked, dedup, group, inhibit, ratelimit, route, silence
+from .flow import Context, Due, Notification, Round, Stage
+
+STAGES: tuple[Stage[Context, Notification], ...] = (
+    Stage("dedup", dedup.stage),  # a repeat inside repeat_interval; a resolution of nothing sent
+    Stage("acked", acked.stage),  # reminders of an acknowledged alert
+    Stage("inhibit", inhibit.stage),  # a run's WARNINGs while it has an ERROR firing
+    Stage("silence", silence.stage),  # what a silence matches
+    Stage("route", route.stage),  # receiver, channel, thread
+    Stage("group", group.stage),  # the message it joins and when that is due
+)
+
+DELIVERY: tuple[Stage[Round, Due], ...] = (
+    Stage("group_due", group.due),  # the group's rows that go together now
+    Stage("rate_limit", ratelimit.stage),  # Retry-After pacing of the lane, token buckets
+)

@@ -3,18 +3,11 @@ a rise in severity always passes; a resolution passes once after something was s
 
 from __future__ import annotations
 
-import dataclasses
+import msgspec
 
-from msmon.contract.wire import Event, Severity, Status
+from msmon.contract.wire import Event, Status
 
-
-@dataclasses.dataclass
-class NotifyState:
-    """What was last sent for one fingerprint (the notification log, nflog)."""
-
-    severity: Severity | None = None
-    sent_at: float | None = None
-    resolved: bool = False
+from .flow import Context, Notification, NotifyState
 
 
 def decide(ev: Event, state: NotifyState, now: float, repeat_interval: float) -> bool:
@@ -23,9 +16,17 @@ def decide(ev: Event, state: NotifyState, now: float, repeat_interval: float) ->
         return state.severity is not None and not state.resolved
     if state.severity is None or state.resolved or state.sent_at is None:
         return True
-    if ev.severity.rank > state.severity.rank:
+    if ev.severity is not state.severity and ev.severity.rank > state.severity.rank:  # a rise
         return True
     return now - state.sent_at >= repeat_interval
+
+
+def kind(ev: Event, state: NotifyState) -> str:
+    """What a notification that passed is: a resolution, a reminder of what was sent (same severity,
+    still firing) or a new alert."""
+    if ev.status is Status.RESOLVED:
+        return "resolve"
+    return "repeat" if state.severity is ev.severity and not state.resolved else "alert"
 
 
 def record(ev: Event, state: NotifyState, now: float) -> NotifyState:
@@ -33,3 +34,9 @@ def record(ev: Event, state: NotifyState, now: float) -> NotifyState:
     if ev.status is Status.RESOLVED:
         return NotifyState(state.severity, state.sent_at, resolved=True)
     return NotifyState(ev.severity, now, resolved=False)
+
+
+def stage(ctx: Context, n: Notification) -> Notification | None:
+    if not decide(n.event, n.sent, ctx.now, ctx.settings.repeat_interval):
+        return None
+    return msgspec.structs.replace(n, kind=kind(n.event, n.sent))

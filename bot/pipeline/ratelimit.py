@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import msgspec
+
+from .flow import Due, Round
+
 
 class TokenBucket:
     __slots__ = ("rate", "burst", "tokens", "at")
@@ -51,3 +55,13 @@ class RateLimiter:
             for b in buckets:
                 b.take(now)
         return delay
+
+
+def stage(rnd: Round, d: Due) -> Due:
+    """The delivery stage: how long the group waits. Until its lane's Retry-After has passed (a 429
+    earlier in this round paces the rest of its lane), else until its channel's, its run's and the
+    global bucket have a token (taken when it may go now)."""
+    head = d.rows[0]
+    paced = rnd.scheduler.paced_until(head.lane, d.at) - d.at
+    wait = paced if paced > 0.0 else rnd.limiter.wait(head.channel, head.run_id, d.at)
+    return msgspec.structs.replace(d, wait=wait) if wait > 0.0 else d

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from msmon.contract.wire import Severity
 
 from ..config import Route
+from .flow import Context, Notification
 
 CONSOLE = Route(receiver="console", channel="console")
 
@@ -19,3 +22,10 @@ def route_for(project: str, labels: dict[str, str], severity: Severity, routes: 
             continue
         return r
     return CONSOLE
+
+
+def stage(ctx: Context, n: Notification) -> Notification:
+    """Where `n` goes; a WARNING of a route with `warnings: thread` goes under the run's first message."""
+    r = route_for(ctx.project, ctx.labels, n.event.severity, ctx.routes)
+    return msgspec.structs.replace(n, receiver=r.receiver, channel=r.channel,
+                                   thread=n.event.severity is Severity.WARNING and r.warnings == "thread")

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
+from typing import TypeVar
 
 from msmon.contract.wire import Event
+
+from .flow import Context, Matcher, Notification
+
+M = TypeVar("M", bound=Matcher)
 
 
 @dataclasses.dataclass
@@ -26,8 +32,12 @@ class Silence:
             (self.severity, ev.severity.value)))
 
 
-def silenced_by(ev: Event, silences: list[Silence], now: float) -> Silence | None:
+def silenced_by(ev: Event, silences: Iterable[M], now: float) -> M | None:
     for s in silences:
         if s.matches(ev, now):
             return s
     return None
+
+
+def stage(ctx: Context, n: Notification) -> Notification | None:
+    return n if silenced_by(n.event, ctx.silences, ctx.now) is None else None
