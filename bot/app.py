@@ -22,7 +22,7 @@ from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, e
 
 from .commands import jobs
 from .commands.origin import Origin
-from .commands.service import Answer, CommandService, view
+from .commands.service import CommandService, view
 from .config import BotConfig
 from .delivery import Policy
 from .ingest import Ingest
@@ -30,7 +30,7 @@ from .metrics import BotMetrics
 from .outbox import Outbox
 from .pipeline.ratelimit import RateLimiter
 from .receivers import Receiver
-from .receivers.console import ConsoleReceiver, save_png
+from .receivers.console import ConsoleReceiver, save_status_chart
 from .slack_inbound import add_slack_routes
 from .state import BotState
 from .store import Store
@@ -236,26 +236,10 @@ async def post_command(request: web.Request) -> web.Response:
     svc = request.app[COMMANDS]
     answer = svc.submit(body.text, Origin(source="cli", user=user))  # reported on the console
     out = answer.to_json()
-    if answer.chart is not None:
-        out["chart"] = await _save_chart(request.app, answer)
+    if answer.chart is not None:  # a status: its chart's path (null when charts are off or it failed)
+        console = request.app[CONFIG].console
+        out["chart"] = await save_status_chart(console.charts_dir, answer.chart) if console.charts else None
     return web.json_response(tag_nonfinite(out), status=answer.status)
-
-
-async def _save_chart(app: web.Application, answer: Answer) -> str | None:
-    """Draw a status chart off the event loop into the console charts folder; its path."""
-    cfg = app[CONFIG].console
-    if answer.chart is None or not cfg.charts:
-        return None
-    from .chart import render_chart_off_loop
-
-    event = answer.chart
-    try:  # the file is a slug of the run id inside charts_dir (save_png); a chart never fails the command
-        return save_png(cfg.charts_dir, f"status-{event.run_id}-step{event.step}.png",
-                        await render_chart_off_loop(event))
-    except Exception as exc:  # noqa: BLE001 - matplotlib or the disk: the answer goes without its chart
-        log.warning("msmon bot: status chart of run %r step %d not drawn or written to %s: %s: %s", event.run_id,
-                    event.step, cfg.charts_dir, type(exc).__name__, str(exc).strip().splitlines()[:1])
-        return None
 
 
 async def get_command(request: web.Request) -> web.Response:

@@ -1,6 +1,6 @@
 """The job's side of commands: what the jobs' polls and posts get, what their answers do, and the
 reports that go back to where a command came from. Functions of the shared `BotState`: the ingest path
-(bot/dispatch.py) and the HTTP poll route call them; so do the chat edges (bot/slack_inbound.py).
+(bot/ingest.py) and the HTTP poll route call them; so do the chat edges (bot/slack_inbound.py).
 
     job's ActionResult (command_id) -> record per device -> report where the command came from
     expiry loop -> a command no job took is closed and the user told

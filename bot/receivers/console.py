@@ -13,6 +13,7 @@ import sys
 from typing import TextIO
 
 from msmon.common.safenames import inside, slug
+from msmon.contract.wire import Event
 
 from . import Message, Note
 from .render import escape_console, text
@@ -29,6 +30,19 @@ def save_png(directory: str, name: str, png: bytes) -> str:
     with open(path, "wb") as f:
         f.write(png)
     return path
+
+
+async def save_status_chart(directory: str, event: Event) -> str | None:
+    """`msmon cmd status`'s chart, drawn off the event loop into the charts folder; its path, or None when
+    matplotlib or the disk refuses (logged: a chart never fails the command)."""
+    from ..chart import render_chart_off_loop  # matplotlib only when a chart is drawn
+
+    try:  # the file is a slug of the run id inside the folder (save_png)
+        return save_png(directory, f"status-{event.run_id}-step{event.step}.png", await render_chart_off_loop(event))
+    except Exception as exc:  # noqa: BLE001 - matplotlib or the disk: the answer goes without its chart
+        log.warning("msmon bot: status chart of run %r step %d not drawn or written to %s: %s: %s", event.run_id,
+                    event.step, directory, type(exc).__name__, str(exc).strip().splitlines()[:1])
+        return None
 
 
 def _lines(body: str) -> list[str]:
