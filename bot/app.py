@@ -1,5 +1,8 @@
 """The HTTP service: versioned API (see docs/openapi.yaml), auth, limits, and the background tasks.
 
+A handler decodes, authorizes, hands the request to the ingest (bot/ingest.py), the command service
+(bot/commands/service.py) or the jobs' side of commands (bot/commands/jobs.py) and encodes the answer;
+all of them work on the one `BotState` built here. Slack's own routes are bot/slack_inbound.py.
 Every malformed request gets a 4xx with a reason; a 5xx only ever means a bug (it is logged).
 """
 
@@ -184,13 +187,13 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 async def runs(request: web.Request) -> web.Response:
     store = request.app[STORE]
-    request.app[INGEST].state.flush()
+    request.app[STATE].flush()
     return web.json_response({"runs": [_run_view(request, r) for r in store.runs()
                                        if request[PROJECT] in ("*", r["project"])]})
 
 
 def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> dict[str, Any]:
-    store, windows = request.app[STORE], request.app[INGEST].state.windows
+    store, windows = request.app[STORE], request.app[STATE].windows
     firing = store.alerts(r["run_id"], "firing")
     view = {k: r[k] for k in ("run_id", "project", "labels", "devices", "first_seen", "last_seen", "last_step",
                               "last_heartbeat", "paused", "gone")}
@@ -206,7 +209,7 @@ def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> 
 
 async def run_detail(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
-    request.app[INGEST].state.flush()
+    request.app[STATE].flush()
     r = request.app[STORE].run(run_id)
     if r is None or request[PROJECT] not in ("*", r["project"]):  # another project's run is not there for it
         known = [x["run_id"] for x in request.app[STORE].runs() if request[PROJECT] in ("*", x["project"])][:20]
