@@ -30,10 +30,6 @@ class Origin(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def from_stored(cls, stored: dict[str, Any]) -> Origin:
-        """A stored command's origin. One stored before ReplyTo carries Slack's channel, thread_ts and
-        response_url beside the rest: read into its ReplyTo."""
+        """A stored command's origin; one stored before ReplyTo has its address read by ReplyTo.before."""
         origin = msgspec.convert(stored, cls)
-        if "reply_to" in stored:
-            return origin
-        return msgspec.structs.replace(origin, reply_to=ReplyTo.before(
-            stored.get("channel"), stored.get("thread_ts"), stored.get("response_url")))
+        return origin if "reply_to" in stored else msgspec.structs.replace(origin, reply_to=ReplyTo.before(stored))

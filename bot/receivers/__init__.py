@@ -12,7 +12,8 @@ the command came in through and read only by the receiver of that name.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import msgspec
 
@@ -63,11 +64,13 @@ class ReplyTo(msgspec.Struct, frozen=True, omit_defaults=True):
     url: str = ""  # a one-off address for the answer (Slack: the response_url of a slash command or button)
 
     @classmethod
-    def before(cls, channel: str | None, thread_ts: str | None, response_url: str | None) -> ReplyTo:
-        """The address of a row stored before ReplyTo (a command's origin, an undelivered note): Slack's
-        fields, and "commands" where there was no channel."""
-        return cls(channel="" if channel in (None, _NO_CHANNEL_BEFORE) else channel, thread=thread_ts or "",
-                   url=response_url or "")
+    def before(cls, stored: Mapping[str, Any]) -> ReplyTo:
+        """The address in a row stored before ReplyTo, the one place that knows that shape: Slack's
+        `channel` ("commands" where there was none), `thread_ts` and `response_url`. A command's stored
+        origin holds all three; an undelivered note the last two, the channel being its outbox row's."""
+        channel = stored.get("channel")
+        return cls(channel="" if channel in (None, _NO_CHANNEL_BEFORE) else str(channel),
+                   thread=str(stored.get("thread_ts") or ""), url=str(stored.get("response_url") or ""))
 
 
 _NO_CHANNEL_BEFORE = "commands"  # what rows stored before ReplyTo name the absence of a channel with
@@ -83,21 +86,13 @@ class Note(msgspec.Struct):
     private: bool = False  # only the asker sees it (Slack: an ephemeral answer through its url)
 
 
-class _NoteBefore(msgspec.Struct):
-    """The parts of a stored note that tell its shape: `reply_to` now, Slack's fields before."""
-
-    reply_to: ReplyTo | None = None
-    thread_ts: str | None = None
-    response_url: str | None = None
-
-
 def decode_note(raw: bytes | str, channel: str) -> Note:
     """A note as an outbox row stores it; `channel` is the row's. A row queued before ReplyTo (its
     channel in the row, its thread and response_url in the note) is read into the new shape."""
     note = decode(raw, Note)
-    stored = msgspec.json.decode(raw, type=_NoteBefore)
-    if stored.reply_to is None:
-        note.reply_to = ReplyTo.before(channel, stored.thread_ts, stored.response_url)
+    stored = msgspec.json.decode(raw)  # an object: it decoded as a Note
+    if "reply_to" not in stored:
+        note.reply_to = ReplyTo.before({**stored, "channel": channel})
     return note
 
 
