@@ -31,7 +31,7 @@ log = logging.getLogger("msmon.bot")
 
 @dataclasses.dataclass
 class Answer:
-    """The immediate answer (Slack wants one within 3 s)."""
+    """The immediate answer, given at once (a chat system waits for it: Slack 3 s at most)."""
 
     text: str
     ok: bool = True
