@@ -47,6 +47,9 @@ class _Written:
 
 
 class Ingest:
+    """The job-facing side of the bot's state: envelopes and heartbeats in (bot/app.py), and the
+    watchdog's events (bot/watchdog.py) through the same stages."""
+
     def __init__(self, state: BotState) -> None:
         self.state = state
 
@@ -69,6 +72,7 @@ class Ingest:
                 "queued": queued, "commands": [msgspec.to_builtins(c) for c in commands]}
 
     def heartbeat(self, hb: Heartbeat, project: str = "default") -> None:
+        """A heartbeat on its own: the run's plan and liveness (a run it creates belongs to `project`)."""
         store = self.state.store
         self.state.windows.add_plan(hb)
         known = store.run(hb.run_id)

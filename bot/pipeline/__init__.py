@@ -7,17 +7,19 @@ Ingest (bot/ingest.py), per event of an envelope, inside the envelope's SQLite t
                └────────┴─────────┴──────────┴─► dropped: the alert row only (what the job reports now),
                                                  msmon_suppressed_total{stage=<the stage's name>}
 
-Delivery (bot/outbox.py), per due group of outbox rows, every round of the worker:
+Delivery (bot/outbox.py), every round of the worker, per due group of outbox rows (one message):
 
-    due rows ─► Scheduler.groups ─► group_due ─► rate_limit ─► receiver ─► Scheduler.after ─► rows settled
-    (SQLite)    (bot/delivery.py)       │             │                    (the verdict: delivered,
-                                        │             └─► wait > 0: deferred, not an attempt     retry, dead)
-                                        └─► no row left to try: skipped
+    due rows ─► Scheduler.groups ─► group_due ─► rate_limit ─► receiver ─► Scheduler.after ─► verdict written
+    (SQLite)    (bot/delivery.py)       │             │                    (bot/delivery.py: delivered,
+                                        │             │                     retry later or dead letter)
+                                        │             └─► must wait: deferred (no attempt, no error)
+                                        └─► no row of the group left to try now: skipped
 
-Every stage is a `Stage` (bot/pipeline/flow.py): a name and one function `(ctx, item) -> item | None`,
-pure: the clock's reading and the settings come in the context; SQLite, receivers and the clock itself
-stay in bot/ingest.py, bot/outbox.py and bot/store.py. Each stage's decision lives in its own module,
-tested on its own (tests/test_pipeline.py).
+Every stage is a `Stage` (bot/pipeline/flow.py): a name and one function `(ctx, item) -> item | None`.
+Stages do no I/O: the clock's reading and the settings come in the context, and the only state they
+change is the context's (inhibit marks the run's firing ERROR, rate_limit takes tokens); SQLite,
+receivers and the clock itself stay in bot/ingest.py, bot/outbox.py and bot/store.py. Each stage's
+decision lives in its own module, tested on its own (tests/test_pipeline.py).
 """
 
 from __future__ import annotations
