@@ -3,13 +3,15 @@ to it; it pages people in chat, and carries their commands back to the jobs that
 
     edge        server.py (`msmon serve`), app.py (the HTTP API, auth, limits, background tasks),
                 slack_inbound.py and socket_mode.py (Slack's way in: slash commands and buttons)
-    ingest      dispatch.py runs each envelope through pipeline/ (one pure stage a module) into the outbox
+    ingest      ingest.py runs each event of an envelope through pipeline/'s STAGES (one pure stage a
+                module, flow.py their one shape) into alert and outbox rows (payload.py)
     state       state.py (BotState, shared by ingest and commands), store.py (SQLite), alertindex.py,
                 windows.py (recent metrics per run)
-    delivery    outbox.py (the worker), delivery.py (its pure retry schedule), receivers/ (Slack, console)
+    delivery    outbox.py (the worker, through pipeline/'s DELIVERY stages), delivery.py (its pure retry
+                schedule), receivers/ (Slack, console)
     commands    commands/: parse, auth, the service, the job side (jobs.py)
     also        config.py (bot.yaml), watchdog.py (jobs gone or stalled), chart.py, metrics.py (/metrics)
 
 It never imports the job runtime (`notifier`) or MindSpore: the contract (`msmon.contract`) is all the two
-share on the wire (import-linter contracts in pyproject.toml).
+share (import-linter contracts in pyproject.toml).
 """
