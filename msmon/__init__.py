@@ -4,7 +4,7 @@ What runs where: `notifier/` in the training job, `bot/` in the service a team r
 both share and what runs offline:
 
 - `msmon.contract`: the wire Structs, the codec and the one job-action vocabulary (msgspec only);
-- `msmon.core`: the sans-I/O detectors, alert gate, trend and field specs (no YAML, clock, thread or file);
+- `msmon.core`: the sans-I/O detectors, alert gate, levels, trend and field specs (no YAML, clock, thread or file);
 - `msmon.common`: small helpers job and bot share (safe file names, URL checks, Retry-After);
 - `msmon.config`: the config framework (YAML with line numbers, the validator, ConfigError);
 - `msmon.offline`: readers, replay, calibrate, backtest, plot (only the CLI and the demo import them);
