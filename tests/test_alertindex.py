@@ -101,3 +101,20 @@ def test_the_stores_run_and_silence_copies_follow_rollbacks_and_new_silences(tmp
         store.add_silence(Silence(id=0, expires_at=2000.0, run_id="r"))
     assert [s.run_id for s in store.silences(1000.0)] == ["r"]
     assert store.silences(2000.0) == []  # expired
+
+
+def test_each_dropped_notification_is_counted_under_the_stage_that_dropped_it(tmp_path):
+    from prometheus_client import generate_latest
+
+    now = [1000.0]
+    d = edge(tmp_path, clock=lambda: now[0])
+    assert ingest(d, ev(10)) == 1
+    assert ingest(d, ev(11)) == 0  # a repeat inside repeat_interval
+    with d.state.store.tx():
+        d.state.index.acked(d.state.store.ack("r", "loss_spike", None, "alice"))
+    now[0] += 3600.0  # a reminder is due, but someone is on it
+    assert ingest(d, ev(12)) == 0
+    assert ingest(d, ev(13, Severity.ERROR)) == 1  # a rise still goes out
+    metrics = generate_latest(d.state.metrics.registry).decode()
+    assert 'msmon_suppressed_total{stage="dedup"} 1.0' in metrics
+    assert 'msmon_suppressed_total{stage="acked"} 1.0' in metrics
