@@ -33,7 +33,7 @@ from msmon.offline.calibrate import CalibrationError, calibrate  # noqa: E402
 from msmon.offline.readers import Row, read_log  # noqa: E402
 from msmon.offline.replay import replay, replay_monitor, run_replay  # noqa: E402
 from notifier import Monitor  # noqa: E402
-from tests import analysis_data as data  # noqa: E402
+from tests.fakes import analysis_data as data  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "data" / "real-traces"
 

@@ -30,7 +30,7 @@ from bot.config import load_bot_config  # noqa: E402
 from bot.server import BotThread  # noqa: E402
 from notifier.mindspore import MonitorCallback  # noqa: E402
 from notifier.mindspore.toy import dataset, model, regression_data  # noqa: E402
-from tests.slack_signing import SECRET, slash  # noqa: E402
+from tests.fakes.slack_signing import SECRET, slash  # noqa: E402
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ from bot.config import load_bot_config  # noqa: E402
 from bot.receivers.console import ConsoleReceiver  # noqa: E402
 from bot.server import BotThread  # noqa: E402
 from msmon.contract.wire import Envelope, Event, Sample, Severity, Status, encode  # noqa: E402
-from tests.slack_api import SlackAPIServer  # noqa: E402
+from tests.fakes.slack_api import SlackAPIServer  # noqa: E402
 
 TOKEN = "bench-token"
 

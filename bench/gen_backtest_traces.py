@@ -45,7 +45,7 @@ from mindspore import nn  # noqa: E402
 from msmon.offline.backtest.engine import LABEL_COLUMNS, divergence_step  # noqa: E402
 from msmon.offline.readers import Row  # noqa: E402
 from notifier.mindspore import TrainStepWithGradNorm, parse_outputs  # noqa: E402
-from tests.ms_helpers import MLP, regression_data  # noqa: E402 - the same model and data as the tests
+from tests.fakes.ms_helpers import MLP, regression_data  # noqa: E402 - the same model and data as the tests
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 

@@ -19,7 +19,7 @@ Every stage is a `Stage` (bot/pipeline/flow.py): a name and one function `(ctx, 
 Stages do no I/O: the clock's reading and the settings come in the context, and the only state they
 change is the context's (inhibit marks the run's firing ERROR, rate_limit takes tokens); SQLite,
 receivers and the clock itself stay in bot/ingest.py, bot/outbox.py and bot/store.py. Each stage's
-decision lives in its own module, tested on its own (tests/test_pipeline.py).
+decision lives in its own module, tested on its own (tests/unit/test_pipeline.py).
 """
 
 from __future__ import annotations

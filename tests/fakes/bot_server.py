@@ -1,0 +1,39 @@
+"""The real bot served on loopback from a thread (bot.server.BotThread), plus request helpers."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from bot.config import load_bot_config
+from bot.server import BotThread
+from tests.fakes.helpers import wait_for
+
+__all__ = ["BotServer", "send", "wait_for"]
+
+
+class BotServer(BotThread):
+    def __init__(self, config: dict[str, Any], **app_kwargs: Any) -> None:
+        super().__init__(load_bot_config(config), **app_kwargs)
+
+    def request(self, method: str, path: str, body: bytes | None = None, token: str | None = "job-token",
+                content_type: str = "application/json") -> tuple[int, Any]:
+        req = urllib.request.Request(self.url + path, data=body, method=method)
+        if body is not None:
+            req.add_header("Content-Type", content_type)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        return send(req)
+
+
+def send(req: urllib.request.Request) -> tuple[int, Any]:
+    """(HTTP status, the JSON answer or the text) for any answer, 4xx and 5xx included."""
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw.startswith(b"{") else raw.decode()
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, json.loads(raw) if raw.startswith(b"{") else raw.decode()

@@ -1,0 +1,1 @@
+"""Tests of the real parts together: the bot on loopback, real MindSpore training, the CLI, subprocesses."""

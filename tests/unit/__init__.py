@@ -1,0 +1,1 @@
+"""Tests of one module or one pure state machine, in process: no server, no MindSpore training."""
