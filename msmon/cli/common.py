@@ -1,5 +1,5 @@
 """What several `msmon` subcommands share: the shape of a subcommand module, exit codes, error lines,
-log setup, and the options for a log to read and for the bot to talk to."""
+log setup (and the readers' notes on a log), and the options for a log to read and for the bot to talk to."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, Protocol
 
+from msmon.offline import readers
 from msmon.offline.readers import FORMATS
 
 OK = 0  # it ran and found nothing wrong
@@ -16,7 +17,8 @@ FAILED = 1  # it ran and the answer is "no": alerts on a baseline, a command the
 USAGE = 2  # it could not run: bad input, a config error, a missing dependency, an unreachable bot
 
 COLUMNS_HELP = ("FIELD=NAME,...: the log's column names (CSV), keys (JSONL) or tags (TensorBoard) for step, loss, lr, "
-                "grad_norm, throughput, time, time_ms, device; unmapped fields are found by their usual names")
+                "grad_norm, throughput, time, time_ms, device; unmapped fields are found by their usual names "
+                "(MindFormers text logs need none)")
 
 
 class Subcommand(Protocol):
@@ -43,12 +45,34 @@ def quiet_logging(verbose: bool) -> None:
     log.propagate = False
 
 
+class _Notes(logging.Handler):
+    """Prints the readers' notes (a log's damaged lines) as `msmon COMMAND: note: ...` on the stderr of the moment."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__(logging.WARNING)
+        self.command = command
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"msmon {self.command}: note: {record.getMessage()}", file=sys.stderr)
+
+
+def show_reader_notes(command: str) -> None:
+    """What the log readers noticed (damaged MindFormers lines read as missing) goes to stderr, with or without -v:
+    the user should know the data had holes."""
+    log = logging.getLogger(readers.log.name)
+    for h in [h for h in log.handlers if isinstance(h, _Notes)]:
+        log.removeHandler(h)
+    log.addHandler(_Notes(command))
+    log.setLevel(logging.WARNING)
+    log.propagate = False
+
+
 def add_verbose(parser: argparse.ArgumentParser, help_text: str = "also print msmon's log lines (stderr)") -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help=help_text)
 
 
 def add_log_options(parser: argparse.ArgumentParser, format_help: str | None = None) -> None:
-    """--columns and --input-format: how to read a metrics log (any format `msmon replay` reads)."""
+    """--columns and --input-format: how to read a metrics log (any format `msmon replay` reads; default: detected)."""
     parser.add_argument("--columns", default=None, metavar="MAPPING", help=COLUMNS_HELP)
     parser.add_argument("--input-format", dest="format_in", choices=FORMATS, default=None, help=format_help)
 

@@ -6,10 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from msmon.cli import backtest, calibrate, check_config, cmd, demo, replay, serve
+from msmon.cli import backtest, calibrate, check_config, cmd, convert, demo, replay, serve
 from msmon.cli.common import OK, Subcommand
 
-SUBCOMMANDS: tuple[Subcommand, ...] = (check_config, replay, calibrate, cmd, backtest, demo, serve)  # --help order
+SUBCOMMANDS: tuple[Subcommand, ...] = (check_config, replay, convert, calibrate, cmd, backtest, demo,
+                                       serve)  # --help order
 
 
 def build_parser() -> argparse.ArgumentParser:

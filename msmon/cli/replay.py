@@ -7,7 +7,7 @@ import importlib.util
 import sys
 from typing import Any, TextIO
 
-from msmon.cli.common import OK, add_log_options, add_verbose, fail, quiet_logging
+from msmon.cli.common import OK, add_log_options, add_verbose, fail, quiet_logging, show_reader_notes
 from msmon.core.trend import NOT_ENOUGH
 from msmon.offline.readers import ReplayError, parse_columns
 from msmon.offline.replay import Progress, Replayed, alert_json, alert_line, run_replay
@@ -15,11 +15,12 @@ from notifier.config import ConfigError
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("replay", help="run a metrics log (CSV, JSONL, TensorBoard) through the detectors; "
-                              "print the alerts and the loss trend",
+    p = subparsers.add_parser("replay", help="run a metrics log (CSV, JSONL, TensorBoard, MindFormers) through the "
+                              "detectors; print the alerts and the loss trend",
                               description="Replays LOG through the same Monitor a live job runs and prints every "
                               "alert. Writes no CSV/TensorBoard output and sends nothing to a bot.")
-    p.add_argument("log", help="msmon CSV, any CSV, JSONL, a TensorBoard event file or a folder of them")
+    p.add_argument("log", help="msmon CSV, any CSV, JSONL, a TensorBoard event file or a folder of them, a MindFormers "
+                   "log (worker_N.log, info.log) or its output folder (every rank)")
     p.add_argument("--config", default="config/monitor.yaml", help="monitor_config YAML (default: %(default)s)")
     p.add_argument("--run-id", default="replay")
     add_log_options(p, format_help="the log's format (default: from its name, else its content)")
@@ -41,6 +42,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     quiet_logging(args.verbose)
+    show_reader_notes("replay")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         return fail("replay", "--plot needs matplotlib: pip install 'msmon[bot]' (or pip install matplotlib)")
     progress = Progress(f"replaying {args.log}") if _want_progress(args) else None

@@ -1,5 +1,7 @@
-"""Reading recorded metrics logs into `Row`s: msmon's CSV, any CSV or JSONL with a column mapping, and
-TensorBoard event files (a file, or a folder of them: msmon's own LOG_DIR/RUN_ID/device_N layout).
+"""Reading recorded metrics logs into `Row`s: msmon's CSV, any CSV or JSONL with a column mapping,
+TensorBoard event files (a file, or a folder of them: msmon's own LOG_DIR/RUN_ID/device_N layout, or
+MindFormers' tensorboard_dir/rank_N), and MindFormers' text logs (a file, or a folder of per-rank logs:
+msrun_log/worker_N.log, log/rank_N/info.log; the lines are parsed by `msmon.offline.mindformers`).
 
     for row in read_log("run.csv", columns={"loss": "train_loss"}):
         monitor.step(row.step, loss=row.loss, ...)
@@ -11,7 +13,9 @@ a non-number, a missing column, or a step that does not increase (per device) is
 from __future__ import annotations
 
 import csv
+import heapq
 import json
+import logging
 import math
 import os
 import re
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Generic, TypeVar
 
 from msmon.config.errors import closest
+from msmon.offline import mindformers
 from notifier.outputs.tensorboard_sink import TAGS
 
 _TB = dict(TAGS)  # msmon's own TensorBoard tags, so its event files replay with no mapping
@@ -30,7 +35,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "loss": ("loss", _TB["loss"], "train_loss", "lm_loss", "lm loss", "loss/train"),
     "lr": ("learning_rate", "lr", _TB["learning_rate"], "train/lr", "learning-rate"),
     "grad_norm": ("grad_norm", _TB["grad_norm"], "global_norm", "grad-norm", "gradient_norm", "norm"),
-    "throughput": ("tokens_per_s", _TB["tokens_per_s"], "throughput", "tokens_per_sec"),
+    # MindFormers: "throughput" (samples/s per device) when timers are logged, else its model-flops rate
+    "throughput": ("tokens_per_s", _TB["tokens_per_s"], "throughput", "tokens_per_sec",
+                   "model-flops-throughput-per-npu"),
     "time": ("time", "timestamp"),
     "time_ms": ("train_time_ms_cumulative",),
     "device": ("device", "rank"),
@@ -38,8 +45,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
 METRICS = ("loss", "lr", "grad_norm", "throughput")
 # Spellings accepted on the left of --columns, for the Row field they mean.
 KEY_SYNONYMS = {"learning_rate": "lr", "tokens_per_s": "throughput", "iteration": "step"}
-FORMATS = ("csv", "jsonl", "tensorboard")
+FORMATS = ("csv", "jsonl", "tensorboard", "mindformers")
 T = TypeVar("T")
+log = logging.getLogger(__name__)  # notes on what a log held (damaged lines): msmon's commands print them
 
 
 class ReplayError(ValueError):
@@ -283,7 +291,7 @@ def _json_objects(path: str, lines: Iterable[str]) -> Iterator[tuple[int, dict[s
 
 # -- TensorBoard ------------------------------------------------------------------------------------
 
-_DEVICE_DIR = re.compile(r"device_(.+)")
+_DEVICE_DIR = re.compile(r"(?:device|rank)_(.+)")  # msmon's device_N, MindFormers' rank_N
 _TENSOR_FORMATS = {1: "<f", 2: "<d"}  # DT_FLOAT, DT_DOUBLE
 
 
@@ -392,12 +400,105 @@ def _read_tensorboard(root: str, columns: Mapping[str, str]) -> list[Row]:
     return rows
 
 
+# -- MindFormers text logs -------------------------------------------------------------------------
+
+_WORKER = re.compile(r"worker_(\d+)\.log")  # msrun's output/msrun_log/worker_N.log
+_RANK_DIR = re.compile(r"rank_(\d+)")  # output/log/rank_N/
+_INFO = re.compile(r"info\.log(?:\.(\d+))?")  # info.log and its rotated info.log.1 (older), ...
+
+
+def _rank_of(path: str) -> str | None:
+    """The rank a MindFormers log belongs to, from its name (worker_N.log, rank_N/info.log); None if it does not say."""
+    m = _WORKER.fullmatch(os.path.basename(path))
+    if m:
+        return m.group(1)
+    r = _RANK_DIR.fullmatch(os.path.basename(os.path.dirname(os.path.abspath(path))))
+    return r.group(1) if r and _INFO.fullmatch(os.path.basename(path)) else None
+
+
+def _rank_logs(root: str) -> dict[str | None, list[str]]:
+    """Rank -> its log files, oldest first: a file is one rank; a folder holds msrun's worker_N.log files,
+    else the older log/rank_N/info.log (with its rotated info.log.K). Both at once: the worker logs (not rotated)."""
+    if os.path.isfile(root):
+        return {_rank_of(root): [root]}
+    workers: dict[str | None, list[str]] = {}
+    infos: dict[str | None, list[tuple[int, str]]] = {}
+    for folder, _, files in sorted(os.walk(root)):
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            info = _INFO.fullmatch(name)
+            if _WORKER.fullmatch(name):
+                workers.setdefault(_rank_of(path), []).append(path)
+            elif info and _RANK_DIR.fullmatch(os.path.basename(folder)):
+                infos.setdefault(_rank_of(path), []).append((-int(info.group(1) or 0), path))
+    for rank, paths in workers.items():
+        if len(paths) > 1:
+            raise ReplayError(f"{root}: rank {rank} has logs in several folders ({', '.join(paths)}): several runs "
+                              "are below this folder; replay one run's output folder")
+    if workers:
+        return workers
+    if infos:
+        return {rank: [p for _, p in sorted(files)] for rank, files in infos.items()}
+    raise ReplayError(f"{root}: no MindFormers logs in this folder or below (looked for msrun_log/worker_N.log and "
+                      "log/rank_N/info.log); give the log file itself")
+
+
+def _rank_rows(rank: str | None, files: list[str], counters: list[_Counted[bytes]]) -> Iterator[Row]:
+    """One rank's rows from its files in order, steps increasing; a note on each file's damaged lines."""
+    order = _StepOrder()
+    for path in files:
+        with open(path, "rb") as f:
+            counted = _Counted(f, len)
+            counters.append(counted)
+            report = mindformers.Report()
+            for rec in mindformers.records(_decoded(counted), report):
+                row = Row(rec.step, rec.loss, rec.lr, rec.grad_norm, rec.throughput, rec.time, rank)
+                if not _has_metric(row):
+                    continue
+                order.check(rank, row.step, f"{path}:{rec.line}", f"{path}:{rec.line}")
+                yield row
+        note = report.summary(path)
+        if note is not None:
+            log.warning(note)
+
+
+def _read_mindformers(root: str, columns: Mapping[str, str]) -> LogReader:
+    """Every rank of a run, merged in step order as the files are read (each rank's steps increase)."""
+    if columns:
+        raise ReplayError(f"{root}: --columns does not apply to a MindFormers log: its fields are read by name "
+                          "(loss, lr, global_norm, samples/s/p)")
+    ranks = _rank_logs(root)
+    counters: list[_Counted[bytes]] = []
+    streams = [_rank_rows(rank, files, counters) for rank, files in ranks.items()]
+    rows = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda r: (r.step, r.device or ""))
+    size = sum(os.path.getsize(p) for files in ranks.values() for p in files)
+    return LogReader(root, "mindformers", iter(rows), lambda: sum(c.done for c in counters), size)
+
+
 # -- entry point ------------------------------------------------------------------------------------
+
+SNIFF = 1 << 20  # bytes read in turn, up to SNIFF_MAX, for a MindFormers training line (a long preamble first)
+SNIFF_MAX = 16 * SNIFF
+
+
+def _is_mindformers(f: IO[bytes], head: bytes) -> bool:
+    """A training line within the first SNIFF_MAX bytes (from `head`, then read on from `f`)."""
+    chunk, read = head, len(head)
+    while chunk:
+        if mindformers.MARKER.search(chunk):
+            return True
+        if read >= SNIFF_MAX:
+            return False
+        more = f.read(SNIFF)
+        chunk, read = chunk[-64:] + more if more else b"", read + len(more)
+    return False
 
 
 def detect_format(path: str) -> str:
-    """csv, jsonl or tensorboard, from the name, else from the first bytes."""
-    if os.path.isdir(path) or "tfevents" in os.path.basename(path):
+    """csv, jsonl, tensorboard or mindformers, from the name, else from the content."""
+    if os.path.isdir(path):
+        return "mindformers" if not _has_events(path) and _has_rank_logs(path) else "tensorboard"
+    if "tfevents" in os.path.basename(path):
         return "tensorboard"
     ext = os.path.splitext(path)[1].lower()
     if ext in (".jsonl", ".ndjson", ".json"):
@@ -406,6 +507,8 @@ def detect_format(path: str) -> str:
         return "csv"
     with open(path, "rb") as f:
         head = f.read(512)
+        if _is_mindformers(f, head):
+            return "mindformers"
     if head.lstrip().startswith(b"{"):
         return "jsonl"
     try:
@@ -413,6 +516,18 @@ def detect_format(path: str) -> str:
     except UnicodeDecodeError:
         return "tensorboard"
     return "tensorboard" if b"\x00" in head else "csv"
+
+
+def _has_events(root: str) -> bool:
+    return any("tfevents" in f for _, _, files in os.walk(root) for f in files)
+
+
+def _has_rank_logs(root: str) -> bool:
+    try:
+        _rank_logs(root)
+    except ReplayError:
+        return False
+    return True
 
 
 @dataclass
@@ -436,7 +551,7 @@ class LogReader:
 
 
 def read_log(path: str, columns: Mapping[str, str] | None = None, fmt: str | None = None) -> LogReader:
-    """Rows of a metrics log, whatever its format (`fmt`: csv, jsonl or tensorboard; None: detected).
+    """Rows of a metrics log, whatever its format (`fmt`: csv, jsonl, tensorboard or mindformers; None: detected).
 
     `columns` maps Row fields (step, loss, lr, grad_norm, throughput, time, time_ms, device) to this
     log's column names, JSON keys or TensorBoard tags; unmapped fields are found by their usual names.
@@ -447,6 +562,8 @@ def read_log(path: str, columns: Mapping[str, str] | None = None, fmt: str | Non
     kind = fmt or detect_format(path)
     if kind not in FORMATS:
         raise ReplayError(f"unknown log format {kind!r}; formats: {', '.join(FORMATS)}")
+    if kind == "mindformers":
+        return _read_mindformers(path, cols)
     if kind == "tensorboard":
         rows = _read_tensorboard(path, cols)
         counted_rows = _Counted(rows, lambda _: 1)

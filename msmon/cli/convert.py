@@ -1,0 +1,78 @@
+"""`msmon convert LOG -o OUT.csv`: any log msmon reads, written as msmon's CSV (which replays with no mapping)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+from collections.abc import Iterable
+from typing import IO, Any
+
+from msmon.cli.common import OK, add_log_options, add_verbose, fail, quiet_logging, show_reader_notes
+from msmon.offline.readers import LogReader, ReplayError, Row, parse_columns, read_log
+
+COLUMNS = ("step", "loss", "lr", "grad_norm", "throughput", "time", "device")  # Row's fields, in this order
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "convert", help="write a metrics log (MindFormers, TensorBoard, JSONL, any CSV) as msmon's CSV",
+        description="Reads LOG as `msmon replay` does (the same formats, the same detection, --columns for names msmon "
+        f"does not know) and writes one row per step and device: {','.join(COLUMNS)}. Empty cells are values the "
+        "log does not hold; nan and inf are kept. msmon replay, calibrate and backtest read the result with no "
+        "mapping.")
+    p.add_argument("log", help="any log msmon replay reads: a MindFormers worker_N.log / info.log or its output "
+                   "folder, TensorBoard event files, JSONL, CSV")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.csv", help="the CSV to write ('-': stdout)")
+    add_log_options(p, format_help="the log's format (default: from its name, else its content)")
+    add_verbose(p)
+    p.set_defaults(func=run)
+
+
+def _cell(v: float | str | None) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
+    return str(v)
+
+
+def write_csv(rows: Iterable[Row], out: IO[str]) -> int:
+    """The rows as msmon's CSV on `out`; returns how many."""
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(COLUMNS)
+    n = 0
+    for r in rows:
+        w.writerow([_cell(getattr(r, c)) for c in COLUMNS])
+        n += 1
+    return n
+
+
+def _write_file(source: LogReader, path: str) -> int:
+    """Written beside `path` and renamed at the end: a log that fails half-way leaves no half CSV."""
+    tmp = f"{path}.partial"
+    try:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            n = write_csv(source, f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return n
+
+
+def run(args: argparse.Namespace) -> int:
+    quiet_logging(args.verbose)
+    show_reader_notes("convert")
+    if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.log):
+        return fail("convert", f"-o {args.output} is the log itself; name another file")
+    try:
+        source = read_log(args.log, parse_columns(args.columns), args.format_in)
+        n = write_csv(source, sys.stdout) if args.output == "-" else _write_file(source, args.output)
+    except (ReplayError, OSError) as exc:
+        return fail("convert", exc)
+    if args.output != "-":
+        print(f"wrote {args.output}: {n:,} rows ({source.format}: {args.log})", file=sys.stderr)
+    return OK

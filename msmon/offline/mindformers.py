@@ -1,0 +1,177 @@
+"""MindFormers' training log lines read into metrics: pure code, lines in, records out.
+
+MindFormers' `MFLossMonitor` (`mindformers/core/callback/callback.py`) prints one line per printed step,
+behind its logger's prefix (`2025-04-07 15:34:27,308 - mindformers[...] - INFO - ` on stdout, so in
+`msrun_log/worker_N.log`; `[INFO] 2023-07-11 10:47:36,427 [...] print_output_info: ` in `log/rank_N/info.log`):
+
+    current  { Epoch:[%3d/%3d], step:[%5d/%5d], loss: %5.3f, per_step_time: %dms, lr: %s, overflow cond: %s,
+             loss_scale: %s, global_norm: %s, train_throughput_per_npu: %.3fT
+             (non-sink mode: `loss:[%5.3f/%5.3f], `; no `lr: ` when the LR cannot be computed; an optional
+             `lm_loss: `, `aux_loss: `, `mtp_loss: ` after the loss), then its progress line
+             `  %4.1f%% |███   | %.5f samples/s/p  H:MM:SS }`
+    older    Epoch:[%3d/%3d], step:[%5d/%5d], loss:[%5.3f/%5.3f], time:%5.3f ms, lr:%s, overflow cond: %s,
+             loss_scale: %s   (after `print_output_info: ` in its file format; sink mode: `loss: %5.3f, `)
+
+`step` counts within the epoch, so the global step is `(epoch - 1) * steps_per_epoch + step` (what
+MindFormers itself writes to TensorBoard); in sink mode it jumps by the sink size. Throughput is the
+progress line's samples/s per device (the unit of MindFormers' `throughput_baseline`); time is the
+prefix's timestamp, read as UTC (the log does not say its zone; only differences matter to msmon).
+
+Damaged lines (a missing colon, a number with its dot lost, a field cut off) are read field by field:
+what can be read is kept, a field that is there but unreadable is missing (None) and listed in the
+`Report`; a value is never guessed. A number printed with a fixed format (`%5.3f`, `%d`, `%.5f`) must
+look like it, so `loss: 10649` (the dot lost) is missing, not ten thousand.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+
+FIELDS = ("loss", "lr", "grad_norm", "throughput")
+MARKER = re.compile(rb"Epoch\s*:?\s*\[\s*\d+\s*/")  # what a MindFormers training line looks like, in bytes
+
+
+@dataclass(frozen=True)
+class Record:
+    """One training line: its line number, the global step and what could be read of it."""
+
+    line: int
+    step: int
+    loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    throughput: float | None = None  # samples/s per device, from the progress line after it
+    time: float | None = None  # seconds since the epoch, from the line's timestamp
+
+
+@dataclass
+class Report:
+    """What a log held: training lines read, lines skipped (no readable step) and fields read as missing."""
+
+    lines: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, why)
+    missing: list[tuple[int, str, str]] = field(default_factory=list)  # (line, field, the text as it stands)
+
+    def summary(self, where: str, shown: int = 3) -> str | None:
+        """One sentence for the user, or None when nothing was damaged."""
+        if not self.skipped and not self.missing:
+            return None
+        parts = [f"line {n}: {why} (skipped)" for n, why in self.skipped[:shown]]
+        parts += [f"line {n}: {name} {text!r} is not a number (read as missing)"
+                  for n, name, text in self.missing[:shown]]
+        lines = len({n for n, _ in self.skipped} | {n for n, _, _ in self.missing})
+        return (f"{where}: {lines} of {self.lines:,} MindFormers training lines damaged; what could be read was "
+                f"kept, the rest is missing, nothing was guessed: {'; '.join(parts)}"
+                + ("; ..." if len(self.skipped) + len(self.missing) > 2 * shown else ""))
+
+
+_K = r"\s*:?\s*"  # a key's colon, which damaged lines sometimes lose
+_PAIR = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")
+_EPOCH = re.compile(r"Epoch" + _K + r"(\[[^\]]*\]?)")
+_STEP = re.compile(r"(?<![\w-])step(?!\w)" + _K + r"(\[[^\]]*\]?)")
+_VALUE = r"(\[[^\]]*\]|Tensor\([^)]*\)|[^,\s]*)"
+_LOSS = re.compile(r"(?<![\w-])loss(?!\w)" + _K + _VALUE)
+_LR = re.compile(r"(?<![\w-])lr(?!\w)" + _K + _VALUE)
+_NORM = re.compile(r"global_norm" + _K + _VALUE)
+_PROGRESS = re.compile(r"\d+(?:\.\d+)?%\s*\|[^|]*\|\s*(\S*)\s*samples/s/p")
+_STAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\d{1,6}))?")
+_FIXED3 = re.compile(r"-?\d+\.\d{3}|-?nan|-?inf", re.IGNORECASE)  # %5.3f
+_FIXED5 = re.compile(r"\d+\.\d{5}|nan|inf", re.IGNORECASE)  # %.5f
+_FLOAT = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)", re.IGNORECASE)
+
+
+def _pair(text: str) -> tuple[int, int] | None:
+    m = _PAIR.fullmatch(text.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _strip(text: str) -> str:
+    """`[44.31]`, `Tensor(shape=[], dtype=Float32, value= 44.31)` -> `44.31`: the one value a %s printed."""
+    text = text.strip()
+    if text.startswith("Tensor(") and "value=" in text:
+        text = text.split("value=", 1)[1].rstrip(")")
+    return text.strip().strip("[]").strip()
+
+
+def _number(text: str, form: re.Pattern[str] = _FLOAT) -> float | None:
+    text = _strip(text)
+    return float(text) if form.fullmatch(text) else None
+
+
+def _timestamp(text: str) -> float | None:
+    m = _STAMP.search(text)
+    if m is None:
+        return None
+    y, mo, d, h, mi, s, frac = m.groups()
+    try:
+        whole = calendar.timegm((int(y), int(mo), int(d), int(h), int(mi), int(s), 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+    return whole + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+class _Line:
+    """The fields of one training line, each read on its own so one damaged field spares the others."""
+
+    def __init__(self, number: int, text: str, report: Report) -> None:
+        self.number, self.text, self.report = number, text, report
+
+    def value(self, name: str, pattern: re.Pattern[str], form: re.Pattern[str] = _FLOAT) -> float | None:
+        m = pattern.search(self.text)
+        if m is None:
+            return None  # not printed (e.g. no lr on a CPU run)
+        raw = m.group(1)
+        if raw.startswith("[") and "/" in raw:  # loss:[current/mean of the epoch]: the current one
+            raw = raw.strip("[]").split("/")[0]
+        v = _number(raw, form)
+        if v is None:
+            self.report.missing.append((self.number, name, raw.strip()))
+        return v
+
+    def step(self) -> int | None:
+        """The global step, or None (the line is skipped, and listed) when Epoch:[e/E] or step:[s/S] is unreadable."""
+        pairs: list[tuple[int, int]] = []
+        for name, pattern in (("Epoch", _EPOCH), ("step", _STEP)):
+            m = pattern.search(self.text)
+            pair = _pair(m.group(1)) if m else None
+            if pair is None:
+                self.report.skipped.append((self.number, f"no readable {name}:[N/M]"))
+                return None
+            pairs.append(pair)
+        (epoch, _), (step, per_epoch) = pairs
+        return (epoch - 1) * per_epoch + step
+
+
+def _is_training_line(text: str) -> bool:
+    return "Epoch" in text and "step" in text and "loss" in text
+
+
+def records(lines: Iterable[str], report: Report | None = None) -> Iterator[Record]:
+    """The training records of a MindFormers log, in the order printed; `report` collects the damage."""
+    rep = report if report is not None else Report()
+    pending: Record | None = None
+    for number, text in enumerate(lines, start=1):
+        progress = _PROGRESS.search(text) if pending is not None and pending.throughput is None else None
+        if progress is not None and pending is not None:
+            rate = _number(progress.group(1), _FIXED5)
+            if rate is None:
+                rep.missing.append((number, "samples/s/p", progress.group(1)))
+            pending = replace(pending, throughput=rate)
+            continue
+        if not _is_training_line(text):
+            continue
+        rep.lines += 1
+        line = _Line(number, text, rep)
+        step = line.step()
+        if step is None:
+            continue
+        if pending is not None:
+            yield pending
+        pending = Record(number, step, loss=line.value("loss", _LOSS, _FIXED3), lr=line.value("lr", _LR),
+                         grad_norm=line.value("global_norm", _NORM), time=_timestamp(text.split("Epoch", 1)[0]))
+    if pending is not None:
+        yield pending
+
