@@ -28,12 +28,15 @@ from .commands.origin import Origin
 from .commands.service import CommandService, view
 from .config import BotConfig
 from .delivery import Policy
+from .digest import DigestReceiver, Digests
+from .escalation.scheduler import AckLinks, Escalator
 from .ingest import Ingest
 from .metrics import BotMetrics
-from .outbox import Outbox
+from .outbox import Lane, Outbox
 from .pipeline.ratelimit import RateLimiter
 from .receivers import Receiver
 from .receivers.console import ConsoleReceiver, save_status_chart
+from .receivers.render import escape_html
 from .slack_inbound import add_slack_routes
 from .state import BotState
 from .store import Store
@@ -49,6 +52,7 @@ CONFIG = web.AppKey("config", BotConfig)
 TOKENS = web.AppKey("tokens", list)
 COMMANDS = web.AppKey("commands", CommandService)
 STATE = web.AppKey("state", BotState)  # the one state the ingest and the command side share
+ESCALATOR = web.AppKey("escalator", Escalator)
 REFUSED = web.AppKey("refused", Counter)  # cross-project requests refused, by route
 PROJECT = web.RequestKey("project", str)
 OPERATOR = web.RequestKey("operator", str)  # the operator's name; "" for a job's token
@@ -175,14 +179,43 @@ async def ingest(request: web.Request) -> web.Response:
                                                  "envelope's run_id")
     body = await request.read()
     _own(request, env.run_id, env.project)  # no await from here to the commit: nobody re-homes it in between
-    return web.json_response(request.app[INGEST].envelope(env, body), status=202)
+    answer = request.app[INGEST].envelope(env, body)
+    _ended(request, env.heartbeats)
+    return web.json_response(answer, status=202)
 
 
 async def heartbeat(request: web.Request) -> web.Response:
     _job_only(request)
     hb: Heartbeat = await _body(request, Heartbeat)
     request.app[INGEST].heartbeat(hb, _own(request, hb.run_id))
+    _ended(request, [hb])
     return web.json_response({"ok": True}, status=202)
+
+
+def _ended(request: web.Request, beats: list[Heartbeat]) -> None:
+    """A final heartbeat: the run ended normally (the watchdog raises nothing for it after this)."""
+    final = [hb for hb in beats if hb.final]
+    if final:
+        store = request.app[STORE]
+        store.escalations.end_run(final[-1].run_id, request.app[STATE].clock(), final[-1].step)
+        log.info("msmon bot: run %s ended normally at step %s", final[-1].run_id, final[-1].step)
+
+
+_ACK_PAGE = ("<!doctype html><html><head><meta charset=utf-8><title>msmon: acknowledge</title></head><body>"
+             "<p>{text}</p>{form}</body></html>")
+
+
+async def ack_page(request: web.Request) -> web.Response:
+    """The email link's page: a button that POSTs (a mail scanner fetching the link acknowledges nothing)."""
+    form = ('<form method="post"><button type="submit">Acknowledge: stop the escalation</button></form>')
+    return web.Response(text=_ACK_PAGE.format(text="Acknowledge this msmon alert?", form=form),
+                        content_type="text/html")
+
+
+async def ack_link(request: web.Request) -> web.Response:
+    status, text = request.app[ESCALATOR].ack_link(request.match_info["token"])
+    return web.Response(text=_ACK_PAGE.format(text=escape_html(text), form=""), status=status,
+                        content_type="text/html")
 
 
 async def runs(request: web.Request) -> web.Response:
@@ -279,6 +312,28 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+def _extra_receivers(cfg: BotConfig, receivers: dict[str, Receiver], store: Store,
+                     clock: Callable[[], float]) -> dict[str, Receiver]:
+    """`receivers` plus the email receiver (bot.email.host set) and the digest receiver (a route uses it)."""
+    out = dict(receivers)
+    e = cfg.email
+    if e.host and "email" not in out:
+        from .receivers.email import EmailReceiver
+
+        out["email"] = EmailReceiver(e.host, e.port, e.tls, e.sender, e.timeout, e.username_env, e.password_env)
+    if any(r.receiver == "digest" for r in cfg.routes) and "digest" not in out:
+        out["digest"] = DigestReceiver(store, clock)
+    return out
+
+
+def _ack_links(cfg: BotConfig) -> AckLinks | None:
+    key = os.environ.get(cfg.email.ack_secret_env, "")
+    if cfg.email.host and cfg.email.public_url and not key:
+        log.warning("msmon bot: escalation mail goes without an acknowledge link: the environment variable %s (the "
+                    "key that signs the links) is empty", cfg.email.ack_secret_env)
+    return AckLinks(key.encode(), cfg.email.ack_link_ttl) if key else None
+
+
 def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
     receivers: dict[str, Receiver] = {
         "console": ConsoleReceiver(cfg.console.charts_dir if cfg.console.charts else None)}
@@ -304,7 +359,8 @@ async def _every(period: float, fn: Callable[[], object], stop: asyncio.Event) -
 
 
 def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
-               receivers: dict[str, Receiver] | None = None, delivery: Policy | None = None) -> web.Application:
+               receivers: dict[str, Receiver] | None = None, delivery: Policy | None = None,
+               escalation_period: float = 1.0) -> web.Application:
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard])
     store = Store(cfg.state_path)
     m = BotMetrics()
@@ -314,15 +370,27 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
         dc = cfg.delivery
         delivery = Policy(base=dc.backoff_base, cap=dc.backoff_max, max_attempts=dc.max_attempts,
                           max_error_attempts=dc.max_error_attempts, max_retry_after=dc.max_retry_after)
-    outbox = Outbox(store, receivers or build_receivers(cfg),
-                    RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock, policy=delivery)
-    state.doorbell = outbox.wake
+    receivers = _extra_receivers(cfg, receivers or build_receivers(cfg), store, clock)
+    outbox = Outbox(store, receivers, RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock,
+                    policy=delivery, lane=Lane("email", only=False))
+    mailbox = Outbox(store, receivers, RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock,
+                     policy=delivery, lane=Lane("email", only=True)) if "email" in receivers else None
+
+    def ring() -> None:
+        outbox.wake()
+        if mailbox is not None:
+            mailbox.wake()
+
+    state.doorbell = ring
     app[CONFIG], app[STORE], app[METRICS], app[INGEST], app[OUTBOX] = cfg, store, m, Ingest(state), outbox
     app[TOKENS] = _tokens(cfg)
     app[REFUSED] = Counter("msmon_cross_project_refused_total", "job requests refused for another project's run, "
                            "by route", ["route"], registry=m.registry)
     svc = CommandService(state)
     app[COMMANDS], app[STATE] = svc, state
+    escalator = Escalator(state, clock, period=escalation_period, links=_ack_links(cfg))
+    app[ESCALATOR] = escalator
+    digests = Digests(state, clock)
     app.router.add_post("/v1/ingest", ingest)
     app.router.add_post("/v1/heartbeat", heartbeat)
     app.router.add_get("/v1/runs", runs)
@@ -332,6 +400,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/commands/poll", poll_commands)
     app.router.add_get("/v1/outbox/dead", dead_letters)
     inbound = add_slack_routes(app, cfg, svc, clock)
+    app.router.add_get("/ack/{token}", ack_page)
+    app.router.add_post("/ack/{token}", ack_link)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     watchdog = Watchdog(cfg, store, app[INGEST], clock)
@@ -350,12 +420,17 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                           "with a working app token (%s)", exc, cfg.slack.app_token_env)
                 bridge = None
         stop = asyncio.Event()
+        escalator.start()
+        digests.start(escalator.scheduler)
         tasks = [asyncio.create_task(outbox.run(stop)), asyncio.create_task(watchdog.run(stop)),
                  asyncio.create_task(_every(1.0, state.flush, stop)),
                  asyncio.create_task(_every(1.0, lambda: jobs.expire(state), stop))]
+        if mailbox is not None:
+            tasks.append(asyncio.create_task(mailbox.run(stop)))
         yield
         if bridge is not None:
             await bridge.stop()  # first: no command arrives while the rest shuts down
+        escalator.stop()
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         state.flush()

@@ -99,12 +99,108 @@ class Route:
     labels: dict[str, str] = _f({}, "match: every label given must be equal")
     warnings: Literal["thread", "channel"] = _f(
         "thread", "WARNINGs: in the thread of the run's alert message, or as messages in `channel`")
+    escalation: str | None = _f(None, "name of an escalation policy (bot.escalations) for this route's ERRORs")
 
     def check(self) -> Iterator[tuple[str, str]]:
+        if self.receiver not in RECEIVERS:
+            yield "receiver", f"unknown receiver {shown(self.receiver)}; receivers are {', '.join(RECEIVERS)}"
+        if self.receiver in ("slack", "digest") and not self.channel:
+            yield "channel", f"a {self.receiver} route needs a channel ID"
+
+
+RECEIVERS = ("console", "slack", "digest")  # digest: held for the channel's next digest (bot/digest.py)
+
+
+@dataclasses.dataclass
+class EscalationLevel:
+    """One level of a policy: `after` seconds into the alert, tell `mention` in the route's channel and
+    mail `email`."""
+
+    after: float = _f(0.0, "seconds after the alert started firing", ge=0, le=7 * DAY)
+    mention: list[str] = _f([], "who to mention in the route's channel: Slack user IDs (U...), group IDs "
+                                "(S...), or here/channel")
+    email: list[str] = _f([], "addresses to mail (bot.email must be set)")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if not self.mention and not self.email:
+            yield "mention", "a level tells someone: give mention or email (or both)"
+        for i, addr in enumerate(self.email):
+            if "@" not in addr or any(c in addr for c in " <>,\r\n"):
+                yield f"email[{i}]", f"not an email address: {shown(addr)}"
+
+
+@dataclasses.dataclass
+class EscalationPolicy:
+    """Ordered levels, the whole chain repeated `repeat` more times, a round every `repeat_every` s."""
+
+    levels: list[EscalationLevel] = _f([], "the levels, in order of `after`")
+    repeat: int = _f(0, "times the whole chain runs again after the first", ge=0, le=100)
+    repeat_every: float = _f(3600.0, "seconds from the start of one round to the next", ge=1, le=30 * DAY)
+    severities: list[Literal["WARNING", "ERROR"]] = _f(["ERROR"], "which alerts escalate (WARNING is for the log "
+                                                                  "and the channel; ERROR pages)")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if not self.levels:
+            yield "levels", "a policy needs at least one level"
+        afters = [lv.after for lv in self.levels]
+        if afters != sorted(afters):
+            yield "levels", f"levels must be in order of `after`; got {afters}"
+        if self.repeat and afters and afters[-1] >= self.repeat_every:
+            yield "repeat_every", (f"{self.repeat_every:g} s is not after the last level ({afters[-1]:g} s): "
+                                   "the next round would start before this one ends")
+
+
+@dataclasses.dataclass
+class EmailConfig:
+    """SMTP for escalation email (aiosmtplib). The password and the ack-link key come from the environment."""
+
+    host: str = _f("", "SMTP server (empty: no email)")
+    port: int = _f(587, "SMTP port (465 for tls: ssl, 587 for starttls)", ge=1, le=65535)
+    tls: Literal["ssl", "starttls", "none"] = _f("starttls", "ssl: TLS from the start; starttls: upgrade; none: "
+                                                             "plain (loopback tests only)")
+    username_env: str | None = _f(None, "environment variable with the SMTP user name (none: no login)")
+    password_env: str = _f("MSMON_SMTP_PASSWORD", "environment variable with the SMTP password")
+    sender: str = _f("msmon@localhost", "From: address")
+    timeout: float = _f(20.0, "seconds before a silent SMTP server counts as a failed try", gt=0, le=600)
+    public_url: str | None = _f(None, "the bot's address as people reach it, for the acknowledge link "
+                                      "(none: no link)")
+    ack_secret_env: str = _f("MSMON_ACK_SECRET", "environment variable with the key that signs ack links")
+    ack_link_ttl: float = _f(86_400.0, "seconds an acknowledge link stays valid", ge=60, le=30 * DAY)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        problem = url_problem(self.public_url) if self.public_url is not None else None
+        if problem:
+            yield "public_url", problem
+
+
+@dataclasses.dataclass
+class Digest:
+    """A scheduled summary for one channel: active runs, progress, loss trend, ETA, alerts since the last."""
+
+    channel: str = _f("", "channel the digest goes to (and whose `receiver: digest` routes it collects)")
+    receiver: str = _f("slack", "console or slack")
+    cron: str = _f("0 9 * * *", "crontab expression (minute hour day month weekday)")
+    timezone: str = _f("UTC", "time zone of the cron expression")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if not self.channel:
+            yield "channel", "a digest needs a channel"
         if self.receiver not in ("console", "slack"):
-            yield "receiver", f"unknown receiver {shown(self.receiver)}; receivers are console, slack"
-        if self.receiver == "slack" and not self.channel:
-            yield "channel", "a slack route needs a channel ID"
+            yield "receiver", f"unknown receiver {shown(self.receiver)}; a digest goes to console or slack"
+        problem = cron_problem(self.cron, self.timezone)
+        if problem:
+            yield "cron", problem
+
+
+def cron_problem(expr: str, timezone: str) -> str | None:
+    """Why apscheduler's crontab parser refuses `expr` in `timezone`, or None."""
+    from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
+
+    try:
+        CronTrigger.from_crontab(expr, timezone=timezone)
+    except (ValueError, LookupError, KeyError) as exc:
+        return f"not a crontab expression in time zone {shown(timezone)}: {shown(expr)} ({exc})"
+    return None
 
 
 @dataclasses.dataclass
@@ -181,8 +277,18 @@ class BotConfig:
     slack: SlackConfig = _f(SlackConfig(), "Slack receiver")
     console: ConsoleConfig = _f(ConsoleConfig(), "console receiver")
     commands: CommandsConfig = _f(CommandsConfig(), "chat commands and who may use them")
+    escalations: dict[str, EscalationPolicy] = _f({}, "escalation policies by name (routes name them)")
+    email: EmailConfig = _f(EmailConfig(), "SMTP for escalation email")
+    digests: list[Digest] = _f([], "scheduled summaries, one per channel")
 
     def check(self) -> Iterator[tuple[str, str]]:
+        for i, r in enumerate(self.routes):
+            if r.escalation is not None and r.escalation not in self.escalations:
+                yield f"routes[{i}].escalation", (f"no escalation policy {shown(r.escalation)}; bot.escalations "
+                                                  f"has {', '.join(self.escalations) or 'none'}")
+        mails = any(lv.email for p in self.escalations.values() for lv in p.levels)
+        if mails and not self.email.host:
+            yield "email", "escalation levels send email but bot.email.host is not set"
         kept = self.window_samples * self.max_runs
         if kept > _MAX_KEPT_SAMPLES:
             yield "window_samples", (f"with max_runs {self.max_runs}, up to {kept:,} samples per device would be kept "

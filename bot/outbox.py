@@ -34,8 +34,8 @@ from .payload import Payload
 from .pipeline import DELIVERY, flow
 from .pipeline.group import firing_key
 from .pipeline.ratelimit import RateLimiter
-from .receivers import DeliveryError, Message, Note, Receiver, decode_note
-from .store import Store
+from .receivers import DeliveryError, Mail, Mailer, Message, Note, Receiver, decode_note
+from .store import OutboxEntry, Store
 
 log = logging.getLogger("msmon.bot")
 
@@ -73,6 +73,7 @@ class _Try:
     plan: Plan
     payloads: list[Payload] = dataclasses.field(default_factory=list)
     notes: list[Note] = dataclasses.field(default_factory=list)
+    mails: list[Mail] = dataclasses.field(default_factory=list)
     posted: str | None = None
 
     @property
@@ -89,11 +90,27 @@ class _Try:
         return f"{h.kind} {h.key!r} of run {h.run_id!r} to {h.receiver} {h.channel}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Lane:
+    """Which rows a worker takes: those of `receiver` (only) or of every other receiver (not only).
+    The bot runs one worker for email and one for the rest: SMTP never holds a chat message."""
+
+    receiver: str
+    only: bool
+
+    def due(self, store: Store, now: float) -> list[OutboxRow]:
+        return store.due_lane(now, self.receiver, self.only)
+
+    def next_due_at(self, store: Store) -> float | None:
+        return store.next_due_lane(self.receiver, self.only)
+
+
 class Outbox:
     def __init__(self, store: Store, receivers: dict[str, Receiver], limiter: RateLimiter, metrics: BotMetrics,
                  clock: Callable[[], float] = time.time, policy: Policy | None = None,
-                 rand: Callable[[], float] = random.random) -> None:
+                 rand: Callable[[], float] = random.random, lane: Lane | None = None) -> None:
         self.store, self.receivers, self.metrics, self.clock = store, receivers, metrics, clock
+        self.lane = lane  # None: every row
         self.scheduler = Scheduler(policy, rand)
         self.doorbell = asyncio.Event()
         # Row id -> the reference of its posted message, until the row's verdict is written: a post is
@@ -123,7 +140,7 @@ class Outbox:
             except Exception:  # noqa: BLE001 - SQLite trouble; every row's own failure is handled in _send
                 log.exception("msmon bot: delivery round failed; retrying in 1 s")
                 await asyncio.sleep(1.0)
-            nxt = self.store.next_due_at()
+            nxt = self.store.next_due_at() if self.lane is None else self.lane.next_due_at(self.store)
             wait = 1.0 if nxt is None or self._unwritten else min(max(nxt - self.clock(), 0.01), 1.0)
             self.doorbell.clear()
             stop_task = asyncio.ensure_future(stop.wait())
@@ -138,7 +155,8 @@ class Outbox:
         self._write_unwritten()
         now = self.clock()
         sent = 0
-        for gk in self.scheduler.groups(self.store.due(now), now):
+        rows = self.store.due(now) if self.lane is None else self.lane.due(self.store, now)
+        for gk in self.scheduler.groups(rows, now):
             due, dropped_by = flow.run_stages(DELIVERY, self._round, flow.Due(self.store.pending(*gk), self.clock()))
             if dropped_by is not None:
                 continue
@@ -185,6 +203,8 @@ class Outbox:
             try:
                 if r.kind == "note":
                     attempt.notes.append(decode_note(r.payload, r.channel))
+                elif r.kind == "mail":
+                    attempt.mails.append(decode(r.payload, Mail))
                 else:
                     attempt.payloads.append(decode(r.payload, Payload))
             except (msgspec.DecodeError, ValueError, TypeError) as exc:
@@ -220,7 +240,10 @@ class Outbox:
                 for p in attempt.payloads:
                     if p.event.severity is Severity.ERROR and p.received_at is not None:
                         m.error_latency.observe(max(now - p.received_at, 0.0))
-        elif verdict.state == "retry":
+        if attempt is not None and attempt.mails and verdict.state in ("retry", "dead") and \
+                (verdict.state == "dead" or verdict.attempts == 1):
+            self._report_mail(attempt.mails, verdict)
+        if verdict.state == "retry":
             m.delivery_errors.labels(receiver).inc()
             held = verdict.attempts == max(r.attempts for r in rows)  # the channel is down: not counted
             n = verdict.attempts
@@ -238,11 +261,33 @@ class Outbox:
                       verdict.error, head.run_id)
         return verdict
 
+    def _report_mail(self, mails: list[Mail], verdict: Verdict) -> None:
+        """An escalation mail that failed (its first try, and when given up): said in the alert's channel."""
+        now = self.clock()
+        then = "given up: a dead letter (GET /v1/outbox/dead)" if verdict.state == "dead" else \
+            f"retrying with backoff (next try in {verdict.delay:.0f} s)"
+        entries = [OutboxEntry(now, m.report_via, m.report_to.channel, "note", f"mailfail|{m.message_id}|{now!r}",
+                               None, msgspec.json.encode(Note(
+                                   text=f"msmon could not email {', '.join(m.to)} ({m.subject}): {verdict.error}; "
+                                        f"{then}", reply_to=m.report_to)).decode(), now)
+                   for m in mails if m.report_via]
+        if not entries:
+            return
+        try:
+            self.store.enqueue_many(entries)
+        except sqlite3.Error as exc:
+            log.error("msmon bot: could not queue the report of a failed mail (%s)", exc)
+
     async def _deliver(self, t: _Try) -> None:
         kind = t.head.kind
         if kind == "note":
             for note in t.notes:
                 await t.receiver.note(note)
+        elif kind == "mail":
+            if not isinstance(t.receiver, Mailer):
+                raise TypeError(f"receiver {t.receiver.name} cannot send mail")
+            for mail in t.mails:
+                await t.receiver.mail(mail)
         elif kind == "alert":
             await self._alert(t)
         elif kind == "repeat":

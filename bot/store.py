@@ -87,6 +87,7 @@ class Store:
         self.db.executescript(SCHEMA)
         self._outbox_columns()
         self.commands = CommandLog(self.db)
+        self.escalations = EscalationLog(self.db)
         # Read-through copies of what ingest reads on every envelope. This Store is their only writer;
         # a rolled-back transaction drops them (they are read again).
         self._run_cache: OrderedDict[str, tuple[list[str], int | None]] = OrderedDict()
@@ -256,6 +257,19 @@ class Store:
                           " AND key=? AND kind=? AND delivered_at>=? ORDER BY id",
                           (receiver, channel, key, kind, since))
 
+    def due_lane(self, now: float, receiver: str, only: bool, limit: int = 200) -> list[OutboxRow]:
+        """Due rows of `receiver` (only) or of every other receiver (not only): the email lane has a worker
+        of its own, so a hanging SMTP server never holds a chat message."""
+        op = "=" if only else "<>"
+        return self._rows(f"SELECT * FROM outbox WHERE {self._PENDING} AND next_at<=? AND receiver{op}? ORDER BY id"
+                          " LIMIT ?", (now, receiver, limit))
+
+    def next_due_lane(self, receiver: str, only: bool) -> float | None:
+        op = "=" if only else "<>"
+        r = self.db.execute(f"SELECT MIN(next_at) AS t FROM outbox WHERE {self._PENDING} AND receiver{op}?",
+                            (receiver,)).fetchone()
+        return None if r is None else r["t"]
+
     def due(self, now: float, limit: int = 200) -> list[OutboxRow]:
         return self._rows(f"SELECT * FROM outbox WHERE {self._PENDING} AND next_at<=? ORDER BY id LIMIT ?",
                           (now, limit))
@@ -401,6 +415,114 @@ class CommandLog:
             q += " WHERE run_id=?"
             args.append(run_id)
         return [_command(r) for r in self.db.execute(q + " ORDER BY seq DESC LIMIT ?", (*args, limit))]
+
+
+# -- escalations, their steps, used ack links, runs that ended, digests (bot/escalation, bot/digest.py) ----
+
+ESCALATION_SCHEMA = """
+CREATE TABLE IF NOT EXISTS escalations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, rule TEXT, policy TEXT, receiver TEXT, channel TEXT,
+    started_at REAL, next_step INTEGER DEFAULT 0, state TEXT DEFAULT 'active', paused_at REAL, shift REAL DEFAULT 0,
+    acked_by TEXT, closed_at REAL, mail_root TEXT, owner TEXT, lease_until REAL);
+CREATE INDEX IF NOT EXISTS escalations_open ON escalations(state, run_id, rule);
+CREATE TABLE IF NOT EXISTS escalation_steps (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, escalation_id INTEGER, step INTEGER, round INTEGER, level INTEGER,
+    at REAL, how TEXT, targets TEXT, detail TEXT);
+CREATE TABLE IF NOT EXISTS ack_links_used (nonce TEXT PRIMARY KEY, used_at REAL, user TEXT);
+CREATE TABLE IF NOT EXISTS run_ends (run_id TEXT PRIMARY KEY, at REAL, step INTEGER);
+CREATE TABLE IF NOT EXISTS digest_marks (channel TEXT PRIMARY KEY, last_at REAL);
+CREATE TABLE IF NOT EXISTS digest_items (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, channel TEXT, at REAL, run_id TEXT, rule TEXT, severity TEXT, text TEXT);
+"""
+
+
+class EscalationLog:
+    """The escalation tables of a Store. Ownership: a bot instance acts on an escalation only while it
+    holds its lease (`owner`, `lease_until`), taken and renewed in the transaction that acts on it;
+    one replica escalates, another takes over when the lease runs out."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        db.executescript(ESCALATION_SCHEMA)
+
+    def open(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.db.execute("SELECT * FROM escalations WHERE state='active' ORDER BY id")]
+
+    def get(self, esc_id: int) -> dict[str, Any] | None:
+        r = self.db.execute("SELECT * FROM escalations WHERE id=?", (esc_id,)).fetchone()
+        return None if r is None else dict(r)
+
+    def of(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        q: str = "SELECT * FROM escalations"
+        args: tuple[Any, ...] = ()
+        if run_id is not None:
+            q, args = q + " WHERE run_id=?", (run_id,)
+        return [dict(r) for r in self.db.execute(q + " ORDER BY id", args)]
+
+    def start(self, run_id: str, rule: str, policy: str, receiver: str, channel: str, now: float) -> int:
+        cur = self.db.execute("INSERT INTO escalations(run_id, rule, policy, receiver, channel, started_at)"
+                              " VALUES(?,?,?,?,?,?)", (run_id, rule, policy, receiver, channel, now))
+        return int(cur.lastrowid or 0)
+
+    def claim(self, esc_id: int, owner: str, now: float, lease: float) -> bool:
+        """Take or renew the lease of an escalation; False when another owner holds it."""
+        cur = self.db.execute("UPDATE escalations SET owner=?, lease_until=? WHERE id=? AND (owner IS NULL OR"
+                              " owner=? OR lease_until<?)", (owner, now + lease, esc_id, owner, now))
+        return cur.rowcount == 1
+
+    def save(self, esc_id: int, *, next_step: int, state: str, paused_at: float | None, shift: float,
+             acked_by: str | None, closed_at: float | None) -> None:
+        self.db.execute("UPDATE escalations SET next_step=?, state=?, paused_at=?, shift=?, acked_by=?, closed_at=?"
+                        " WHERE id=?", (next_step, state, paused_at, shift, acked_by, closed_at, esc_id))
+
+    def set_mail_root(self, esc_id: int, message_id: str) -> None:
+        self.db.execute("UPDATE escalations SET mail_root=COALESCE(mail_root, ?) WHERE id=?", (message_id, esc_id))
+
+    def record_step(self, esc_id: int, step: int, rnd: int, level: int, at: float, how: str, targets: list[str],
+                    detail: str) -> None:
+        self.db.execute("INSERT INTO escalation_steps(escalation_id, step, round, level, at, how, targets, detail)"
+                        " VALUES(?,?,?,?,?,?,?,?)", (esc_id, step, rnd, level, at, how, json.dumps(targets), detail))
+
+    def steps(self, esc_id: int | None = None) -> list[dict[str, Any]]:
+        q: str = "SELECT * FROM escalation_steps"
+        args: tuple[Any, ...] = ()
+        if esc_id is not None:
+            q, args = q + " WHERE escalation_id=?", (esc_id,)
+        out = []
+        for r in self.db.execute(q + " ORDER BY id", args):
+            d = dict(r)
+            d["targets"] = json.loads(d["targets"] or "[]")
+            out.append(d)
+        return out
+
+    def use_link(self, nonce: str, now: float, user: str) -> bool:
+        """Record an ack link as used; False when it was used before."""
+        cur = self.db.execute("INSERT OR IGNORE INTO ack_links_used(nonce, used_at, user) VALUES(?,?,?)",
+                              (nonce, now, user))
+        return cur.rowcount == 1
+
+    def end_run(self, run_id: str, at: float, step: int | None) -> None:
+        """The job said it ended normally (a final heartbeat)."""
+        self.db.execute("INSERT OR REPLACE INTO run_ends(run_id, at, step) VALUES(?,?,?)", (run_id, at, step))
+
+    def ended(self) -> dict[str, float]:
+        """run id -> when it said it ended."""
+        return {r["run_id"]: r["at"] for r in self.db.execute("SELECT run_id, at FROM run_ends")}
+
+    def digest_since(self, channel: str) -> float | None:
+        r = self.db.execute("SELECT last_at FROM digest_marks WHERE channel=?", (channel,)).fetchone()
+        return None if r is None else float(r["last_at"])
+
+    def mark_digest(self, channel: str, at: float) -> None:
+        self.db.execute("INSERT OR REPLACE INTO digest_marks(channel, last_at) VALUES(?,?)", (channel, at))
+
+    def hold_for_digest(self, channel: str, at: float, run_id: str, rule: str, severity: str, text: str) -> None:
+        self.db.execute("INSERT INTO digest_items(channel, at, run_id, rule, severity, text) VALUES(?,?,?,?,?,?)",
+                        (channel, at, run_id, rule, severity, text))
+
+    def held(self, channel: str, since: float) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.db.execute("SELECT * FROM digest_items WHERE channel=? AND at>=? ORDER BY id",
+                                                 (channel, since))]
 
 
 class _Tx:

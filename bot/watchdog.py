@@ -1,5 +1,8 @@
 """Tells "process dead" from "alive but not stepping", from the jobs' heartbeats, and raises it
-through the same event path as any other alert (rules `job_gone` and `job_stalled`)."""
+through the same event path as any other alert (rules `job_gone` and `job_stalled`): ERRORs that
+escalate like any other (bot/escalation), saying the last step and when the run was last seen.
+Never for a paused run (it heartbeats without stepping on purpose) nor for a run that ended
+normally (its last heartbeat says `final`; bot/store.py's run_ends)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from msmon.contract.wire import Event, Severity, Status
@@ -23,17 +27,33 @@ HINTS = {
 }
 
 
-def verdicts(run: dict[str, Any], now: float, heartbeat_timeout: float, stall_timeout: float) -> dict[str, float]:
-    """Pure: rule -> seconds of silence, for the conditions that hold for this run now."""
+def verdicts(run: dict[str, Any], now: float, heartbeat_timeout: float, stall_timeout: float,
+             ended_at: float | None = None) -> dict[str, float]:
+    """Pure: rule -> seconds of silence, for the conditions that hold for this run now. A run whose
+    last heartbeat was its final one (`ended_at`) ended normally: nothing."""
     out: dict[str, float] = {}
     hb = run.get("last_heartbeat")
-    if hb is None:
-        return out  # never sent a heartbeat (a replay, an old notifier): nothing to judge
+    if hb is None or (ended_at is not None and ended_at >= hb):
+        return out  # never sent a heartbeat (a replay, an old notifier), or said it ended: nothing to judge
     if now - hb > heartbeat_timeout:
         out["job_gone"] = now - hb
     elif not run.get("paused") and run.get("last_progress") is not None and now - run["last_progress"] > stall_timeout:
         out["job_stalled"] = now - run["last_progress"]
     return out
+
+
+def _clock_time(t: float | None) -> str:
+    return "never" if t is None else datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M UTC")
+
+
+def silence_text(run: dict[str, Any], rule: str, silent: float, limit: float) -> str:
+    """"run-42 stopped reporting at step 12,400, last seen 02:13 UTC (...)": the last step and time seen."""
+    step = f"{run['last_step'] or 0:,}"
+    if rule == "job_gone":
+        return (f"{run['run_id']} stopped reporting at step {step}, last seen {_clock_time(run['last_heartbeat'])} "
+                f"(no heartbeat for {silent:.0f} s; limit {limit:.0f} s)")
+    return (f"{run['run_id']} is alive but has not stepped past step {step} since "
+            f"{_clock_time(run['last_progress'])} (no progress for {silent:.0f} s; limit {limit:.0f} s)")
 
 
 class Watchdog:
@@ -46,8 +66,9 @@ class Watchdog:
         now = self.clock()
         p = self.cfg.pipeline
         queued = 0
+        ended = self.store.escalations.ended()
         for run in self.store.runs():
-            found = verdicts(run, now, p.heartbeat_timeout, p.stall_timeout)
+            found = verdicts(run, now, p.heartbeat_timeout, p.stall_timeout, ended.get(run["run_id"]))
             for rule in ("job_gone", "job_stalled"):
                 key = (run["run_id"], rule)
                 if rule in found and not self.firing.get(key):
@@ -64,11 +85,10 @@ class Watchdog:
 
     def _raise(self, run: dict[str, Any], rule: str, status: Status, silent: float, now: float) -> int:
         limit = self.cfg.pipeline.heartbeat_timeout if rule == "job_gone" else self.cfg.pipeline.stall_timeout
-        what = "no heartbeat" if rule == "job_gone" else f"no step progress past step {run['last_step']}"
         ev = Event(run_id=run["run_id"], device="*", step=run["last_step"] or 0, time=now, rule=rule,
                    severity=Severity.ERROR, status=status, value=silent, threshold=limit,
-                   message=f"{what} for {silent:.0f} s (limit {limit:.0f} s)" if status is Status.FIRING else
-                   f"{rule} cleared", hint=HINTS[rule] if status is Status.FIRING else "")
+                   message=silence_text(run, rule, silent, limit) if status is Status.FIRING else f"{rule} cleared",
+                   hint=HINTS[rule] if status is Status.FIRING else "")
         return self.ingest.event(ev, run["project"], run["labels"], now)
 
     async def run(self, stop: asyncio.Event) -> None:

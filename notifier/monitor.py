@@ -455,21 +455,22 @@ class Monitor:
         if self._writer is not None:
             self._writer.flush()
 
-    def close(self) -> None:
-        """Flush and close the output files. Safe to call twice."""
+    def close(self, ended: bool = True) -> None:
+        """Flush and close the output files; `ended`: training ended normally (the bot is told, so it
+        raises no job_gone). Safe to call twice."""
         if self._closed:
             return
         self._closed = True
         if self._writer is not None:
             self._writer.close()
         if self.transport is not None:
-            self.transport.close()
+            self.transport.close(final=ended)
 
     def __enter__(self) -> Monitor:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close(ended=exc[0] is None)
 
 
 def _off(s: Sample, p: RuleParams) -> Finding | None:
@@ -504,6 +505,7 @@ def describe(cfg: MonitorConfig, run_id: str) -> list[str]:
     lines = [f"monitoring run {run_id}: every {cfg.step_interval} step(s), log line every "
              f"{cfg.log_interval or 'never'}, metrics {', '.join(cfg.metrics)}"
              + ("; per device" if cfg.per_device_metrics else "")]
+    lines += [f"  MindFormers {taken}" for taken in cfg.mindformers]  # how each MindFormers key was taken
     if not cfg.alert.enable:
         lines.append("alerting is off (monitor_config.alert.enable is false): metrics are logged, nothing alerts")
         return lines

@@ -630,12 +630,16 @@ class BotTransport:
                 self._wake.set()
         return True
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0, final: bool = False) -> None:
         """Deliver what is left within `timeout` seconds, or keep it in the spool for the next start;
-        returns in time even when the bot hangs (a request in flight is left to its daemon thread)."""
+        returns in time even when the bot hangs (a request in flight is left to its daemon thread).
+        `final`: the job ended normally; a last heartbeat says so (the bot then raises no job_gone)."""
         start = self._mono()
         margin = min(0.25, timeout / 4)
         ok = self.flush(max(timeout - margin, 0.0))
+        if final and ok:
+            hb = msgspec.structs.replace(self._heartbeat(), final=True)
+            self._exchange("/v1/heartbeat", encode(hb), max(min(self.timeout, timeout - (self._mono() - start)), 0.1))
         self._take_inbox()
         with self._lock:
             self._closed = True

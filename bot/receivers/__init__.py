@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -84,6 +84,24 @@ class Note(msgspec.Struct):
     command_id: str | None = None
     chart: bytes | None = None  # a PNG to attach
     private: bool = False  # only the asker sees it (Slack: an ephemeral answer through its url)
+    mentions: list[str] = msgspec.field(default_factory=list)  # who to notify (an escalation step): from bot.yaml
+
+
+class Mail(msgspec.Struct):
+    """An email of an escalation step, as its outbox row (kind "mail", receiver "email") stores it.
+    Every step of one alert threads under `thread` (the first mail's Message-ID); `event_json` is the
+    alert's event as the job sent it (the chart is drawn from its window); a failure to deliver is
+    reported to `report_to` on the receiver `report_via`."""
+
+    to: list[str]
+    subject: str
+    text: str  # plain text body (msmon's text, job data in it)
+    message_id: str
+    thread: str = ""  # In-Reply-To / References ("" for the first mail of the alert)
+    ack_url: str = ""
+    event_json: str = ""
+    report_via: str = ""
+    report_to: ReplyTo = ReplyTo()
 
 
 def decode_note(raw: bytes | str, channel: str) -> Note:
@@ -118,4 +136,15 @@ class Receiver(Protocol):
 
     async def note(self, note: Note) -> None:
         """A report in chat (a command's result, a status), to `note.reply_to`."""
+        ...
+
+
+@runtime_checkable
+class Mailer(Protocol):
+    """A receiver that sends `Mail` (bot/receivers/email.py)."""
+
+    name: str
+
+    async def mail(self, m: Mail) -> None:
+        """Send one mail; DeliveryError to be retried."""
         ...

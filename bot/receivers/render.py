@@ -7,6 +7,7 @@ it goes through the receiver's escape function, one per markup, defined here so 
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections.abc import Callable
@@ -52,6 +53,29 @@ def escape_slack_plain(value: str) -> str:
     """A Block Kit plain_text object (a header, a file title): the same entities as mrkdwn (Slack shows
     them as the characters), so no raw `<!channel>` reaches Slack in any field."""
     return escape_slack(value)
+
+
+def escape_html(value: str) -> str:
+    """HTML text (an email's HTML part): `&`, `<`, `>` and quotes as entities; control characters dropped."""
+    return html.escape(_CONTROL.sub("", value), quote=True)
+
+
+def slack_mention(target: str) -> str:
+    """An escalation target from bot.yaml as Slack mention markup: U.../W... a user, S... a user group,
+    here/channel/everyone a broadcast; anything else is shown as text."""
+    t = target.lstrip("@")
+    if t in ("here", "channel", "everyone"):
+        return f"<!{t}>"
+    if re.fullmatch(r"[UW][A-Z0-9]{2,20}", t):
+        return f"<@{t}>"
+    if re.fullmatch(r"S[A-Z0-9]{2,20}", t):
+        return f"<!subteam^{t}>"
+    return escape_slack(target)
+
+
+def mention_text(targets: list[str]) -> str:
+    """Escalation targets for a plain-text receiver (the console): `for: @U1, @oncall`."""
+    return "for: " + ", ".join("@" + escape_console(t.lstrip("@")) for t in targets) if targets else ""
 
 
 def escape_none(value: str) -> str:

@@ -178,6 +178,7 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     pid: Annotated[int, msgspec.Meta(ge=0, le=2**32)] = 0
     total_steps: Count | None = None  # the run's plan (monitor_config training.*), for status and ETA
     target_loss: float | None = None
+    final: bool = False  # the job ended normally: its last heartbeat (the bot raises no job_gone after it)
 
 
 class Envelope(msgspec.Struct, kw_only=True):
