@@ -1,4 +1,5 @@
-"""`msmon check-config FILE`: validate a training YAML's monitor_config and say what it monitors."""
+"""`msmon check-config FILE`: validate a training YAML's monitor_config (msmon's keys, MindFormers' or both) and
+say what it monitors and how each MindFormers key was taken."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from msmon.cli.common import OK, USAGE
 from notifier.config import ConfigError, load_config
+from notifier.config.model import Taken
 from notifier.monitor import describe
 
 
@@ -27,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if not cfg.monitor_on:
         print(f"{args.file}: valid, but monitoring is OFF (monitor_config.monitor_on is false): nothing will be "
               "monitored. Set monitor_on: true.")
+        _print_mindformers(cfg.mindformers)
         return OK
     print(f"{args.file}: valid")
     for line in describe(cfg, cfg.bot.run_id or "(run id given in code)"):
@@ -35,6 +38,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"TensorBoard: {cfg.tensorboard.log_dir}/RUN_ID/device_N")
     if cfg.csv.enable:
         print(f"CSV: {cfg.csv.path}")
+    if cfg.mindformers:
+        print("MindFormers keys are taken as listed above (msmon's own keys win where both are set).")
     print("Remember to attach it: Model.train(..., callbacks=[MonitorCallback(config, run_id=...)]) or call "
           "Monitor.step() in your loop.")
     return OK
+
+
+def _print_mindformers(taken: tuple[Taken, ...]) -> None:
+    """How each MindFormers key was taken, also when monitoring is off (describe() is not printed then)."""
+    for t in taken:
+        print(f"  MindFormers {t}")

@@ -11,6 +11,7 @@ from msmon.config.errors import ConfigError, Issue, shown
 from msmon.config.validate import Context, build, fields_of
 from msmon.config.yamlio import LineDict, check_shape, load_yaml, location_of
 
+from . import mindformers
 from .model import MonitorConfig
 
 SECTION = "monitor_config"
@@ -65,7 +66,9 @@ def _locate(data: Any, source: str | None) -> Mapping[str, Any]:
         return section
     if issues:
         raise ConfigError(issues, source)
-    known = fields_of(MonitorConfig)
+    if isinstance(data.get(mindformers.PYNATIVE), Mapping):
+        return LineDict()  # the PyNative trainer's `monitor:` section alone: mindformers.read takes it
+    known = {*fields_of(MonitorConfig), *mindformers.MINDFORMERS_KEYS}
     if data and all(k in known for k in data):
         return cast("Mapping[str, Any]", data)  # a standalone file holding the section's keys directly
     keys = ", ".join(sorted(map(str, data))) or "none"
@@ -105,11 +108,16 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
         name = os.fspath(source)
         data = load_yaml(name)
     section = _locate(data, name)
+    top = None if section is data else data  # a standalone section has no top level of its own
     ctx = Context()
-    cfg = build(MonitorConfig, section, SECTION, ctx)
+    ours, theirs = mindformers.split(section, ctx)
+    mf = mindformers.read(top, theirs, ctx)
+    cfg = build(MonitorConfig, ours, SECTION, ctx)
     cfg.given = frozenset(map(str, section))
     if not ctx.issues:
         _apply_legacy_thresholds(cfg, section, ctx)
+    if not ctx.issues:
+        cfg.mindformers = mindformers.apply(cfg, mf, section, top)
     if not ctx.issues:
         for i, phase in enumerate(cfg.alert.phases):
             for rule, override in phase.rules.items():

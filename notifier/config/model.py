@@ -203,6 +203,22 @@ class BotConfig:
             yield "url", problem
 
 
+@dataclasses.dataclass(frozen=True)
+class Taken:
+    """How one MindFormers key of a file was taken (notifier/config/mindformers.py): shown at start-up and by
+    `msmon check-config`, so no key is accepted silently."""
+
+    key: str  # "monitor_config.check_for_global_norm"
+    value: Any
+    how: str  # what msmon does with it, or instead of it
+    acted: bool = True  # False: accepted, but msmon cannot act on it
+    location: str | None = None  # "train.yaml:14"
+
+    def __str__(self) -> str:
+        where = f" ({self.location})" if self.location else ""
+        return f"{self.key}: {shown(self.value)} -> {self.how}{where}"
+
+
 @dataclasses.dataclass
 class MonitorConfig:
     monitor_on: bool = _field(False, "master switch; off by default")
@@ -210,10 +226,15 @@ class MonitorConfig:
     # "not set, defaults to ..." rather than guess.
     given: frozenset[str] | None = dataclasses.field(
         default=None, init=False, compare=False, repr=False, metadata={"internal": True})
+    # How each MindFormers key of the file was taken (empty for a file in msmon's vocabulary alone).
+    mindformers: tuple[Taken, ...] = dataclasses.field(
+        default=(), init=False, compare=False, repr=False, metadata={"internal": True})
     step_interval: int = _field(1, "sample every Nth step", ge=1, le=1_000_000)
     log_interval: int = _field(100, "log line every Nth step (0: none)", ge=0, le=STEPS)
     metrics: list[Metric] = _field(list(ALL_METRICS), "metrics to sample")
     per_device_metrics: bool = _field(False, "track each device separately")
+    deferred_read: bool = _field(False, "MonitorCallback reads step N's metrics at step N+1 (no stall; alerts a "
+                                        "step later)")
     alert: AlertConfig = _field(AlertConfig(), "alert rules")
     training: TrainingConfig = _field(TrainingConfig(), "facts about the run")
     tensorboard: TensorBoardConfig = _field(TensorBoardConfig(), "TensorBoard output")
