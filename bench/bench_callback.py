@@ -21,38 +21,22 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 import mindspore as ms
 import mindspore.dataset as ds
-import numpy as np
 from mindspore import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from notifier.mindspore import MonitorCallback, TrainStepWithGradNorm  # noqa: E402
+from notifier.mindspore.toy import TinyLM, token_data  # noqa: E402
 
 VOCAB, SEQ, BATCH, D, HEADS, LAYERS = 512, 64, 8, 128, 4, 2
 
 
-class TinyLM(nn.Cell):  # type: ignore[misc]
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, D)
-        layer = nn.TransformerEncoderLayer(D, HEADS, dim_feedforward=4 * D, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, LAYERS)
-        self.head = nn.Dense(D, VOCAB)
-        self.loss = nn.CrossEntropyLoss()
-
-    def construct(self, tokens, labels):
-        h = self.encoder(self.embed(tokens))
-        logits = self.head(h).reshape(-1, VOCAB)
-        return self.loss(logits, labels.reshape(-1))
-
-
 def data(steps: int) -> ds.Dataset:
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, VOCAB, (steps * BATCH, SEQ + 1)).astype(np.int32)
-    return ds.NumpySlicesDataset({"tokens": tokens[:, :-1], "labels": tokens[:, 1:]}, shuffle=False).batch(BATCH)
+    return token_data(steps, BATCH, SEQ, VOCAB)
 
 
 class StepTimer(ms.train.Callback):  # type: ignore[misc]
@@ -60,7 +44,7 @@ class StepTimer(ms.train.Callback):  # type: ignore[misc]
         super().__init__()
         self.ends: list[float] = []
 
-    def on_train_step_end(self, run_context):  # noqa: ANN001
+    def on_train_step_end(self, run_context: Any) -> None:
         self.ends.append(time.perf_counter())
 
     def step_times(self, skip: int = 3) -> list[float]:
@@ -70,11 +54,11 @@ class StepTimer(ms.train.Callback):  # type: ignore[misc]
 class TimedMonitorCallback(MonitorCallback):
     """MonitorCallback that also clocks its own on_train_step_end (the direct cost, free of step noise)."""
 
-    def __init__(self, *a, **kw) -> None:  # noqa: ANN002, ANN003
+    def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.spent: list[float] = []
 
-    def on_train_step_end(self, run_context):  # noqa: ANN001
+    def on_train_step_end(self, run_context: Any) -> None:
         t0 = time.perf_counter()
         super().on_train_step_end(run_context)
         self.spent.append(time.perf_counter() - t0)
@@ -88,11 +72,11 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     logging.getLogger("msmon").setLevel(logging.WARNING)
     ms.set_seed(0)
-    net = TinyLM()
+    net = TinyLM(VOCAB, D, HEADS, LAYERS)
     opt = nn.Adam(net.trainable_params(), learning_rate=1e-4)
     model = ms.Model(TrainStepWithGradNorm(net, opt))
     ms.set_seed(0)
-    plain_net = TinyLM()
+    plain_net = TinyLM(VOCAB, D, HEADS, LAYERS)
     plain = ms.Model(nn.TrainOneStepCell(plain_net, nn.Adam(plain_net.trainable_params(), learning_rate=1e-4)))
     tmp = tempfile.mkdtemp(prefix="msmon-bench-")
     cfg = {"monitor_config": {"monitor_on": True, "step_interval": 1, "log_interval": 0,

@@ -15,20 +15,29 @@ import mindspore as ms
 from msmon.common.safenames import inside
 
 from ..control import ActionError
-from .lr import global_step, lr_handles
+from .lr import LrHandle, global_step, lr_handles
+from .reads import uncounted
 
 
 class MindSporeBackend:
     """Checkpoints of the bound network, the bound optimizer's LR, `run_context.request_stop()`."""
 
-    def __init__(self, checkpoint_dir: str = "./checkpoints") -> None:
+    def __init__(self, checkpoint_dir: str = "./checkpoints", read: Any = uncounted) -> None:
         self.checkpoint_dir = checkpoint_dir
+        self.read = read  # makes read_lr's device-to-host copies (MonitorCallback passes its HostReads)
         self.train_network: Any = None
         self.optimizer: Any = None
+        self._handles: list[LrHandle] | None = None  # the optimizer's LRs, made once (a list LR is kept on the host)
 
     def bind(self, train_network: Any, optimizer: Any) -> None:
         """What save_checkpoint saves, and whose LR scale_lr scales."""
         self.train_network, self.optimizer = train_network, optimizer
+        self._handles = None
+
+    def _lr_handles(self) -> list[LrHandle]:
+        if self._handles is None:
+            self._handles = lr_handles(self.optimizer)
+        return self._handles
 
     def save_checkpoint(self, step: int, name: str) -> str:
         if self.train_network is None:
@@ -42,7 +51,7 @@ class MindSporeBackend:
         opt = self.optimizer
         if opt is None:
             raise ActionError("no optimizer known yet (training has not started)")
-        handles = lr_handles(opt)
+        handles = self._lr_handles()
         idx = max(global_step(opt) - 1, 0)
         before = [h.read(idx) for h in handles]
         for h in handles:
@@ -50,13 +59,17 @@ class MindSporeBackend:
         after = [h.read(idx) for h in handles]
         return "lr " + ", ".join(f"{a:.3g} -> {b:.3g}" for a, b in zip(before, after, strict=True))
 
-    def read_lr(self) -> float | None:
-        """The LR of the current optimizer step (of the first parameter group); None when unknown."""
+    def read_lr(self, steps_ago: int = 0) -> float | None:
+        """The LR of the last optimizer step, or of the one `steps_ago` steps before it (of the first
+        parameter group); None when unknown. Host reads: one for a fixed LR or a list (copied to the host
+        once), two and an evaluation for a schedule."""
         opt = self.optimizer
         if opt is None:
             return None
         try:
-            return lr_handles(opt)[0].read(global_step(opt) - 1)
+            handle = self._lr_handles()[0]
+            index = 0 if handle.fixed else global_step(opt, self.read) - 1 - steps_ago
+            return handle.read(index, self.read)
         except Exception:  # noqa: BLE001 - an exotic optimizer: no LR, but never a crash
             return None
 

@@ -6,7 +6,10 @@
 On a step that is not sampled the callback only times the step (a few microseconds). On a sampled
 step it reads the loss (and, when the train cell returns them, the LR and grad norm) from
 `net_outputs`, hands everything to `Monitor.step`, and queues the `actions:` of the events raised;
-queued actions run before the next step starts.
+queued actions run before the next step starts. msmon's train cells pack the three into one tensor,
+so that is one device-to-host read (`reads.count` counts them). With `deferred_read: true` step N's
+outputs are kept and read at the end of step N+1 (or at train end, or before an action runs), when
+the device has moved on: the Sample still says step N and carries step N's end time.
 """
 
 from __future__ import annotations
@@ -26,29 +29,43 @@ from ..config import MonitorConfig
 from ..control import JobControl
 from ..monitor import Monitor
 from .backend import MindSporeBackend
+from .grad_norm import METRICS
+from .reads import HostReads, uncounted
 
 log = logging.getLogger("msmon")
 
+Metrics = tuple[float | None, float | None, float | None]  # (loss, lr, grad_norm)
+_NONE: Metrics = (None, None, None)
+_PACKED_SHAPE = (len(METRICS),)
 
-def _scalar(x: Any) -> float | None:
+
+def _scalar(x: Any, read: Callable[[Any], Any]) -> float | None:
     if x is None:
         return None
     try:
-        return float(x.asnumpy().reshape(-1)[0]) if hasattr(x, "asnumpy") else float(x)
+        return float(read(x).reshape(-1)[0]) if hasattr(x, "asnumpy") else float(x)
     except (TypeError, ValueError, IndexError):
         return None
 
 
-def parse_outputs(out: Any) -> tuple[float | None, float | None, float | None]:
-    """(loss, lr, grad_norm) from a train cell's outputs: a loss tensor; MindFormers' / msmon's
-    `(loss, overflow, scaling_sens, lr, global_norm)`; or any tuple whose first item is the loss."""
+def _unpack(packed: Any, read: Callable[[Any], Any]) -> Metrics:
+    loss, lr, grad_norm = read(packed).tolist()
+    return float(loss), float(lr), float(grad_norm)
+
+
+def parse_outputs(out: Any, read: Callable[[Any], Any] = uncounted) -> Metrics:
+    """(loss, lr, grad_norm) from a train cell's outputs: msmon's `(loss, overflow, scaling_sens, lr,
+    global_norm, metrics)` (one read: the packed `metrics`); MindFormers' 5-tuple (three reads); a loss
+    tensor; or any other tuple whose first item is the loss. `read` copies a tensor to the host."""
     if isinstance(out, (tuple, list)):
         if not out:
-            return None, None, None
+            return _NONE
+        if len(out) == 6 and getattr(out[5], "shape", None) == _PACKED_SHAPE:
+            return _unpack(out[5], read)
         if len(out) == 5:
-            return _scalar(out[0]), _scalar(out[3]), _scalar(out[4])
-        return _scalar(out[0]), None, None
-    return _scalar(out), None, None
+            return _scalar(out[0], read), _scalar(out[3], read), _scalar(out[4], read)
+        return _scalar(out[0], read), None, None
+    return _scalar(out, read), None, None
 
 
 def find_optimizer(cb: Any) -> Any:
@@ -67,6 +84,16 @@ def find_optimizer(cb: Any) -> Any:
     return None
 
 
+class _Kept:
+    """A sampled step's outputs, with what `Monitor.step` will be told about it: read at once, or later with
+    deferred_read (`time`: the step's end, None for now)."""
+
+    __slots__ = ("step", "time", "samples", "tokens", "outputs")
+
+    def __init__(self, step: int, time: float | None, samples: int | None, tokens: int | None, outputs: Any) -> None:
+        self.step, self.time, self.samples, self.tokens, self.outputs = step, time, samples, tokens, outputs
+
+
 def _rank() -> str:
     for var in ("RANK_ID", "RANK", "MS_NODE_ID"):
         if os.environ.get(var, "").isdigit():
@@ -82,6 +109,8 @@ class MonitorCallback(Callback):  # type: ignore[misc]
     checkpoint_dir: where save_checkpoint and stop write. seq_length: tokens per sample, for
     tokens/s (else `training.seq_length`, else the second dimension of an integer input batch).
     on_event / on_action: hooks called with each Event / ActionResult (the bot transport uses them).
+    deferred_read: read step N's outputs at step N+1 (None: the config's `deferred_read`).
+    reads: the counter every device-to-host read of a step goes through (`reads.count`).
     """
 
     def __init__(
@@ -96,11 +125,16 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         on_event: Callable[[Event], None] | None = None,
         on_action: Callable[[ActionResult], None] | None = None,
         monitor: Monitor | None = None,
+        deferred_read: bool | None = None,
+        reads: HostReads | None = None,
     ) -> None:
         super().__init__()
         self.monitor = monitor if monitor is not None else Monitor(
             config, run_id, device=_rank() if device is None else device)
-        self.backend = MindSporeBackend(checkpoint_dir)
+        self.reads = reads if reads is not None else HostReads()
+        self.deferred = self.monitor.config.deferred_read if deferred_read is None else deferred_read
+        self._kept: _Kept | None = None
+        self.backend = MindSporeBackend(checkpoint_dir, read=self.reads)
         self.control = JobControl(self.monitor, self.backend, pause_timeout, on_result=on_action)
         self.on_event = on_event
         self._seq_length = seq_length or self.monitor.config.training.seq_length
@@ -123,6 +157,9 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         if getattr(cb, "dataset_sink_mode", False):
             log.info("msmon: dataset sink mode: MindSpore calls back once per sink of %s steps, so per-step values "
                      "are seen once per sink (throughput is computed over the whole sink)", cb.batch_num)
+        if self.deferred:
+            log.info("msmon: deferred_read: the metrics of step N are read at the end of step N+1, so its alerts "
+                     "and their actions come one step later")
 
     def on_train_step_end(self, run_context: Any) -> None:
         cb = run_context.original_args()
@@ -134,22 +171,54 @@ class MonitorCallback(Callback):  # type: ignore[misc]
             self._size_batch(cb)
         n = self._batch * steps if self._batch else None
         tokens = None if n is None or self._tokens_per_sample is None else n * self._tokens_per_sample
+        self._flush(step)
         if not mon.samples(step):
             mon.step(step, samples=n, tokens=tokens)
         else:
-            loss, lr, grad_norm = parse_outputs(cb.net_outputs)
-            if lr is None:
-                lr = self.backend.read_lr()
-            events = mon.step(step, loss=loss, lr=lr, grad_norm=grad_norm, samples=n, tokens=tokens)
-            for ev in events:
-                self._dispatch(ev)
+            kept = _Kept(step, mon._clock() if self.deferred else None, n, tokens, cb.net_outputs)
+            if self.deferred:
+                self._kept = kept
+            else:
+                self._report(kept, step)
         if self.control.has_pending:
+            self._flush(step)  # an action syncs the device anyway, and a pause must not split a step from its report
             self.control.apply(step, run_context)
 
     def on_train_end(self, run_context: Any) -> None:
+        """The last kept step is read now, and the actions its events ask for run at this last boundary."""
+        if self._kept is not None:
+            step = self._kept.step
+            self._flush(step)
+            if self.control.has_pending:
+                self.control.apply(step, run_context)
         self.monitor.close()
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _metrics(self, outputs: Any, steps_ago: int) -> Metrics:
+        """(loss, lr, grad_norm) of the step `steps_ago` steps back, with the LR from the optimizer when
+        the train cell does not return it."""
+        loss, lr, grad_norm = parse_outputs(outputs, self.reads)
+        if lr is None:
+            lr = self.backend.read_lr(steps_ago)
+        return loss, lr, grad_norm
+
+    def _report(self, kept: _Kept, step: int) -> None:
+        """Hand a sampled step to the monitor, at its own step number and end time; `step` is the step now."""
+        loss, lr, grad_norm = self._metrics(kept.outputs, step - kept.step)
+        self._dispatch_all(self.monitor.step(kept.step, loss=loss, lr=lr, grad_norm=grad_norm, samples=kept.samples,
+                                             tokens=kept.tokens, time=kept.time))
+
+    def _flush(self, step: int) -> None:
+        """Report the step kept by deferred_read, if any (`step`: the step now)."""
+        kept = self._kept
+        if kept is not None:
+            self._kept = None
+            self._report(kept, step)
+
+    def _dispatch_all(self, events: list[Event]) -> None:
+        for ev in events:
+            self._dispatch(ev)
 
     def _size_batch(self, cb: Any) -> None:
         element = getattr(cb, "train_dataset_element", None)

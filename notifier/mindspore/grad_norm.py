@@ -2,8 +2,11 @@
 
 MindSpore has no public op that returns the global norm, so it is computed in the graph
 (`sqrt(sum of squared gradients)`, a few small kernels) and returned with the loss. The train
-cells return MindFormers' layout, `(loss, overflow, scaling_sens, lr, global_norm)`, which
-`MonitorCallback` reads; the LR comes from inside the graph too, where reading it is free.
+cells return MindFormers' layout, `(loss, overflow, scaling_sens, lr, global_norm)`, followed by
+`metrics`: loss, LR and norm packed into one float32 tensor of shape (3,) (`METRICS`), so that
+`MonitorCallback` copies one tensor to the host per sampled step instead of three. `packed=False`
+gives the bare 5-tuple (what MindFormers' own MFLossMonitor reads LR and norm from). The LR comes
+from inside the graph too, where reading it is free.
 """
 
 from __future__ import annotations
@@ -20,6 +23,24 @@ def global_norm(grads: Any) -> Any:
     return ops.sqrt(ops.addn(squares))
 
 
+METRICS = ("loss", "lr", "grad_norm")  # the order of the packed `metrics` tensor
+
+
+def pack_metrics(loss: Any, lr: Any, norm: Any) -> Any:
+    """`METRICS` as one float32 tensor of shape (3,): one device-to-host copy reads them all. Each is
+    taken as its first element (a loss of shape (1,), a per-group LR's first group). Usable inside `ms.jit`."""
+    return ops.stack([ops.cast(ops.reshape(x, (-1,))[0], ms.float32) for x in (loss, lr, norm)])
+
+
+def _outputs(cell: Any, loss: Any, overflow: Any, scaling_sens: Any, lr: Any, norm: Any) -> Any:
+    """The train cells' outputs: MindFormers' 5-tuple, then the packed metrics unless `cell.packed` is off
+    (with an LR per parameter group, the first group's is packed)."""
+    if cell.packed:
+        first_lr = lr[0] if cell.optimizer.is_group_lr else lr
+        return loss, overflow, scaling_sens, lr, norm, pack_metrics(loss, first_lr, norm)
+    return loss, overflow, scaling_sens, lr, norm
+
+
 def _clip(grads: Any, norm: Any, clip_norm: float) -> Any:
     factor = clip_norm / ops.maximum(norm, clip_norm)
     return tuple(g * factor.astype(g.dtype) for g in grads)
@@ -29,12 +50,14 @@ class TrainStepWithGradNorm(nn.TrainOneStepCell):  # type: ignore[misc]
     """`nn.TrainOneStepCell` that also returns the global grad norm (before clipping) and the LR.
 
     `clip_norm`: if set, gradients are scaled down to that global norm before the update.
-    Outputs `(loss, overflow=False, scaling_sens=1.0, lr, global_norm)`.
+    Outputs `(loss, overflow=False, scaling_sens=1.0, lr, global_norm, metrics)`; without `metrics`
+    when `packed=False`.
     """
 
-    def __init__(self, network: Any, optimizer: Any, clip_norm: float | None = None) -> None:
+    def __init__(self, network: Any, optimizer: Any, clip_norm: float | None = None, packed: bool = True) -> None:
         super().__init__(network, optimizer)
         self.clip_norm = clip_norm
+        self.packed = packed
         self.one = ms.Tensor(1.0, ms.float32)
         self.no_overflow = ms.Tensor(False, ms.bool_)
 
@@ -47,17 +70,20 @@ class TrainStepWithGradNorm(nn.TrainOneStepCell):  # type: ignore[misc]
             grads = _clip(grads, norm, self.clip_norm)
         lr = self.optimizer.get_lr()
         loss = ops.depend(loss, self.optimizer(grads))
-        return loss, self.no_overflow, self.one, lr, norm
+        return _outputs(self, loss, self.no_overflow, self.one, lr, norm)
 
 
 class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type: ignore[misc]
     """`nn.TrainOneStepWithLossScaleCell` (fp16 loss scaling, fixed or dynamic) that also returns
     the LR and the global norm of the unscaled gradients. On overflow the step is skipped, as in
-    MindSpore's cell. Outputs `(loss, overflow, scaling_sens, lr, global_norm)`."""
+    MindSpore's cell. Outputs `(loss, overflow, scaling_sens, lr, global_norm, metrics)`; without
+    `metrics` when `packed=False`."""
 
-    def __init__(self, network: Any, optimizer: Any, scale_sense: Any, clip_norm: float | None = None) -> None:
+    def __init__(self, network: Any, optimizer: Any, scale_sense: Any, clip_norm: float | None = None,
+                 packed: bool = True) -> None:
         super().__init__(network, optimizer, scale_sense)
         self.clip_norm = clip_norm
+        self.packed = packed
         # MindSpore's overflow status ops exist on Ascend and GPU only; on the CPU a non-finite
         # global norm is the overflow signal (the reduced gradients are the same on every rank).
         self.norm_overflow = ms.get_context("device_target") == "CPU"
@@ -82,4 +108,4 @@ class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type:
         lr = self.optimizer.get_lr()
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))
-        return loss, cond, scaling_sens, lr, norm
+        return _outputs(self, loss, cond, scaling_sens, lr, norm)

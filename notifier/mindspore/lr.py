@@ -9,6 +9,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from ..control import ActionError
+from .reads import uncounted
 
 
 class ScalableLR(nn.learning_rate_schedule.LearningRateSchedule):  # type: ignore[misc]
@@ -38,21 +39,31 @@ class LrHandle:
         self.lr = lr
         self._array: Any = None  # the schedule as a numpy array, for list LRs
 
-    def read(self, step_index: int) -> float:
-        """The LR of the optimizer step with 0-based index `step_index`."""
+    @property
+    def fixed(self) -> bool:
+        """One value for every step (a Parameter or a wrapped scalar): `read` needs no step index."""
         lr = self.lr
         if isinstance(lr, ms.Parameter):
-            return float(lr.asnumpy())
+            return True
+        inner = getattr(lr, "learning_rate", None)
+        return isinstance(inner, ms.Parameter) and (inner.ndim == 0 or inner.size == 1)
+
+    def read(self, step_index: int, read: Any = uncounted) -> float:
+        """The LR of the optimizer step with 0-based index `step_index` (ignored when `fixed`); `read` makes
+        the device-to-host copies (a list LR is copied once and kept)."""
+        lr = self.lr
+        if isinstance(lr, ms.Parameter):
+            return float(read(lr))
         inner = getattr(lr, "learning_rate", None)  # MindSpore's wrappers of a scalar or a list
         if isinstance(inner, ms.Parameter):
             if inner.ndim == 0 or inner.size == 1:
-                return float(inner.asnumpy().reshape(()))
+                return float(read(inner).reshape(()))
             if self._array is None:
-                self._array = inner.asnumpy()
+                self._array = read(inner)
             arr = self._array
             return float(arr[min(max(step_index, 0), arr.shape[0] - 1)])
         # A schedule: one evaluation (a few ms); train cells that return the LR avoid it.
-        return float(lr(ms.Tensor([max(step_index, 0)], ms.int32)).asnumpy().reshape(-1)[0])
+        return float(read(lr(ms.Tensor([max(step_index, 0)], ms.int32))).reshape(-1)[0])
 
     def scale(self, factor: float) -> None:
         lr = self.lr
@@ -75,5 +86,6 @@ def lr_handles(optimizer: Any) -> list[LrHandle]:
     return [LrHandle(lr)]
 
 
-def global_step(optimizer: Any) -> int:
-    return int(optimizer.global_step.asnumpy().reshape(-1)[0])
+def global_step(optimizer: Any, read: Any = uncounted) -> int:
+    """The optimizer's step counter: the number of updates done so far (a device-to-host read)."""
+    return int(read(optimizer.global_step).reshape(-1)[0])

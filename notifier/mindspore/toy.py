@@ -1,5 +1,6 @@
-"""A toy MindSpore job: a noisy regression and an MLP, a few ms a step on a CPU. The demo, the
-command-latency benchmark, the backtest trace generator and the tests train it for real."""
+"""Toy MindSpore jobs: a noisy regression and an MLP, a few ms a step on a CPU (the demo, the
+command-latency benchmark, the backtest trace generator and the tests train it for real), and a small
+Transformer language model on random tokens (the callback benchmarks)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,28 @@ def model(lr: Any = 0.05, grad_norm: bool = True, seed: int = 1) -> tuple[Any, A
     train = TrainStepWithGradNorm(loss_net, opt) if grad_norm else nn.TrainOneStepCell(loss_net, opt)
     evaluate = nn.WithEvalCell(net, nn.MSELoss())
     return ms.Model(train, eval_network=evaluate, metrics={"mse": nn.Loss()}, eval_indexes=[0, 1, 2]), net, opt
+
+
+class TinyLM(nn.Cell):  # type: ignore[misc]
+    """A small Transformer LM with its loss: embedding, `layers` encoder layers, a vocabulary head,
+    cross-entropy on the next token. `construct(tokens, labels)` returns the loss."""
+
+    def __init__(self, vocab: int, d: int, heads: int, layers: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.embed = nn.Embedding(vocab, d)
+        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=4 * d, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers)
+        self.head = nn.Dense(d, vocab)
+        self.loss = nn.CrossEntropyLoss()
+
+    def construct(self, tokens: Any, labels: Any) -> Any:
+        logits = self.head(self.encoder(self.embed(tokens))).reshape(-1, self.vocab)
+        return self.loss(logits, labels.reshape(-1))
+
+
+def token_data(steps: int, batch: int, seq: int, vocab: int, seed: int = 0) -> Any:
+    """`steps` batches of random token ids (batch, seq) and their next tokens as labels."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, (steps * batch, seq + 1)).astype(np.int32)
+    return ds.NumpySlicesDataset({"tokens": tokens[:, :-1], "labels": tokens[:, 1:]}, shuffle=False).batch(batch)
