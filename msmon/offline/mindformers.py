@@ -55,17 +55,16 @@ class Report:
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, why)
     missing: list[tuple[int, str, str]] = field(default_factory=list)  # (line, field, the text as it stands)
 
-    def summary(self, where: str, shown: int = 3) -> str | None:
+    def summary(self, where: str, shown: int = 4) -> str | None:
         """One sentence for the user, or None when nothing was damaged."""
-        if not self.skipped and not self.missing:
+        found = sorted([(n, f"{why} (skipped)") for n, why in self.skipped]
+                       + [(n, f"{name} {text!r} is not a number (read as missing)") for n, name, text in self.missing])
+        if not found:
             return None
-        parts = [f"line {n}: {why} (skipped)" for n, why in self.skipped[:shown]]
-        parts += [f"line {n}: {name} {text!r} is not a number (read as missing)"
-                  for n, name, text in self.missing[:shown]]
-        lines = len({n for n, _ in self.skipped} | {n for n, _, _ in self.missing})
-        return (f"{where}: {lines} of {self.lines:,} MindFormers training lines damaged; what could be read was "
-                f"kept, the rest is missing, nothing was guessed: {'; '.join(parts)}"
-                + ("; ..." if len(self.skipped) + len(self.missing) > 2 * shown else ""))
+        listed = "; ".join(f"line {n}: {what}" for n, what in found[:shown])
+        more = f"; and {len(found) - shown} more" if len(found) > shown else ""
+        return (f"{where}: {len({n for n, _ in found})} damaged line(s) among {self.lines:,} MindFormers training "
+                f"lines; what could be read was kept, the rest is missing, nothing was guessed: {listed}{more}")
 
 
 _K = r"\s*:?\s*"  # a key's colon, which damaged lines sometimes lose
@@ -145,8 +144,7 @@ class _Line:
         return (epoch - 1) * per_epoch + step
 
 
-def _is_training_line(text: str) -> bool:
-    return "Epoch" in text and "step" in text and "loss" in text
+_TRAINING = re.compile(MARKER.pattern.decode())
 
 
 def records(lines: Iterable[str], report: Report | None = None) -> Iterator[Record]:
@@ -161,7 +159,7 @@ def records(lines: Iterable[str], report: Report | None = None) -> Iterator[Reco
                 rep.missing.append((number, "samples/s/p", progress.group(1)))
             pending = replace(pending, throughput=rate)
             continue
-        if not _is_training_line(text):
+        if not _TRAINING.search(text):
             continue
         rep.lines += 1
         line = _Line(number, text, rep)

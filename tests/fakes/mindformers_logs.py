@@ -49,7 +49,7 @@ def prefixed(message: str, when: float, fmt: str = STDOUT_FORMAT, func: str = "p
 
 
 def _progress_bar(percent: float) -> str:
-    return ("|%%-%ds|" % 50) % (int(50 * percent / 100) * "█")
+    return ("|%%-%ds|" % 50) % (int(50 * percent / 100) * "█")  # noqa: UP031 - MindFormers' own format
 
 
 def _norm(x: float) -> str:

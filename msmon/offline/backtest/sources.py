@@ -1,6 +1,7 @@
-"""Reading the traces a labels file lists (any CSV `msmon.offline.replay.read_csv` reads, and BLOOM's
-chronicle windows, one trace per section of `bloom-chronicles/iterations.csv`) and running a backtest
-over them: each trace is read once and replayed through every config."""
+"""Reading the traces a labels file lists (any CSV `msmon.offline.replay.read_csv` reads, MindFormers'
+text logs (a worker_N.log, or a run's output folder: every rank), and BLOOM's chronicle windows, one
+trace per section of `bloom-chronicles/iterations.csv`) and running a backtest over them: each trace is
+read once and replayed through every config."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from msmon.offline.backtest.engine import BacktestError, Label, Run, replay_config, run_trace
-from msmon.offline.readers import ReplayError, Row, read_csv
+from msmon.offline.readers import ReplayError, Row, read_csv, read_log
 from notifier.config import MonitorConfig
 
 
@@ -21,6 +22,7 @@ class Format:
     # A log whose lines were already sampled by the job (a few quoted lines, every 10th step...) is
     # replayed with every line a sample, whatever the config's step_interval.
     every_line_sampled: bool = False
+    folders: bool = False  # a trace may be a folder (a run's per-rank logs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +32,20 @@ class Trace:
     step_interval: int | None  # forced for this trace (None: the config's)
 
 
-def _read_csv(path: Path, section: str) -> list[Row]:
+def _no_section(path: Path, section: str, what: str) -> None:
     if section:
-        raise BacktestError(f"{path}#{section}: a plain CSV trace has no sections; drop '#{section}' or set "
+        raise BacktestError(f"{path}#{section}: a {what} trace has no sections; drop '#{section}' or set "
                             "the format (bloom)")
+
+
+def _read_csv(path: Path, section: str) -> list[Row]:
+    _no_section(path, section, "plain CSV")
     return list(read_csv(str(path)))
+
+
+def _read_mindformers(path: Path, section: str) -> list[Row]:
+    _no_section(path, section, "MindFormers")
+    return list(read_log(str(path), fmt="mindformers"))
 
 
 def _float(text: str | None) -> float | None:
@@ -73,6 +84,8 @@ def _read_bloom(path: Path, section: str) -> list[Row]:
 FORMATS: dict[str, Format] = {
     "csv": Format(_read_csv),
     "bloom": Format(_read_bloom, every_line_sampled=True),
+    # Printed steps are what a live callback sees (every step, or every sink), so they are sampled as live.
+    "mindformers": Format(_read_mindformers, folders=True),
 }
 
 
@@ -87,12 +100,12 @@ def expand(root: Path, labels: Sequence[Label]) -> list[Label]:
     """One label per trace: a glob pattern in `trace` becomes one label per matching file (sorted)."""
     out: list[Label] = []
     for label in labels:
-        _format(label)
+        fmt = _format(label)
         name, _, section = label.trace.partition("#")
         if not any(c in name for c in "*?["):
             out.append(label)
             continue
-        matches = sorted(p for p in root.glob(name) if p.is_file())
+        matches = sorted(p for p in root.glob(name) if p.is_file() or (fmt.folders and p.is_dir()))
         if not matches:
             raise BacktestError(f"{root}: no file matches {name!r} (a trace pattern in the labels)")
         for p in matches:
@@ -106,7 +119,7 @@ def load(root: Path, label: Label) -> Trace:
     fmt = _format(label)
     name, _, section = label.trace.partition("#")
     path = root / name
-    if not path.is_file():
+    if not (path.is_file() or (fmt.folders and path.is_dir())):
         raise BacktestError(f"{path}: no such trace file (listed in the labels as {label.trace!r}; paths are "
                             f"relative to the traces folder {root})")
     try:

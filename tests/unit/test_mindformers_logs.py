@@ -1,0 +1,261 @@
+"""MindFormers' logs, built from its own format strings (tests/fakes/mindformers_logs.py): the current and
+2023 line generations, sink mode, damaged lines, per-rank files, TensorBoard under its tag names, and
+`msmon convert`; replayed, they raise what a live job raises on the same printed values."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+
+import pytest
+
+from msmon.cli.main import main
+from msmon.contract.wire import Status
+from msmon.offline import mindformers
+from msmon.offline.readers import ReplayError, detect_format, read_log
+from msmon.offline.replay import run_replay
+from notifier import Monitor
+from tests.fakes import analysis_data as data
+from tests.fakes import mindformers_logs as mfl
+
+
+@pytest.fixture
+def steps():
+    """800 MindFormers steps (from 1), a 20x grad-norm burst at printed step 651 (after the 500-step baseline)."""
+    return mfl.steps_from(data.run(800, grad_jump=(650, 5, 20.0)))
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return data.monitor_yaml(tmp_path / "monitor.yaml", "  per_device_metrics: true\n")
+
+
+def printed(s):
+    """The values of one step as the log holds them (the precision of each format)."""
+    return (s["step"], float(f"{s['loss']:.3f}"), float(f"{s['lr']:.7g}"), float(f"{s['grad_norm']:.6f}"),
+            float(f"{s['throughput']:.5f}"), math.floor(s["time"] * 1000) / 1000)
+
+
+def as_read(r):
+    return (r.step, r.loss, r.lr, r.grad_norm, r.throughput, r.time)
+
+
+def firing(events):
+    return [(e.step, e.rule, e.severity.value, e.device) for e in events if e.status is Status.FIRING and not e.repeat]
+
+
+# -- line generations ----------------------------------------------------------------------------
+
+
+def test_current_lines_are_read_as_printed_across_epochs_with_noise_between(tmp_path, steps):
+    lines = mfl.current_lines(steps, steps_per_epoch=300, epochs=3, between=mfl.NOISE)
+    log = mfl.write(tmp_path / "output" / "msrun_log" / "worker_0.log", lines)
+    assert detect_format(log) == "mindformers"
+    rows = list(read_log(log))
+    assert [as_read(r) for r in rows] == [pytest.approx(printed(s)) for s in steps]
+    assert [r.step for r in rows] == list(range(1, 801))  # (epoch - 1) * 300 + step: epochs 2 and 3 continue
+    assert {r.device for r in rows} == {"0"}  # worker_0.log is rank 0
+
+
+def test_sink_mode_steps_jump_by_the_sink_size_and_a_missing_lr_is_missing(tmp_path, steps):
+    sunk = steps[3::4]  # sink_size 4: MindFormers prints steps 4, 8, ...
+    lines = mfl.current_lines(sunk, steps_per_epoch=200, epochs=4, sink=True, lr_known=False, flops=False)
+    assert "loss: " in lines[0] and "lr:" not in lines[0]
+    rows = list(read_log(mfl.write(tmp_path / "train.log", lines)))
+    assert [r.step for r in rows] == [s["step"] for s in sunk] == list(range(4, 801, 4))
+    assert all(r.lr is None for r in rows) and rows[0].loss == float(f"{sunk[0]['loss']:.3f}")
+    assert rows[0].device is None  # a log named nothing MindFormers names says no rank
+
+
+def test_separate_losses_do_not_shadow_the_loss():
+    msg = ("{ Epoch:[%3d/%3d], step:[%5d/%5d], " + mfl.SINK_LOSS + "lm_loss: %5.3f, aux_loss: %5.3f, "
+           "per_step_time: %dms, lr: %s, overflow cond: %s, loss_scale: %s, global_norm: %s") % (
+        1, 1, 7, 100, 2.5, 2.25, 0.125, 640, "1e-05", False, 1.0, "[0.75]")
+    (rec,) = mindformers.records([mfl.prefixed(msg, 1_700_000_000.5)])
+    assert (rec.step, rec.loss, rec.lr, rec.grad_norm, rec.time) == (7, 2.5, 1e-05, 0.75, 1_700_000_000.5)
+
+
+def test_old_generation_in_rotated_info_logs_with_epoch_end_lines(tmp_path, steps):
+    """log/rank_3/info.log.1 (older) then info.log; sink size 4; `print_output_info:` in the file prefix."""
+    lines = mfl.old_lines(steps[3::4], steps_per_epoch=160, epochs=5, sink_size=4)
+    assert lines[0].startswith("[INFO] ") and "print_output_info: Epoch:[  1/  5]" in lines[0]
+    rank = tmp_path / "output" / "log" / "rank_3"
+    mfl.write(rank / "info.log.1", lines[:40])
+    mfl.write(rank / "info.log", lines[40:], preamble=False)
+    rows = list(read_log(str(tmp_path / "output")))
+    assert [r.step for r in rows] == list(range(4, 801, 4))
+    assert [(r.loss, r.lr) for r in rows] == [(float(f"{s['loss']:.3f}"), float(f"{s['lr']:.7g}"))
+                                              for s in steps[3::4]]
+    assert all(r.device == "3" and r.grad_norm is None and r.throughput is None for r in rows)  # not printed then
+
+
+# -- damage --------------------------------------------------------------------------------------
+
+
+def test_damaged_lines_keep_what_can_be_read_and_say_what_is_missing(tmp_path, steps, caplog):
+    lines = mfl.current_lines(steps[:10], steps_per_epoch=100, epochs=1)  # line 2k: step k+1, 2k+1: its progress
+    lines[0] = lines[0].replace("global_norm: ", "global_norm ")  # a lost colon: still read
+    lines[2] = lines[2].replace(f"loss:[{steps[1]['loss']:5.3f}", f"loss:[{steps[1]['loss']:5.3f}".replace(".", ""))
+    lines[4] = lines[4].replace(f"global_norm: [{steps[2]['grad_norm']:.6f}]", "global_norm: [1 31049]")
+    lines[6] = lines[6].split("step:[")[0] + "step:[    4/"  # cut off after the step's start: skipped
+    lines[9] = lines[9].replace(f"{steps[4]['throughput']:.5f}", "1.5x400")
+    lines[10] = lines[10].split(", per_step_time")[0]  # cut off after the loss
+    log = mfl.write(tmp_path / "worker_0.log", lines)
+    with caplog.at_level(logging.WARNING, logger="msmon.offline.readers"):
+        rows = {r.step: r for r in read_log(log)}
+    assert sorted(rows) == [1, 2, 3, 5, 6, 7, 8, 9, 10]  # step 4 has no readable step: skipped, never guessed
+    assert rows[1].grad_norm == float(f"{steps[0]['grad_norm']:.6f}")
+    assert rows[2].loss is None and rows[2].lr == float(f"{steps[1]['lr']:.7g}") and rows[2].grad_norm is not None
+    assert rows[3].grad_norm is None and rows[3].loss == float(f"{steps[2]['loss']:.3f}")
+    assert rows[5].throughput is None and rows[5].loss is not None
+    assert rows[6].loss == float(f"{steps[5]['loss']:.3f}") and rows[6].lr is None and rows[6].grad_norm is None
+    (note,) = [r.getMessage() for r in caplog.records]
+    loss = f"{steps[1]['loss']:5.3f}".replace(".", "")
+    assert note == (f"{log}: 4 damaged line(s) among 10 MindFormers training lines; what could be read was kept, the "
+                    f"rest is missing, nothing was guessed: line 7: loss '{loss}' is not a number (read as missing); "
+                    "line 9: global_norm '[1 31049]' is not a number (read as missing); line 11: no readable "
+                    "step:[N/M] (skipped); line 14: samples/s/p '1.5x400' is not a number (read as missing)")
+
+
+def test_replay_prints_the_note_on_stderr(tmp_path, steps, cfg, capsys):
+    lines = mfl.current_lines(steps[:30], steps_per_epoch=100, epochs=1)
+    lines[4] = lines[4].replace("global_norm: [", "global_norm: [1 ")
+    log = mfl.write(tmp_path / "worker_2.log", lines)
+    assert main(["replay", log, "--config", cfg, "--no-trend"]) == 0
+    captured = capsys.readouterr()
+    assert f"msmon replay: note: {log}: 1 damaged line(s) among 30 MindFormers training lines" in captured.err
+    assert captured.out.splitlines()[-1].endswith("in 30 rows (mindformers)")
+
+
+# -- per-rank logs and replay --------------------------------------------------------------------
+
+
+def _live(per_rank, cfg):
+    """What a live job raises, fed the printed values rank by rank at each step."""
+    mon = Monitor(cfg, "live", clock=lambda: 0.0, sinks=[])
+    events = []
+    for i in range(len(per_rank[0])):
+        for rank, rank_steps in enumerate(per_rank):
+            step, loss, lr, grad, tput, t = printed(rank_steps[i])
+            events += mon.step(step, loss=loss, lr=lr, grad_norm=grad, throughput=tput, time=t, device=str(rank))
+    mon.close()
+    return firing(events)
+
+
+def test_msrun_worker_logs_are_the_ranks_of_one_run_and_replay_as_live(tmp_path, steps, cfg):
+    healthy = mfl.steps_from(data.run(800, seed=11))
+    per_rank = [healthy, healthy, steps, healthy]  # rank 2 has the grad-norm burst
+    out = tmp_path / "output"
+    for rank, rank_steps in enumerate(per_rank):
+        for path, fmt in ((out / "msrun_log" / f"worker_{rank}.log", mfl.STDOUT_FORMAT),
+                          (out / "log" / f"rank_{rank}" / "info.log", mfl.FILE_FORMAT)):
+            mfl.write(path, mfl.current_lines(rank_steps, steps_per_epoch=400, epochs=2, fmt=fmt))
+    assert detect_format(str(out)) == "mindformers"
+    rows = list(read_log(str(out)))
+    assert len(rows) == 3200  # the worker logs only: info.log holds the same lines
+    assert [(r.step, r.device) for r in rows] == sorted((r.step, r.device) for r in rows)
+    live = _live(per_rank, cfg)
+    assert (652, "grad_norm", "ERROR", "2") in live  # 2 samples in a row from 651
+    result = run_replay(str(out), cfg)
+    assert result.format == "mindformers" and set(result.curves) == {"0", "1", "2", "3"}
+    assert firing(result.events) == live
+
+
+def test_two_runs_below_one_folder_and_a_folder_without_logs_are_refused(tmp_path, steps):
+    for run in ("a", "b"):
+        mfl.write(tmp_path / run / "msrun_log" / "worker_0.log", mfl.current_lines(steps[:3], steps_per_epoch=9,
+                                                                                     epochs=1))
+    with pytest.raises(ReplayError, match="rank 0 has logs in several folders .*replay one run's output folder"):
+        list(read_log(str(tmp_path), fmt="mindformers"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReplayError, match=r"no MindFormers logs in this folder or below \(looked for msrun_log/"):
+        list(read_log(str(tmp_path / "empty"), fmt="mindformers"))
+    with pytest.raises(ReplayError, match="--columns does not apply to a MindFormers log"):
+        read_log(str(tmp_path / "a"), {"loss": "x"}, "mindformers")
+
+
+def test_a_resumed_log_going_back_is_an_error_naming_both_lines(tmp_path, steps):
+    lines = mfl.current_lines(steps[:6], steps_per_epoch=9, epochs=1, progress=False)
+    log = mfl.write(tmp_path / "info.log", lines + lines[3:], preamble=False)
+    with pytest.raises(ReplayError) as exc:
+        list(read_log(log, fmt="mindformers"))
+    assert str(exc.value).startswith(f"{log}:7: step 4 comes after step 6: steps must increase (step 6 is at {log}:6)")
+
+
+def test_detection_finds_training_lines_after_a_long_preamble_and_bare_lines(tmp_path, steps):
+    lines = mfl.current_lines(steps[:5], steps_per_epoch=9, epochs=1)
+    long = tmp_path / "train.txt"
+    long.write_text("".join(mfl.prefixed(f"config line {i} " + "x" * 80, 1e9) + "\n" for i in range(30_000))
+                    + "\n".join(lines) + "\n")
+    assert long.stat().st_size > 3_000_000 and detect_format(str(long)) == "mindformers"
+    assert len(list(read_log(str(long)))) == 5
+    bare = tmp_path / "grep.out"  # `grep 'Epoch:'` of a log printed with no prefix: starts with "{"
+    bare.write_text("\n".join(ln.split(" - INFO - ")[1] for ln in lines[::2]) + "\n")
+    assert detect_format(str(bare)) == "mindformers"
+    rows = list(read_log(str(bare)))
+    assert [r.step for r in rows] == [1, 2, 3, 4, 5] and all(r.time is None for r in rows)
+
+
+# -- TensorBoard ---------------------------------------------------------------------------------
+
+
+def test_mindformers_tensorboard_ranks_map_without_columns(tmp_path, steps, cfg):
+    for rank in (0, 1):
+        mfl.write_tensorboard(tmp_path / "tb", steps, rank)
+    rows = list(read_log(str(tmp_path / "tb")))
+    assert len(rows) == 1600 and {r.device for r in rows} == {"0", "1"}
+    one = [r for r in rows if r.device == "1"]
+    assert [r.step for r in one] == list(range(1, 801))  # the steps axis, not the "... vs samples" twins
+    for r, s in zip(one, steps, strict=True):
+        assert (r.loss, r.lr, r.grad_norm, r.throughput) == pytest.approx(
+            (s["loss"], s["lr"], s["grad_norm"], s["throughput"]), rel=1e-6)  # "throughput": samples/s
+        assert r.time == pytest.approx(s["time"])
+    result = run_replay(str(tmp_path / "tb"), cfg)
+    assert (652, "grad_norm", "ERROR", "1") in firing(result.events)
+    mfl.write_tensorboard(tmp_path / "no-timers", steps[:20], timers=False)
+    flops = list(read_log(str(tmp_path / "no-timers")))
+    assert [r.throughput for r in flops] == [150.0 + s["step"] % 7 for s in steps[:20]]  # the model-flops rate
+    assert flops[0].device == "0"
+
+
+# -- convert -------------------------------------------------------------------------------------
+
+
+def test_convert_writes_msmons_csv_that_reads_back_the_same(tmp_path, steps, capsys):
+    lines = mfl.current_lines(steps[:50], steps_per_epoch=20, epochs=3)
+    lines[6] = lines[6].replace("loss:[", "loss:[  nan/", 1).replace("/  nan/", "/", 1)
+    out = tmp_path / "output"
+    for rank in (0, 1):
+        mfl.write(out / "msrun_log" / f"worker_{rank}.log", lines)
+    csv_path = tmp_path / "run.csv"
+    assert main(["convert", str(out), "-o", str(csv_path)]) == 0
+    assert f"wrote {csv_path}: 100 rows (mindformers: {out})" in capsys.readouterr().err
+    with open(csv_path, newline="") as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["step", "loss", "lr", "grad_norm", "throughput", "time", "device"]
+    assert table[1][0] == "1" and table[1][-1] == "0" and table[2][-1] == "1"
+    assert table[7][1] == "nan"  # step 4, rank 0: NaN is data
+    original = [vars(r) for r in read_log(str(out))]
+    back = [vars(r) for r in read_log(str(csv_path))]
+    assert [{k: v for k, v in r.items() if k != "loss"} for r in back] == \
+        [{k: v for k, v in r.items() if k != "loss"} for r in original]
+    assert [r["loss"] for r in back if not math.isnan(r["loss"])] == \
+        [r["loss"] for r in original if not math.isnan(r["loss"])]
+
+
+def test_convert_tensorboard_and_stdout_and_errors(tmp_path, steps, capsys):
+    mfl.write_tensorboard(tmp_path / "tb", steps[:5])
+    assert main(["convert", str(tmp_path / "tb"), "-o", "-"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "step,loss,lr,grad_norm,throughput,time,device" and len(out) == 6 and out[1].startswith("1,")
+    assert main(["convert", str(tmp_path / "missing.log"), "-o", str(tmp_path / "x.csv")]) == 2
+    assert "msmon convert: " in capsys.readouterr().err and not (tmp_path / "x.csv").exists()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("step,loss\n1,2.0\n2,abc\n")
+    assert main(["convert", str(bad), "-o", str(tmp_path / "y.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.csv:3: column 'loss' holds 'abc', which is not a number" in err
+    assert not (tmp_path / "y.csv").exists() and not (tmp_path / "y.csv.partial").exists()  # no half CSV
+    assert main(["convert", str(bad), "-o", str(bad)]) == 2
+    assert "is the log itself; name another file" in capsys.readouterr().err
