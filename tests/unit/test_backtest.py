@@ -27,6 +27,8 @@ from msmon.offline.backtest.sources import expand, load
 from msmon.offline.readers import Row
 from notifier import Severity, Status
 from tests.conftest import ROOT
+from tests.fakes import analysis_data as data
+from tests.fakes import mindformers_logs as mfl
 
 W, E = Severity.WARNING, Severity.ERROR
 MS_TRACES = ROOT / "data" / "backtest" / "mindspore-cpu"
@@ -204,6 +206,28 @@ def test_glob_patterns_and_missing_files(tmp_path: Path) -> None:
     with pytest.raises(BacktestError, match="unknown format 'parquet'; formats are csv, bloom"):
         expand(tmp_path, [Label("runs/a.csv", format="parquet")])
     assert [r.step for r in load(tmp_path, Label("runs/a.csv")).rows] == [1, 2]
+
+
+def test_mindformers_traces_a_log_or_a_runs_folder(tmp_path: Path, capsys) -> None:
+    """Label format `mindformers`: a worker log, or a run's output folder (every rank), globbed or named."""
+    faulty = mfl.steps_from(data.run(800, grad_jump=(650, 5, 20.0)))
+    healthy = mfl.steps_from(data.run(800, seed=11))
+    for run, per_rank in (("runs/burst", [healthy, faulty]), ("runs/clean", [healthy, healthy])):
+        for rank, steps in enumerate(per_rank):
+            mfl.write(tmp_path / run / "msrun_log" / f"worker_{rank}.log",
+                      mfl.current_lines(steps, steps_per_epoch=400, epochs=2))
+    assert [x.trace for x in expand(tmp_path, [Label("runs/*", format="mindformers")])] == ["runs/burst", "runs/clean"]
+    one = load(tmp_path, Label("runs/burst/msrun_log/worker_1.log", "training", 651, format="mindformers"))
+    assert [r.step for r in one.rows] == list(range(1, 801)) and one.step_interval is None  # sampled as live
+    with pytest.raises(BacktestError, match="a MindFormers trace has no sections"):
+        load(tmp_path, Label("runs/burst#x", format="mindformers"))
+    (tmp_path / "labels.csv").write_text(HEADER + "runs/burst,training,651,,mindformers,rank 1 grad burst\n"
+                                         "runs/clean,clean,,,mindformers,\n")
+    cfg = data.monitor_yaml(tmp_path / "monitor.yaml", "  per_device_metrics: true\n")
+    (run,) = backtest_json(capsys, str(tmp_path), "--config", cfg)
+    traces = by_trace(run)
+    assert traces["runs/burst"]["caught"] is True and traces["runs/burst"]["first_error"]["step"] == 652
+    assert traces["runs/clean"]["false_alarms"] == []
 
 
 # -- the CLI on the committed MindSpore CPU traces -----------------------------------------------
