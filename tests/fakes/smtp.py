@@ -81,3 +81,27 @@ def smtp() -> Iterator[SMTPServer]:
         yield server
     finally:
         server.stop()
+
+
+ONCALL = {"levels": [{"after": 0, "mention": ["U0ONCALL"]},
+                     {"after": 600, "email": ["oncall@example.org", "second@example.org"]},
+                     {"after": 1800, "email": ["lead@example.org"]}]}
+
+
+def escalating_bot_config(tmp_path: Any, slack_url: str, smtp_port: int, policy: dict[str, Any] | None = None,
+                          **email: Any) -> dict[str, Any]:
+    """bot.yaml for the escalation tests: ERRORs to Slack channel C0ALERTS under policy `oncall`, mail to
+    the loopback SMTP server, short retries, the operator `cli:alice` (token MSMON_OP_TOKEN)."""
+    return {"bot": {
+        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+        "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
+        "routes": [{"receiver": "slack", "channel": "C0ALERTS", "escalation": "oncall"}],
+        "escalations": {"oncall": policy or ONCALL},
+        "email": {"host": "127.0.0.1", "port": smtp_port, "tls": "none", "sender": "msmon@bot.example.org",
+                  "public_url": "http://msmon.example.org", "timeout": 1.0, **email},
+        "slack": {"base_url": slack_url, "max_retries": 0},
+        "pipeline": {"group_wait": 0.2, "heartbeat_timeout": 60, "stall_timeout": 600},
+        "rate_limit": {"per_channel": 50, "per_run": 50, "burst": 20},
+        "delivery": {"backoff_base": 0.05, "backoff_max": 0.2},
+        "commands": {"operators": [{"user": "cli:alice", "env": "MSMON_OP_TOKEN"}]},
+        "console": {"charts_dir": str(tmp_path / "charts")}}}
