@@ -3,10 +3,13 @@ key's effect on msmon's config and of the line that records how it was taken."""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import textwrap
 
 import pytest
 
+from msmon.cli import check_config as cli
 from notifier import ConfigError, Monitor, load_config
 from notifier.config.mindformers import DEPRECATED, MINDFORMERS_KEYS
 from notifier.config.model import MonitorConfig
@@ -384,9 +387,30 @@ def test_the_example_covers_every_documented_key_and_loads_with_each_taken():
 
 
 def test_the_monitor_logs_the_record_at_start_up(write, caplog):
-    import logging
-
     caplog.set_level(logging.INFO, logger="msmon")
     mon = Monitor(write("train.yaml", "monitor_config: {monitor_on: True, target: ['attn']}\n"), "r", sinks=[])
     mon.close()
     assert "MindFormers monitor_config.target: ['attn'] -> not acted on: a per-parameter selection" in caplog.text
+
+
+# --- msmon check-config --------------------------------------------------------------------------------------
+
+
+def check_config(path: str, capsys) -> str:
+    assert cli.run(argparse.Namespace(file=path)) == 0
+    return capsys.readouterr().out
+
+
+def test_check_config_prints_what_is_monitored_and_how_each_mindformers_key_was_taken(capsys):
+    out = check_config(str(ROOT / "config" / "mindformers_example.yaml"), capsys)
+    assert "  grad_norm: WARNING at 1.5, ERROR at 3, 1 sample(s) in a row" in out
+    assert ("  MindFormers monitor_config.global_norm_spike_threshold: 3.0 -> ERROR level of msmon's grad_norm rule "
+            "(3; WARNING at 1.5)") in out
+    assert "  MindFormers monitor_config.weight_state_format: None -> not acted on: weight L2 norms" in out
+    assert "MindFormers keys are taken as listed above (msmon's own keys win where both are set)." in out
+
+
+def test_check_config_with_monitoring_off_still_says_how_the_keys_were_taken(write, capsys):
+    out = check_config(write("train.yaml", "monitor_config: {target: ['attn']}\n"), capsys)
+    assert "valid, but monitoring is OFF" in out
+    assert "  MindFormers monitor_config.target: ['attn'] -> not acted on" in out
