@@ -93,9 +93,9 @@ class StableRankConfig:
 class MindFormersMonitor:
     """MindFormers' keys of monitor_config besides monitor_on and step_interval (which msmon shares)."""
 
-    dump_path: str = setting("./dump", "where MindFormers dumps local norms and losses")
+    dump_path: str | None = setting("./dump", "where MindFormers dumps local norms and losses (null: ./dump)")
     target: list[str] | None = setting(None, "parameter name regexes for local_norm / optimizer_state")
-    invert: bool = setting(False, "monitor the parameters target does not match")
+    invert: bool | None = setting(False, "monitor the parameters target does not match (null: false)")
     local_loss_format: tuple[str, ...] = _fmt("local loss outputs")
     device_local_loss_format: tuple[str, ...] = _fmt("device local loss outputs")
     local_norm_format: tuple[str, ...] = _fmt("per-parameter gradient norm outputs")
@@ -105,8 +105,9 @@ class MindFormersMonitor:
     max_attention_logit_format: tuple[str, ...] = _fmt("max attention logit outputs")
     throughput_baseline: float | None = setting(None, "throughput (samples/s per device) for linearity", gt=0,
                                                 le=1e12)
-    print_struct: bool = setting(False, "print parameter names at the first step, then stop")
-    check_for_global_norm: bool = setting(False, "stop the run when the global norm reaches the threshold")
+    print_struct: bool | None = setting(False, "print parameter names at the first step, then stop (null: false)")
+    check_for_global_norm: bool | None = setting(False, "stop the run when the global norm reaches the threshold "
+                                                 "(null: false)")
     global_norm_spike_threshold: float = setting(3.0, "global norm at which MindFormers acts", gt=0, le=1e12)
     global_norm_spike_count_threshold: int = setting(10, "steps in a row at or above it before stopping", ge=1,
                                                      le=10_000)
@@ -250,9 +251,9 @@ def _fill_locations(ctx: Context, start: int, root: Mapping[str, Any], prefix: s
     """Give the issues from `start` on that have no file line (a field parser's) the line of their key."""
     for i in range(start, len(ctx.issues)):
         issue = ctx.issues[i]
-        parts = issue.path.removeprefix(f"{prefix}.").split(".")
         if issue.location is not None or issue.path == prefix:
             continue
+        parts = issue.path.removeprefix(f"{prefix}.").split(".")
         node: Any = root
         for part in parts[:-1]:
             node = node.get(part) if isinstance(node, Mapping) else None

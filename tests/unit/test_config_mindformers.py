@@ -248,6 +248,14 @@ def test_keys_msmon_cannot_act_on_are_accepted_and_named_with_what_msmon_does_in
     assert any(f"MindFormers monitor_config.{key}:" in line for line in describe(cfg, "r"))
 
 
+def test_null_means_mindformers_default_where_mindformers_says_so(write):
+    cfg = load(write, "monitor_config: {monitor_on: True, dump_path: null, invert: null, print_struct: null, "
+                      "check_for_global_norm: null, target: null, local_norm_format: null}\n")
+    assert cfg.alert == DEFAULT.alert and cfg.log_interval == DEFAULT.log_interval
+    assert how(cfg, "monitor_config.check_for_global_norm") == ["off: MindFormers does not stop on the global norm"]
+    assert how(cfg, "monitor_config.local_norm_format")[0].endswith(": no output")
+
+
 def test_checkpoint_health_switch_is_named(write):
     cfg = load(write, "use_checkpoint_health_monitor: True\nmonitor_config: {monitor_on: True}\n")
     assert how(cfg, "use_checkpoint_health_monitor")[0].startswith("not acted on: checkpoint health")
