@@ -19,6 +19,7 @@ No I/O: the loader hands it parsed YAML, `describe()` and `msmon check-config` p
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -172,10 +173,11 @@ class MindFormers:
     pynative: PyNativeMonitor | None
     tensorboard_dir: str | None
     given: frozenset[str]
+    misspelt: tuple[tuple[str, str], ...] = ()  # (top-level key, the switch it is close to)
 
     @property
     def present(self) -> bool:
-        return bool(self.given)
+        return bool(self.given or self.misspelt)
 
 
 MINDFORMERS_KEYS = frozenset(fields_of(MindFormersMonitor))
@@ -244,7 +246,19 @@ def read(data: Mapping[str, Any] | None, theirs: Mapping[str, Any], ctx: Context
     tb = top.get("tensorboard")
     tb_dir = tb.get("tensorboard_dir") if isinstance(tb, Mapping) else None
     return MindFormers(mon, switches, pynative, tb_dir if isinstance(tb_dir, str) and tb_dir else None,
-                       frozenset(given))
+                       frozenset(given), _misspelt_switches(top))
+
+
+def _misspelt_switches(top: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Top-level keys very close to a switch: MindFormers only warns that an unknown key is useless, so a
+    misspelt switch does nothing there. A training YAML has many other top-level keys, hence the high cutoff."""
+    out = []
+    for raw in top:
+        key = str(raw)
+        match = difflib.get_close_matches(key, _SWITCH_KEYS, n=1, cutoff=0.85) if key not in _SWITCH_KEYS else []
+        if match:
+            out.append((key, match[0]))
+    return tuple(out)
 
 
 def _fill_locations(ctx: Context, start: int, root: Mapping[str, Any], prefix: str) -> None:
@@ -299,6 +313,9 @@ class _Record:
         self._section = section
         self._top: Mapping[str, Any] = data if isinstance(data, Mapping) else {}
 
+    def top_value(self, key: str) -> Any:
+        return self._top.get(key)
+
     def add(self, key: str, value: Any, how: str, acted: bool = True) -> None:
         """Record `key`, shown with the value the file wrote where it wrote one, else with `value`."""
         short = key.removeprefix(f"{SECTION}.")
@@ -344,6 +361,9 @@ def apply(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any],
                 "not acted on: MindFormers logs throughput / baseline as linearity; msmon's throughput_drop rule "
                 "judges the throughput against the run's own rolling median, not a fixed rate", acted=False)
     _nan_switch(cfg, mf, section, rec)
+    for key, switch in mf.misspelt:
+        rec.add(key, rec.top_value(key), f"not acted on: not a MindFormers key (MindFormers warns that it is "
+                f"useless and ignores it); did you mean {switch}?", acted=False)
     _pynative(cfg, mf, section, rec)
     for key, why in DEPRECATED.items():
         if f"{SECTION}.{key}" in given:

@@ -256,6 +256,15 @@ def test_null_means_mindformers_default_where_mindformers_says_so(write):
     assert how(cfg, "monitor_config.local_norm_format")[0].endswith(": no output")
 
 
+def test_a_misspelt_switch_is_named_with_the_switch_it_is_close_to(write):
+    cfg = load(write, "use_skip_data_by_globalnorm: True\nuse_parallel: True\nmonitor_config: {monitor_on: True}\n")
+    assert cfg.alert.rules.grad_norm == DEFAULT.alert.rules.grad_norm
+    assert how(cfg, "use_skip_data_by_globalnorm") == [
+        "not acted on: not a MindFormers key (MindFormers warns that it is useless and ignores it); did you mean "
+        "use_skip_data_by_global_norm?"]
+    assert how(cfg, "use_parallel") == []  # MindFormers' other top-level keys are its business
+
+
 def test_checkpoint_health_switch_is_named(write):
     cfg = load(write, "use_checkpoint_health_monitor: True\nmonitor_config: {monitor_on: True}\n")
     assert how(cfg, "use_checkpoint_health_monitor")[0].startswith("not acted on: checkpoint health")
