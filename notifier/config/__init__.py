@@ -1,4 +1,5 @@
-"""monitor_config: schema, loading (with !include) and errors that say what to fix."""
+"""monitor_config: schema, loading (with !include), MindFormers' own monitor keys taken beside msmon's
+(`mindformers.py`), and errors that say what to fix."""
 
 from msmon.config.errors import ConfigError, Issue
 
