@@ -28,13 +28,13 @@ from __future__ import annotations
 import calendar
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 FIELDS = ("loss", "lr", "grad_norm", "throughput")
 MARKER = re.compile(rb"Epoch\s*:?\s*\[\s*\d+\s*/")  # what a MindFormers training line looks like, in bytes
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Record:
     """One training line: its line number, the global step and what could be read of it."""
 
@@ -151,25 +151,27 @@ def records(lines: Iterable[str], report: Report | None = None) -> Iterator[Reco
     """The training records of a MindFormers log, in the order printed; `report` collects the damage."""
     rep = report if report is not None else Report()
     pending: Record | None = None
+    bar_due = False  # the pending record's progress line (its throughput) has not come yet
     for number, text in enumerate(lines, start=1):
-        progress = _PROGRESS.search(text) if pending is not None and pending.throughput is None else None
-        if progress is not None and pending is not None:
-            rate = _number(progress.group(1), _FIXED5)
-            if rate is None:
-                rep.missing.append((number, "samples/s/p", progress.group(1)))
-            pending = replace(pending, throughput=rate)
+        if bar_due and "samples/s/p" in text and (bar := _PROGRESS.search(text)) and pending is not None:
+            pending.throughput = _number(bar.group(1), _FIXED5)
+            if pending.throughput is None:
+                rep.missing.append((number, "samples/s/p", bar.group(1)))
+            bar_due = False
             continue
-        if not _TRAINING.search(text):
+        start = _TRAINING.search(text) if "Epoch" in text else None
+        if start is None:
             continue
         rep.lines += 1
-        line = _Line(number, text, rep)
+        prefix = text[:start.start()]  # the logger's: the time (and a path, which the fields must not be read from)
+        line = _Line(number, text[start.start():], rep)
         step = line.step()
         if step is None:
             continue
         if pending is not None:
             yield pending
         pending = Record(number, step, loss=line.value("loss", _LOSS, _FIXED3), lr=line.value("lr", _LR),
-                         grad_norm=line.value("global_norm", _NORM), time=_timestamp(text.split("Epoch", 1)[0]))
+                         grad_norm=line.value("global_norm", _NORM), time=_timestamp(prefix))
+        bar_due = True
     if pending is not None:
         yield pending
-
