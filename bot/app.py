@@ -53,6 +53,7 @@ TOKENS = web.AppKey("tokens", list)
 COMMANDS = web.AppKey("commands", CommandService)
 STATE = web.AppKey("state", BotState)  # the one state the ingest and the command side share
 ESCALATOR = web.AppKey("escalator", Escalator)
+DIGESTS = web.AppKey("digests", Digests)
 REFUSED = web.AppKey("refused", Counter)  # cross-project requests refused, by route
 PROJECT = web.RequestKey("project", str)
 OPERATOR = web.RequestKey("operator", str)  # the operator's name; "" for a job's token
@@ -390,7 +391,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app[COMMANDS], app[STATE] = svc, state
     escalator = Escalator(state, clock, period=escalation_period, links=_ack_links(cfg))
     app[ESCALATOR] = escalator
-    digests = Digests(state, clock)
+    digests = app[DIGESTS] = Digests(state, clock)
     app.router.add_post("/v1/ingest", ingest)
     app.router.add_post("/v1/heartbeat", heartbeat)
     app.router.add_get("/v1/runs", runs)
