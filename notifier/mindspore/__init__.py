@@ -7,11 +7,14 @@ Importing this module imports MindSpore (`pip install msmon[mindspore]`); `notif
 from ..control import ActionError, JobControl
 from .backend import MindSporeBackend
 from .callback import MonitorCallback, parse_outputs
-from .grad_norm import TrainStepWithGradNorm, TrainStepWithGradNormLossScale, global_norm
+from .grad_norm import METRICS, TrainStepWithGradNorm, TrainStepWithGradNormLossScale, global_norm, pack_metrics
 from .lr import ScalableLR
+from .reads import HostReads
 
 __all__ = [
+    "METRICS",
     "ActionError",
+    "HostReads",
     "JobControl",
     "MindSporeBackend",
     "MonitorCallback",
@@ -19,5 +22,6 @@ __all__ = [
     "TrainStepWithGradNorm",
     "TrainStepWithGradNormLossScale",
     "global_norm",
+    "pack_metrics",
     "parse_outputs",
 ]
