@@ -232,8 +232,8 @@ class CommandService:
                    f"{', '.join(firing) or 'nothing'}.")
             self._audit(now, origin, p.text(), p.verb, run_id, "rejected", msg, project)
             return Answer(msg, ok=False, private=True)
-        msg = (f"{origin.who} acknowledged {rule} on {where} of run {run_id}: no reminders until it resolves "
-               "(a rise to ERROR still pages).")
+        msg = (f"{origin.who} acknowledged {rule} on {where} of run {run_id}: no reminders until it resolves, and "
+               "its escalation stops (a rise to ERROR still pages).")
         self._audit(now, origin, p.text(), p.verb, run_id, "done", msg, project)
         return Answer(msg)
 
