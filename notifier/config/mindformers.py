@@ -357,9 +357,7 @@ def apply(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any],
             value = getattr(mf.switches if key in _SWITCH_KEYS else m, key)
             rec.add(path, value, f"not acted on: {how}", acted=False)
     if f"{SECTION}.throughput_baseline" in given:
-        rec.add(f"{SECTION}.throughput_baseline", m.throughput_baseline,
-                "not acted on: MindFormers logs throughput / baseline as linearity; msmon's throughput_drop rule "
-                "judges the throughput against the run's own rolling median, not a fixed rate", acted=False)
+        _throughput_baseline(cfg, m.throughput_baseline, section, rec)
     _nan_switch(cfg, mf, section, rec)
     for key, switch in mf.misspelt:
         rec.add(key, rec.top_value(key), f"not acted on: not a MindFormers key (MindFormers warns that it is "
@@ -378,6 +376,26 @@ def _threshold(mf: MindFormers) -> tuple[float, str]:
     if f"{SECTION}.global_norm_spike_threshold" not in given and m.global_norm_error_threshold is not None:
         return m.global_norm_error_threshold, "global_norm_error_threshold"
     return m.global_norm_spike_threshold, "global_norm_spike_threshold"
+
+
+def _throughput_baseline(cfg: MonitorConfig, baseline: float | None, section: Mapping[str, Any],
+                         rec: _Record) -> None:
+    """throughput_baseline: MindFormers logs throughput / baseline as linearity; msmon judges the loss of
+    throughput against it (samples/s per device) from the first span, instead of against a learned median."""
+    key = f"{SECTION}.throughput_baseline"
+    if baseline is None:
+        rec.add(key, baseline, "not acted on: no rate given; throughput_drop judges against the run's own median",
+                acted=False)
+        return
+    rule = cfg.alert.rules.get("throughput_drop")
+    own = _given(section, "alert", "rules", "throughput_drop", "expected")
+    if own is not None:
+        rec.add(key, baseline, f"msmon's own throughput_drop expected rate {own:g} samples/s wins")
+        return
+    rule.expected = baseline
+    rec.add(key, baseline, f"the expected rate of msmon's throughput_drop rule: {baseline:g} samples/s per device; "
+            f"a loss of {rule.warning:.0%} is a WARNING, {rule.error:.0%} an ERROR, judged from the first span "
+            "(samples that report samples/s)")
 
 
 def _global_norm(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any], rec: _Record) -> None:

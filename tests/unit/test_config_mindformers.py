@@ -235,7 +235,6 @@ def test_monitor_on_and_step_interval_are_shared(write):
     ("target", "['layers.0.']", "msmon watches the global grad norm over all parameters instead"),
     ("invert", "True", "goes with target"),
     ("print_struct", "True", "expect the run to end at step 1"),
-    ("throughput_baseline", "1200", "judges the throughput against the run's own rolling median, not a fixed rate"),
     ("stable_rank_config", "{format: log, step_interval: 100, target: ['layers'], do_aggregation: False, "
                            "moe_show_mode: all, power_iteration_num: 5}", "weights' stable rank"),
     ("health_checkpoint", "{enable: True}", "checkpoint health is MindFormers' record"),
@@ -246,6 +245,32 @@ def test_keys_msmon_cannot_act_on_are_accepted_and_named_with_what_msmon_does_in
     assert not taken.acted and taken.how.startswith("not acted on: ") and says in taken.how
     assert cfg.alert == DEFAULT.alert and cfg.tensorboard == DEFAULT.tensorboard
     assert any(f"MindFormers monitor_config.{key}:" in line for line in describe(cfg, "r"))
+
+
+def test_throughput_baseline_is_the_throughput_rules_expected_rate(write):
+    cfg = load(write, "monitor_config: {monitor_on: True, throughput_baseline: 1200}\n")
+    assert cfg.alert.rules.throughput_drop.expected == 1200
+    assert how(cfg, "monitor_config.throughput_baseline")[0].startswith(
+        "the expected rate of msmon's throughput_drop rule: 1200 samples/s per device")
+    own = load(write, "monitor_config: {monitor_on: True, throughput_baseline: 1200, "
+                      "alert: {rules: {throughput_drop: {expected: 900}}}}\n")
+    assert own.alert.rules.throughput_drop.expected == 900
+    assert how(own, "monitor_config.throughput_baseline") == [
+        "msmon's own throughput_drop expected rate 900 samples/s wins"]
+
+
+def test_throughput_below_the_baseline_pages_from_the_first_span(write):
+    """A job at 40% of MindFormers' throughput_baseline is an ERROR as soon as its first span is judged:
+    no rolling baseline to learn first."""
+    cfg = load(write, "monitor_config: {monitor_on: True, step_interval: 1, throughput_baseline: 100, "
+                      "alert: {baseline_steps: 0, rules: {throughput_drop: {consecutive: 1, min_seconds: 0}}}}\n")
+    mon = Monitor(cfg, "mf-run", sinks=[])
+    events = []
+    for step in range(1, 6):
+        events += mon.step(step, loss=2.0, throughput=None, samples=40, time=float(step))
+    errors = [e for e in events if e.rule == "throughput_drop"]
+    assert errors and errors[0].severity.value == "ERROR" and errors[0].step <= 3
+    assert "below the expected 100 samples/s (throughput_baseline" in errors[0].message
 
 
 def test_null_means_mindformers_default_where_mindformers_says_so(write):

@@ -6,7 +6,7 @@ import dataclasses
 from typing import ClassVar
 
 from msmon.contract.wire import Sample
-from msmon.core.detectors.base import SKIP, BaselineRule, DetectorContext, Finding, RuleParams
+from msmon.core.detectors.base import SKIP, BaselineRule, DetectorContext, Finding, RuleParams, classify
 from msmon.core.detectors.rolling import RollingQuantiles
 from msmon.core.spec import spec
 
@@ -29,6 +29,10 @@ class ThroughputDropParams(RuleParams):
     Rates are judged over spans of at least `min_seconds` of training (samples are pooled until
     then), so a hiccup of a few milliseconds in a job with 5 ms steps is not a "drop"; with the
     default `consecutive: 5` a drop must last 5 such spans.
+
+    With `expected` (samples/s per device; MindFormers' `throughput_baseline` sets it) the loss is
+    judged against that rate from the first span on, for samples that carry samples/s; the rolling
+    median still judges the others.
     """
 
     warning: float | None = dataclasses.field(default=0.3, metadata=spec(gt=0, le=1, doc="fraction lost"))
@@ -36,6 +40,7 @@ class ThroughputDropParams(RuleParams):
     consecutive: int = dataclasses.field(default=5, metadata=spec(ge=1, doc="samples in a row"))
     window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="spans in the rolling baseline"))
     min_seconds: float = dataclasses.field(default=10.0, metadata=spec(ge=0, doc="shortest span judged"))
+    expected: float | None = dataclasses.field(default=None, metadata=spec(gt=0, doc="samples/s per device expected"))
 
 
 class ThroughputDrop(BaselineRule):
@@ -57,7 +62,8 @@ class ThroughputDrop(BaselineRule):
         return 1.0 - x / med, med
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
-        rate, unit = rate_of(s)
+        expected = getattr(p, "expected", None)
+        rate, unit = (s.samples_per_s, "samples/s") if expected and s.samples_per_s is not None else rate_of(s)
         if rate is None or not rate > 0.0:
             return SKIP
         if s.elapsed:
@@ -67,6 +73,8 @@ class ThroughputDrop(BaselineRule):
                 return SKIP  # still pooling: nothing new to judge
             rate = self.units / self.seconds
             self.units = self.seconds = 0.0
+        if expected and unit == "samples/s":
+            return _against(rate, expected, p)
         r = self.judge(rate, p)
         if r is None:
             return None
@@ -74,3 +82,13 @@ class ThroughputDrop(BaselineRule):
         return Finding(level, drop, thr,
                        f"throughput {rate:.4g} {unit} is {drop:.0%} below its usual {med:.4g} {unit} "
                        f"(threshold {thr:.0%})", med)
+
+
+def _against(rate: float, expected: float, p: RuleParams) -> Finding | None:
+    """The loss of throughput against a fixed expected rate (no baseline to learn)."""
+    drop = 1.0 - rate / expected
+    level, thr = classify(drop, p)
+    if level is None:
+        return None
+    return Finding(level, drop, thr, f"throughput {rate:.4g} samples/s is {drop:.0%} below the expected "
+                   f"{expected:.4g} samples/s (throughput_baseline; threshold {thr:.0%})", expected)
