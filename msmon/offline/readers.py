@@ -37,7 +37,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "grad_norm": ("grad_norm", _TB["grad_norm"], "global_norm", "grad-norm", "gradient_norm", "norm"),
     # MindFormers: "throughput" (samples/s per device) when timers are logged, else its model-flops rate
     "throughput": ("tokens_per_s", _TB["tokens_per_s"], "throughput", "tokens_per_sec",
-                   "model-flops-throughput-per-npu"),
+                   "model-flops-throughput-per-npu"),  # = FLOPS_TAG
     "time": ("time", "timestamp"),
     "time_ms": ("train_time_ms_cumulative",),
     "device": ("device", "rank"),
@@ -359,7 +359,9 @@ def _scalar(value: Any) -> float | None:
     return float(vals[0]) if vals else None
 
 
-def _read_event_folder(files: list[str], device: str | None, columns: Mapping[str, str]) -> list[Row]:
+def _read_event_folder(files: list[str], device: str | None,
+                       columns: Mapping[str, str]) -> tuple[list[Row], dict[str, str]]:
+    """The folder's rows, and the tag each Row field was read from."""
     from tensorboardX.proto.event_pb2 import Event  # protobuf only for TensorBoard logs
 
     series: dict[str, list[tuple[int, float, float, str]]] = {}  # tag -> (step, value, wall time, file)
@@ -388,15 +390,23 @@ def _read_event_folder(files: list[str], device: str | None, columns: Mapping[st
             if row is None:
                 row = rows[step] = Row(step=step, time=wall, device=device)
             setattr(row, arg, x)
-    return [rows[s] for s in sorted(rows)]
+    return [rows[s] for s in sorted(rows)], chosen
+
+
+FLOPS_TAG = "model-flops-throughput-per-npu"
 
 
 def _read_tensorboard(root: str, columns: Mapping[str, str]) -> list[Row]:
     """Every scalar row of a run, all devices merged in step order (event files are read whole)."""
     folders = _event_files(root)
     devices = _devices(root, list(folders))
-    rows = [r for folder, files in folders.items() for r in _read_event_folder(files, devices[folder], columns)]
+    read = [_read_event_folder(files, devices[folder], columns) for folder, files in folders.items()]
+    rows = [r for part, _ in read for r in part]
     rows.sort(key=lambda r: (r.step, r.device or ""))
+    if any(chosen.get("throughput") == FLOPS_TAG for _, chosen in read):
+        log.warning(f"{root}: the throughput is MindFormers' {FLOPS_TAG!r} (model TFLOPS per NPU, not samples/s: "
+                    "it writes 'throughput' only with tensorboard.log_timers_to_tensorboard: True); the "
+                    "throughput_drop rule judges its drops, but an expected rate in samples/s does not apply to it")
     return rows
 
 

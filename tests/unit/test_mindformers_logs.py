@@ -200,7 +200,7 @@ def test_detection_finds_training_lines_after_a_long_preamble_and_bare_lines(tmp
 # -- TensorBoard ---------------------------------------------------------------------------------
 
 
-def test_mindformers_tensorboard_ranks_map_without_columns(tmp_path, steps, cfg):
+def test_mindformers_tensorboard_ranks_map_without_columns(tmp_path, steps, cfg, caplog):
     for rank in (0, 1):
         mfl.write_tensorboard(tmp_path / "tb", steps, rank)
     rows = list(read_log(str(tmp_path / "tb")))
@@ -213,10 +213,14 @@ def test_mindformers_tensorboard_ranks_map_without_columns(tmp_path, steps, cfg)
         assert r.time == pytest.approx(s["time"])
     result = run_replay(str(tmp_path / "tb"), cfg)
     assert (652, "grad_norm", "ERROR", "1") in firing(result.events)
+    assert not caplog.records or all(r.name != "msmon.offline.readers" for r in caplog.records)
     mfl.write_tensorboard(tmp_path / "no-timers", steps[:20], timers=False)
-    flops = list(read_log(str(tmp_path / "no-timers")))
+    with caplog.at_level(logging.WARNING, logger="msmon.offline.readers"):
+        flops = list(read_log(str(tmp_path / "no-timers")))
     assert [r.throughput for r in flops] == [150.0 + s["step"] % 7 for s in steps[:20]]  # the model-flops rate
     assert flops[0].device == "0"
+    (note,) = [r.getMessage() for r in caplog.records if r.name == "msmon.offline.readers"]
+    assert "the throughput is MindFormers' 'model-flops-throughput-per-npu' (model TFLOPS per NPU" in note
 
 
 # -- convert -------------------------------------------------------------------------------------
