@@ -14,9 +14,12 @@ import logging
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 sys.path.insert(0, str(ROOT))
 
 from msmon.offline.readers import read_log  # noqa: E402
@@ -25,15 +28,17 @@ from tests.fakes import analysis_data as data  # noqa: E402
 from tests.fakes import mindformers_logs as mfl  # noqa: E402
 
 
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
 def rates(path: str) -> tuple[float, float]:
     """(rows/s read alone, rows/s read + replayed)."""
     cfg = {"monitor_config": {"monitor_on": True, "log_interval": 0}}
-    t0 = time.perf_counter()
-    n = sum(1 for _ in read_log(path))
-    read_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    result = run_replay(path, cfg)
-    replay_s = time.perf_counter() - t0
+    n, read_s = timed(lambda: sum(1 for _ in read_log(path)))
+    result, replay_s = timed(lambda: run_replay(path, cfg))
     assert result.rows == n
     return n / read_s, n / replay_s
 
