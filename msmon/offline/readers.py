@@ -467,7 +467,9 @@ def _rank_rows(rank: str | None, files: list[str], counters: list[_Counted[bytes
                     continue
                 order.check(rank, row.step, f"{path}:{rec.line}", f"{path}:{rec.line}")
                 yield row
-        note = report.summary(path)
+        note = report.summary(path) if report.lines else (
+            f"{path}: no MindFormers training line (Epoch:[e/E], step:[s/S], loss ...) in it: the run printed no "
+            "step, or this is not a training log")
         if note is not None:
             log.warning(note)
 

@@ -175,6 +175,16 @@ def test_two_runs_below_one_folder_and_a_folder_without_logs_are_refused(tmp_pat
         read_log(str(tmp_path / "a"), {"loss": "x"}, "mindformers")
 
 
+
+def test_a_log_without_training_lines_says_so(tmp_path, caplog):
+    log = mfl.write(tmp_path / "msrun_log" / "worker_0.log", [])  # compiled, then stopped before step 1
+    with caplog.at_level(logging.WARNING, logger="msmon.offline.readers"):
+        assert list(read_log(str(tmp_path))) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{log}: no MindFormers training line (Epoch:[e/E], step:[s/S], loss ...) in it: the run printed no step, "
+        "or this is not a training log"]
+
+
 def test_a_resumed_log_going_back_is_an_error_naming_both_lines(tmp_path, steps):
     lines = mfl.current_lines(steps[:6], steps_per_epoch=9, epochs=1, progress=False)
     log = mfl.write(tmp_path / "info.log", lines + lines[3:], preamble=False)
