@@ -282,10 +282,6 @@ class BotConfig:
     digests: list[Digest] = _f([], "scheduled summaries, one per channel")
 
     def check(self) -> Iterator[tuple[str, str]]:
-        for i, r in enumerate(self.routes):
-            if r.escalation is not None and r.escalation not in self.escalations:
-                yield f"routes[{i}].escalation", (f"no escalation policy {shown(r.escalation)}; bot.escalations "
-                                                  f"has {', '.join(self.escalations) or 'none'}")
         mails = any(lv.email for p in self.escalations.values() for lv in p.levels)
         if mails and not self.email.host:
             yield "email", "escalation levels send email but bot.email.host is not set"
@@ -330,6 +326,17 @@ def _check_tokens(cfg: BotConfig, section: Mapping[str, Any], ctx: Context) -> N
                 break
 
 
+def _check_escalations(cfg: BotConfig, section: Mapping[str, Any], ctx: Context) -> None:
+    """Every policy a route names exists (named with the route's line)."""
+    raw = section.get("routes")
+    for i, r in enumerate(cfg.routes):
+        if r.escalation is not None and r.escalation not in cfg.escalations:
+            item = raw[i] if isinstance(raw, list) and i < len(raw) else None
+            ctx.error(f"bot.routes[{i}].escalation", f"no escalation policy {shown(r.escalation)}; bot.escalations "
+                      f"has {', '.join(cfg.escalations) or 'none'}", item if isinstance(item, Mapping) else None,
+                      "escalation")
+
+
 def load_bot_config(source: str | os.PathLike[str] | Mapping[str, Any] | None) -> BotConfig:
     """A validated BotConfig from a bot.yaml path or a parsed mapping; a ConfigError naming key and line."""
     if source is None:
@@ -353,6 +360,7 @@ def load_bot_config(source: str | os.PathLike[str] | Mapping[str, Any] | None) -
     cfg = build(BotConfig, section, "bot", ctx)
     if not ctx.issues:
         _check_tokens(cfg, section, ctx)
+        _check_escalations(cfg, section, ctx)
     if ctx.issues:
         raise ConfigError(ctx.issues, name, "bot config")
     return cfg

@@ -8,11 +8,9 @@ import email.policy
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from email.message import EmailMessage
 from typing import Any
 
-import pytest
 from aiosmtpd.controller import Controller
 
 
@@ -73,14 +71,11 @@ class SMTPServer:
     def stop(self) -> None:
         self.controller.stop()
 
+    def __enter__(self) -> SMTPServer:
+        return self.start()
 
-@pytest.fixture
-def smtp() -> Iterator[SMTPServer]:
-    server = SMTPServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 ONCALL = {"levels": [{"after": 0, "mention": ["U0ONCALL"]},

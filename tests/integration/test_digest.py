@@ -32,7 +32,8 @@ def bot(tmp_path, slack, monkeypatch) -> Iterator[BotServer]:
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
     b = BotServer({"bot": {
-        "port": 0, "state_path": str(tmp_path / "bot.sqlite"), "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
+        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+        "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "routes": [{"receiver": "digest", "channel": "C0ALERTS", "severity": "WARNING"},
                    {"receiver": "slack", "channel": "C0ALERTS"}],
         "digests": [DIGEST], "slack": {"base_url": slack.base_url, "max_retries": 0},

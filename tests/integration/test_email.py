@@ -16,7 +16,7 @@ from tests.fakes.bot_server import BotServer, send, wait_for
 from tests.fakes.helpers import FakeClock
 from tests.fakes.records import envelope, event
 from tests.fakes.slack_api import SlackAPIServer
-from tests.fakes.smtp import SMTPServer, escalating_bot_config, smtp  # noqa: F401 - the fixture
+from tests.fakes.smtp import SMTPServer, escalating_bot_config
 
 pytest.importorskip("aiosmtpd")
 
@@ -26,6 +26,12 @@ MAIL_FIRST = {"levels": [{"after": 0, "email": ["oncall@example.org"]}, {"after"
 @pytest.fixture
 def slack() -> Iterator[SlackAPIServer]:
     with SlackAPIServer() as s:
+        yield s
+
+
+@pytest.fixture
+def smtp() -> Iterator[SMTPServer]:
+    with SMTPServer() as s:
         yield s
 
 

@@ -80,3 +80,26 @@ def test_cost_of_waiting() -> None:
     assert cost_line("r", 1, "ERROR", T0, T0 + 600) == "r on 1 device has been in ERROR for 10 min (≈0.2 device-hours)"
     assert duration_text(30) == "30 s" and duration_text(3 * 3600 + 300) == "3 h 05 min"
     assert duration_text(3 * 86400 + 7200) == "3 d 2 h"
+
+
+def test_policy_config_errors_name_key_and_line(tmp_path) -> None:
+    import pytest
+
+    from bot.config import load_bot_config
+    from msmon.config.errors import ConfigError
+
+    path = tmp_path / "bot.yaml"
+    path.write_text("bot:\n  escalations:\n    oncall:\n      levels:\n        - {after: 600, email: [a@x.org]}\n"
+                    "        - {after: 0, email: [not-an-address]}\n")
+    with pytest.raises(ConfigError) as err:
+        load_bot_config(path)
+    text = str(err.value)
+    assert "bot.escalations.oncall.levels[1].email[0]: not an email address: 'not-an-address'  (bot.yaml:6)" in text
+    assert "bot.escalations.oncall.levels: levels must be in order of `after`" in text
+    assert "bot.email: escalation levels send email but bot.email.host is not set" in text
+    path.write_text("bot:\n  escalations:\n    oncall: {levels: [{mention: [U1]}]}\n  routes:\n"
+                    "    - {receiver: slack, channel: C1, escalation: oncal}\n")
+    with pytest.raises(ConfigError) as err:
+        load_bot_config(path)
+    assert "bot.routes[0].escalation: no escalation policy 'oncal'; bot.escalations has oncall  (bot.yaml:5)" in \
+        str(err.value)
