@@ -200,3 +200,35 @@ def test_a_stale_run_and_a_hung_run_each_escalate_once_a_paused_and_a_finished_r
         assert len(escalation_notes(slack)) == 2
     finally:
         bot.stop()
+
+
+def test_the_job_says_it_ended_normally_and_the_watchdog_leaves_it_alone(tmp_path, slack, smtp):
+    from notifier.transport import BotTransport
+
+    clock = FakeClock()
+    bot = start(tmp_path, slack, smtp, clock)
+    try:
+        t = BotTransport(bot.url, "run-done", "0", token="job-token", project="llm", spool_dir=str(tmp_path / "spool"),
+                         flush_interval=0.05)
+        t.last_step = 5_000
+        beat(bot, "run-done", 5_000, clock)
+        t.close(final=True)  # what Monitor.close() does at the end of training
+        assert "run-done" in bot.store.escalations.ended()
+        clock.advance(3600)
+        time.sleep(2.5)  # a watchdog round
+        assert bot.store.escalations.of() == [] and not bot.store.alerts("run-done")
+    finally:
+        bot.stop()
+
+
+def test_one_owner_per_escalation(tmp_path):
+    from bot.store import Store
+
+    store = Store(str(tmp_path / "bot.sqlite"))
+    esc = store.escalations.start("run-42", "grad_norm", "oncall", "slack", "C1", 100.0)
+    assert store.escalations.claim(esc, "bot-a", 100.0, 30.0)
+    assert not store.escalations.claim(esc, "bot-b", 110.0, 30.0)  # a's lease holds
+    assert store.escalations.claim(esc, "bot-a", 120.0, 30.0)  # renewed by its owner
+    assert store.escalations.claim(esc, "bot-b", 151.0, 30.0)  # run out: b takes over
+    assert not store.escalations.claim(esc, "bot-a", 152.0, 30.0)
+    store.close()
