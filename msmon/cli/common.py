@@ -10,7 +10,7 @@ import sys
 from typing import Any, Protocol
 
 from msmon.offline import readers
-from msmon.offline.readers import FORMATS
+from msmon.offline.readers import AUTO, FORMATS
 
 OK = 0  # it ran and found nothing wrong
 FAILED = 1  # it ran and the answer is "no": alerts on a baseline, a command the job did not carry out
@@ -71,10 +71,13 @@ def add_verbose(parser: argparse.ArgumentParser, help_text: str = "also print ms
     parser.add_argument("-v", "--verbose", action="store_true", help=help_text)
 
 
-def add_log_options(parser: argparse.ArgumentParser, format_help: str | None = None) -> None:
+FORMAT_HELP = "the log's format (default: auto, from its name, else its content)"
+
+
+def add_log_options(parser: argparse.ArgumentParser, format_help: str | None = FORMAT_HELP) -> None:
     """--columns and --input-format: how to read a metrics log (any format `msmon replay` reads; default: detected)."""
     parser.add_argument("--columns", default=None, metavar="MAPPING", help=COLUMNS_HELP)
-    parser.add_argument("--input-format", dest="format_in", choices=FORMATS, default=None, help=format_help)
+    parser.add_argument("--input-format", dest="format_in", choices=(AUTO, *FORMATS), default=AUTO, help=format_help)
 
 
 def add_bot_options(parser: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("log", help="any log msmon replay reads: a MindFormers worker_N.log / info.log or its output "
                    "folder, TensorBoard event files, JSONL, CSV")
     p.add_argument("-o", "--output", required=True, metavar="OUT.csv", help="the CSV to write ('-': stdout)")
-    add_log_options(p, format_help="the log's format (default: from its name, else its content)")
+    add_log_options(p)
     add_verbose(p)
     p.set_defaults(func=run)
 

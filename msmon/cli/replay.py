@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
                    "log (worker_N.log, info.log) or its output folder (every rank)")
     p.add_argument("--config", default="config/monitor.yaml", help="monitor_config YAML (default: %(default)s)")
     p.add_argument("--run-id", default="replay")
-    add_log_options(p, format_help="the log's format (default: from its name, else its content)")
+    add_log_options(p)
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="json: one JSON object per alert per line on stdout, nothing else (summary on stderr)")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="draw the curves with the alerts marked")

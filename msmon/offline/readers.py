@@ -46,6 +46,7 @@ METRICS = ("loss", "lr", "grad_norm", "throughput")
 # Spellings accepted on the left of --columns, for the Row field they mean.
 KEY_SYNONYMS = {"learning_rate": "lr", "tokens_per_s": "throughput", "iteration": "step"}
 FORMATS = ("csv", "jsonl", "tensorboard", "mindformers")
+AUTO = "auto"  # the format from the name, else the content (`detect_format`)
 T = TypeVar("T")
 log = logging.getLogger(__name__)  # notes on what a log held (damaged lines): msmon's commands print them
 
@@ -563,7 +564,8 @@ class LogReader:
 
 
 def read_log(path: str, columns: Mapping[str, str] | None = None, fmt: str | None = None) -> LogReader:
-    """Rows of a metrics log, whatever its format (`fmt`: csv, jsonl, tensorboard or mindformers; None: detected).
+    """Rows of a metrics log, whatever its format (`fmt`: csv, jsonl, tensorboard or mindformers; None or auto:
+    detected).
 
     `columns` maps Row fields (step, loss, lr, grad_norm, throughput, time, time_ms, device) to this
     log's column names, JSON keys or TensorBoard tags; unmapped fields are found by their usual names.
@@ -571,7 +573,7 @@ def read_log(path: str, columns: Mapping[str, str] | None = None, fmt: str | Non
     cols = dict(columns or {})
     if not os.path.exists(path):
         raise ReplayError(f"{path}: no such file or folder")
-    kind = fmt or detect_format(path)
+    kind = detect_format(path) if fmt in (None, AUTO) else fmt
     if kind not in FORMATS:
         raise ReplayError(f"unknown log format {kind!r}; formats: {', '.join(FORMATS)}")
     if kind == "mindformers":

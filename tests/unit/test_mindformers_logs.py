@@ -273,3 +273,15 @@ def test_convert_tensorboard_and_stdout_and_errors(tmp_path, steps, capsys):
     assert not (tmp_path / "y.csv").exists() and not (tmp_path / "y.csv.partial").exists()  # no half CSV
     assert main(["convert", str(bad), "-o", str(bad)]) == 2
     assert "is the log itself; name another file" in capsys.readouterr().err
+
+
+def test_input_format_auto_is_the_default_and_mindformers_can_be_forced(tmp_path, steps, capsys):
+    """A MindFormers output folder with both its TensorBoard files and its worker logs."""
+    out = tmp_path / "output"
+    mfl.write_tensorboard(out / "tensorboard", steps[:5])
+    mfl.write(out / "msrun_log" / "worker_0.log", mfl.current_lines(steps[:8], steps_per_epoch=9, epochs=1))
+    assert detect_format(str(out)) == "tensorboard"
+    for fmt, rows in (("auto", 5), ("mindformers", 8)):
+        assert main(["convert", str(out), "-o", "-", "--input-format", fmt]) == 0
+        assert len(capsys.readouterr().out.splitlines()) == 1 + rows
+    assert len(list(read_log(str(out), fmt="auto"))) == 5
