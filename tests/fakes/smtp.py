@@ -78,6 +78,9 @@ class SMTPServer:
         self.stop()
 
 
+ESCALATION_ENV = {"MSMON_TEST_TOKEN": "job-token", "MSMON_OP_TOKEN": "op-token", "SLACK_BOT_TOKEN": "xoxb-test",
+                  "MSMON_ACK_SECRET": "a-test-key"}  # the secrets escalating_bot_config names
+
 ONCALL = {"levels": [{"after": 0, "mention": ["U0ONCALL"]},
                      {"after": 600, "email": ["oncall@example.org", "second@example.org"]},
                      {"after": 1800, "email": ["lead@example.org"]}]}

@@ -16,7 +16,7 @@ from tests.fakes.bot_server import BotServer, send, wait_for
 from tests.fakes.helpers import FakeClock
 from tests.fakes.records import envelope, event
 from tests.fakes.slack_api import SlackAPIServer
-from tests.fakes.smtp import SMTPServer, escalating_bot_config
+from tests.fakes.smtp import ESCALATION_ENV, SMTPServer, escalating_bot_config
 
 pytest.importorskip("aiosmtpd")
 
@@ -37,10 +37,8 @@ def smtp() -> Iterator[SMTPServer]:
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
-    monkeypatch.setenv("MSMON_OP_TOKEN", "op-token")
-    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
-    monkeypatch.setenv("MSMON_ACK_SECRET", "a-test-key")
+    for name, value in ESCALATION_ENV.items():
+        monkeypatch.setenv(name, value)
 
 
 def start(tmp_path: Any, slack: SlackAPIServer, smtp: SMTPServer, clock: FakeClock, **email: Any) -> BotServer:

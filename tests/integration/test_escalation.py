@@ -16,7 +16,7 @@ from tests.fakes.bot_server import BotServer, wait_for
 from tests.fakes.helpers import FakeClock
 from tests.fakes.records import envelope, event
 from tests.fakes.slack_api import SlackAPIServer
-from tests.fakes.smtp import SMTPServer, escalating_bot_config
+from tests.fakes.smtp import ESCALATION_ENV, SMTPServer, escalating_bot_config
 
 pytest.importorskip("aiosmtpd")
 
@@ -37,10 +37,8 @@ def smtp() -> Iterator[SMTPServer]:
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
-    monkeypatch.setenv("MSMON_OP_TOKEN", "op-token")
-    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
-    monkeypatch.setenv("MSMON_ACK_SECRET", "a-test-key")
+    for name, value in ESCALATION_ENV.items():
+        monkeypatch.setenv(name, value)
 
 
 def start(tmp_path: Any, slack: SlackAPIServer, smtp: SMTPServer, clock: FakeClock, **kw: Any) -> BotServer:
@@ -50,6 +48,17 @@ def start(tmp_path: Any, slack: SlackAPIServer, smtp: SMTPServer, clock: FakeClo
 
 def escalation_notes(slack: SlackAPIServer) -> list[dict[str, Any]]:
     return [m for m in slack.messages() if "escalation step" in m.get("text", "")]
+
+
+def first_step(bot: BotServer, slack: SlackAPIServer) -> None:
+    """An ERROR in, and its escalation's first level in the channel."""
+    assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
+    assert wait_for(lambda: len(escalation_notes(slack)) == 1, 5)
+
+
+def command(bot: BotServer, text: str) -> int:
+    """`msmon cmd TEXT` as operator cli:alice; the HTTP status."""
+    return bot.request("POST", "/v1/commands", json.dumps({"text": text}).encode(), token="op-token")[0]
 
 
 def settle() -> None:
@@ -91,11 +100,8 @@ def test_an_acknowledged_error_stops_escalating(tmp_path, slack, smtp):
     clock = FakeClock()
     bot = start(tmp_path, slack, smtp, clock)
     try:
-        bot.request("POST", "/v1/ingest", envelope([event()]))
-        assert wait_for(lambda: len(escalation_notes(slack)) == 1, 5)
-        status, answer = bot.request("POST", "/v1/commands", json.dumps({"text": "ack run-42/grad_norm"}).encode(),
-                                     token="op-token")
-        assert status == 200, answer
+        first_step(bot, slack)
+        assert command(bot, "ack run-42/grad_norm") == 200
         assert wait_for(lambda: bot.store.escalations.of()[0]["state"] == "acked", 5)
         clock.advance(10_000)
         settle()
@@ -112,8 +118,7 @@ def test_resolution_closes_the_escalation(tmp_path, slack, smtp):
     clock = FakeClock()
     bot = start(tmp_path, slack, smtp, clock)
     try:
-        bot.request("POST", "/v1/ingest", envelope([event()]))
-        assert wait_for(lambda: len(escalation_notes(slack)) == 1, 5)
+        first_step(bot, slack)
         from msmon.contract.wire import Status
 
         bot.request("POST", "/v1/ingest", envelope([event(status=Status.RESOLVED, step=120)]))
@@ -129,11 +134,8 @@ def test_silence_pauses_the_escalation(tmp_path, slack, smtp):
     clock = FakeClock()
     bot = start(tmp_path, slack, smtp, clock)
     try:
-        bot.request("POST", "/v1/ingest", envelope([event()]))
-        assert wait_for(lambda: len(escalation_notes(slack)) == 1, 5)
-        status, _ = bot.request("POST", "/v1/commands", json.dumps({"text": "silence run-42 1h"}).encode(),
-                                token="op-token")
-        assert status == 200
+        first_step(bot, slack)
+        assert command(bot, "silence run-42 1h") == 200
         assert wait_for(lambda: bot.store.escalations.of()[0]["paused_at"] == clock(), 5)
         clock.advance(1200)
         settle()
