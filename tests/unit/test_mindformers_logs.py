@@ -76,6 +76,17 @@ def test_separate_losses_do_not_shadow_the_loss():
     assert (rec.step, rec.loss, rec.lr, rec.grad_norm, rec.time) == (7, 2.5, 1e-05, 0.75, 1_700_000_000.5)
 
 
+@pytest.mark.parametrize(("printed_norm", "value"), [
+    ("[0.75]", 0.75), ("0.75", 0.75), ("Tensor(shape=[], dtype=Float32, value= 0.75)", 0.75),
+    ("Tensor(shape=[1], dtype=Float32, value= [ 7.50000000e-01])", 0.75), ("[nan]", math.nan),
+    ("[0.75 0.5]", None), ("[]", None), ("[7,5]", None),
+])
+def test_global_norm_as_each_kind_of_value_prints_it(printed_norm, value):
+    msg = mfl.CURRENT % (1, 1, 3, 10, mfl.SINK_LOSS % 2.0, 640, "1e-05", False, 1.0, printed_norm, "")
+    (rec,) = mindformers.records([msg])
+    assert rec.grad_norm == value or (math.isnan(value or 0.0) and math.isnan(rec.grad_norm))
+
+
 def test_old_generation_in_rotated_info_logs_with_epoch_end_lines(tmp_path, steps):
     """log/rank_3/info.log.1 (older) then info.log; sink size 4; `print_output_info:` in the file prefix."""
     lines = mfl.old_lines(steps[3::4], steps_per_epoch=160, epochs=5, sink_size=4)
