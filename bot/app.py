@@ -321,7 +321,8 @@ def _extra_receivers(cfg: BotConfig, receivers: dict[str, Receiver], store: Stor
     if e.host and "email" not in out:
         from .receivers.email import EmailReceiver
 
-        out["email"] = EmailReceiver(e.host, e.port, e.tls, e.sender, e.timeout, e.username_env, e.password_env)
+        out["email"] = EmailReceiver(e.host, e.port, e.tls, e.sender, e.timeout, e.username_env, e.password_env,
+                                     e.ca_file)
     if any(r.receiver == "digest" for r in cfg.routes) and "digest" not in out:
         out["digest"] = DigestReceiver(store, clock)
     return out

@@ -161,6 +161,7 @@ class EmailConfig:
     username_env: str | None = _f(None, "environment variable with the SMTP user name (none: no login)")
     password_env: str = _f("MSMON_SMTP_PASSWORD", "environment variable with the SMTP password")
     sender: str = _f("msmon@localhost", "From: address")
+    ca_file: str | None = _f(None, "CA certificates (PEM) to verify the server with (none: the system's)")
     timeout: float = _f(20.0, "seconds before a silent SMTP server counts as a failed try", gt=0, le=600)
     public_url: str | None = _f(None, "the bot's address as people reach it, for the acknowledge link "
                                       "(none: no link)")

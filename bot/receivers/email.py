@@ -37,9 +37,9 @@ class EmailReceiver:
     charts = True
 
     def __init__(self, host: str, port: int, tls: str, sender: str, timeout: float,
-                 username_env: str | None = None, password_env: str | None = None) -> None:
+                 username_env: str | None = None, password_env: str | None = None, ca_file: str | None = None) -> None:
         self.host, self.port, self.tls, self.sender, self.timeout = host, port, tls, sender, timeout
-        self.username_env, self.password_env = username_env, password_env
+        self.username_env, self.password_env, self.ca_file = username_env, password_env, ca_file
 
     async def mail(self, m: Mail) -> None:
         """Send one mail; DeliveryError on any failure (refused, timed out, connection lost)."""
@@ -49,7 +49,7 @@ class EmailReceiver:
         try:
             await asyncio.wait_for(aiosmtplib.send(
                 msg, hostname=self.host, port=self.port, username=user, password=password,
-                use_tls=self.tls == "ssl", start_tls=self.tls == "starttls",
+                use_tls=self.tls == "ssl", start_tls=self.tls == "starttls", cert_bundle=self.ca_file,
                 timeout=self.timeout), self.timeout * 2)
         except (aiosmtplib.SMTPException, OSError, asyncio.TimeoutError) as exc:
             raise DeliveryError(f"SMTP {self.host}:{self.port} failed: {type(exc).__name__}: "

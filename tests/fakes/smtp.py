@@ -6,9 +6,12 @@ from __future__ import annotations
 import email
 import email.policy
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from email.message import EmailMessage
+from pathlib import Path
 from typing import Any
 
 from aiosmtpd.controller import Controller
@@ -55,10 +58,46 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def self_signed(directory: Path) -> tuple[str, str]:
+    """(certificate, key) PEM files for 127.0.0.1, made by the openssl command."""
+    cert, key = directory / "smtp-cert.pem", directory / "smtp-key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+class Logins:
+    """aiosmtpd's authenticator: accepts `user`/`password`, keeps who logged in."""
+
+    def __init__(self, user: str, password: str) -> None:
+        self.user, self.password, self.seen = user, password, []  # type: ignore[var-annotated]
+
+    def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> Any:
+        from aiosmtpd.smtp import AuthResult, LoginPassword
+
+        ok = isinstance(auth_data, LoginPassword) and auth_data.login.decode() == self.user and \
+            auth_data.password.decode() == self.password
+        if ok:
+            self.seen.append(self.user)
+        return AuthResult(success=ok)
+
+
 class SMTPServer:
-    def __init__(self) -> None:
+    """aiosmtpd on loopback: plain, `starttls` (required) or `ssl` (implicit TLS) with `cert`/`key`, and
+    AUTH with `logins` (over TLS only)."""
+
+    def __init__(self, tls: str = "none", cert: tuple[str, str] | None = None, logins: Logins | None = None) -> None:
         self.inbox = Inbox()
-        self.controller = Controller(self.inbox, hostname="127.0.0.1", port=_free_port())
+        kwargs: dict[str, Any] = {}
+        if tls != "none":
+            assert cert is not None
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(*cert)
+            kwargs = {"ssl_context": ctx} if tls == "ssl" else {"tls_context": ctx, "require_starttls": True}
+        if logins is not None:  # aiosmtpd sees STARTTLS only as TLS; implicit TLS is encrypted from the start too
+            kwargs.update(authenticator=logins, auth_required=True, auth_require_tls=tls != "ssl")
+        self.controller = Controller(self.inbox, hostname="127.0.0.1", port=_free_port(), **kwargs)
 
     def start(self) -> SMTPServer:
         self.controller.start()

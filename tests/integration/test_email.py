@@ -16,7 +16,7 @@ from tests.fakes.bot_server import BotServer, send, wait_for
 from tests.fakes.helpers import FakeClock
 from tests.fakes.records import envelope, event
 from tests.fakes.slack_api import SlackAPIServer
-from tests.fakes.smtp import ESCALATION_ENV, SMTPServer, escalating_bot_config
+from tests.fakes.smtp import ESCALATION_ENV, Logins, SMTPServer, escalating_bot_config, self_signed
 
 pytest.importorskip("aiosmtpd")
 
@@ -136,3 +136,21 @@ def test_an_smtp_server_that_refuses_or_hangs_never_delays_slack(tmp_path, slack
         assert len(smtp.inbox.wait(2, timeout=15)) == 2  # retried until the server takes them
     finally:
         bot.stop()
+
+
+@pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")  # the ssl case: TLS from the start
+@pytest.mark.parametrize("tls", ["starttls", "ssl"])
+def test_mail_over_tls_with_credentials_from_the_environment(tmp_path, slack, monkeypatch, tls):
+    monkeypatch.setenv("MSMON_SMTP_USER", "msmon-bot")
+    monkeypatch.setenv("MSMON_SMTP_PASSWORD", "s3cret")
+    cert = self_signed(tmp_path)
+    logins = Logins("msmon-bot", "s3cret")
+    with SMTPServer(tls, cert, logins) as server:
+        bot = start(tmp_path, slack, server, FakeClock(), tls=tls, ca_file=cert[0], username_env="MSMON_SMTP_USER")
+        try:
+            bot.request("POST", "/v1/ingest", envelope([event()]))
+            (rcpts, msg), = server.inbox.wait(1)
+            assert rcpts == ["oncall@example.org"] and msg["Subject"].startswith("[msmon ERROR] run-42 grad_norm")
+            assert logins.seen == ["msmon-bot"]
+        finally:
+            bot.stop()
