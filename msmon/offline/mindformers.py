@@ -19,8 +19,10 @@ prefix's timestamp, read as UTC (the log does not say its zone; only differences
 
 Damaged lines (a missing colon, a number with its dot lost, a field cut off) are read field by field:
 what can be read is kept, a field that is there but unreadable is missing (None) and listed in the
-`Report`; a value is never guessed. A number printed with a fixed format (`%5.3f`, `%d`, `%.5f`) must
-look like it, so `loss: 10649` (the dot lost) is missing, not ten thousand.
+`Report`; a value is never guessed. A number printed with a fixed format (the loss's `%5.3f`, the
+progress line's `%.5f`) must look like it, so `loss: 10649` (the dot lost) is missing, not ten thousand.
+`per_step_time`, `overflow cond`, `loss_scale` and `train_throughput_per_npu` are not read (msmon has no
+field for them; the time comes from the timestamps).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-FIELDS = ("loss", "lr", "grad_norm", "throughput")
 MARKER = re.compile(rb"Epoch\s*:?\s*\[\s*\d+\s*/")  # what a MindFormers training line looks like, in bytes
 
 

@@ -432,24 +432,24 @@ def _rank_logs(root: str) -> dict[str | None, list[str]]:
     else the older log/rank_N/info.log (with its rotated info.log.K). Both at once: the worker logs (not rotated)."""
     if os.path.isfile(root):
         return {_rank_of(root): [root]}
-    workers: dict[str | None, list[str]] = {}
-    infos: dict[str | None, list[tuple[int, str]]] = {}
+    # kind -> rank -> folder -> (age, file): info.log.K is older the larger K is
+    found: dict[str, dict[str | None, dict[str, list[tuple[int, str]]]]] = {"worker": {}, "info": {}}
     for folder, _, files in sorted(os.walk(root)):
         for name in sorted(files):
-            path = os.path.join(folder, name)
-            info = _INFO.fullmatch(name)
-            if _WORKER.fullmatch(name):
-                workers.setdefault(_rank_of(path), []).append(path)
-            elif info and _RANK_DIR.fullmatch(os.path.basename(folder)):
-                infos.setdefault(_rank_of(path), []).append((-int(info.group(1) or 0), path))
-    for rank, paths in workers.items():
-        if len(paths) > 1:
-            raise ReplayError(f"{root}: rank {rank} has logs in several folders ({', '.join(paths)}): several runs "
-                              "are below this folder; replay one run's output folder")
-    if workers:
-        return workers
-    if infos:
-        return {rank: [p for _, p in sorted(files)] for rank, files in infos.items()}
+            info = _INFO.fullmatch(name) if _RANK_DIR.fullmatch(os.path.basename(folder)) else None
+            kind = "worker" if _WORKER.fullmatch(name) else "info" if info else None
+            if kind is not None:
+                path = os.path.join(folder, name)
+                age = int(info.group(1) or 0) if info else 0
+                found[kind].setdefault(_rank_of(path), {}).setdefault(folder, []).append((-age, path))
+    for ranks in found.values():
+        for rank, folders in ranks.items():
+            if len(folders) > 1:
+                raise ReplayError(f"{root}: rank {rank} has logs in several folders ({', '.join(folders)}): several "
+                                  "runs are below this folder; replay one run's output folder")
+        if ranks:
+            return {rank: [p for _, p in sorted(*folders.values())]  # one folder each (checked above)
+                    for rank, folders in ranks.items()}
     raise ReplayError(f"{root}: no MindFormers logs in this folder or below (looked for msrun_log/worker_N.log and "
                       "log/rank_N/info.log); give the log file itself")
 
@@ -536,11 +536,9 @@ def _has_events(root: str) -> bool:
 
 
 def _has_rank_logs(root: str) -> bool:
-    try:
-        _rank_logs(root)
-    except ReplayError:
-        return False
-    return True
+    """Any MindFormers log by its name below `root` (the reader then says whether they make one run)."""
+    return any(_rank_of(os.path.join(folder, name)) is not None
+               for folder, _, files in os.walk(root) for name in files)
 
 
 @dataclass

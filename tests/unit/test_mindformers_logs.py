@@ -179,6 +179,11 @@ def test_two_runs_below_one_folder_and_a_folder_without_logs_are_refused(tmp_pat
                                                                                      epochs=1))
     with pytest.raises(ReplayError, match="rank 0 has logs in several folders .*replay one run's output folder"):
         list(read_log(str(tmp_path), fmt="mindformers"))
+    for run in ("c", "d"):  # the older layout: log/rank_N/info.log
+        lines = mfl.current_lines(steps[:3], steps_per_epoch=9, epochs=1)
+        mfl.write(tmp_path / "old" / run / "log" / "rank_1" / "info.log", lines)
+    with pytest.raises(ReplayError, match="rank 1 has logs in several folders .*old/c/log/rank_1, .*old/d/log/rank_1"):
+        list(read_log(str(tmp_path / "old")))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ReplayError, match=r"no MindFormers logs in this folder or below \(looked for msrun_log/"):
         list(read_log(str(tmp_path / "empty"), fmt="mindformers"))
