@@ -13,7 +13,9 @@ behind its logger's prefix (`2025-04-07 15:34:27,308 - mindformers[...] - INFO -
              loss_scale: %s   (after `print_output_info: ` in its file format; sink mode: `loss: %5.3f, `)
 
 `step` counts within the epoch, so the global step is `(epoch - 1) * steps_per_epoch + step` (what
-MindFormers itself writes to TensorBoard); in sink mode it jumps by the sink size. Throughput is the
+MindFormers itself writes to TensorBoard); in sink mode it jumps by the sink size. The 2022 generation
+(`Epoch:[..], step:[..], loss:[a/b], time:.. ms, lr:..`, no overflow fields) counted epochs from 0: a
+log with an epoch 0 is read so. A value in words (`lr:Not Set LR.`) is MindFormers saying it has none. Throughput is the
 progress line's samples/s per device (the unit of MindFormers' `throughput_baseline`); time is the
 prefix's timestamp, read as UTC (the log does not say its zone; only differences matter to msmon).
 
@@ -127,12 +129,13 @@ class _Line:
         if raw.startswith("[") and "/" in raw:  # loss:[current/mean of the epoch]: the current one
             raw = raw.strip("[]").split("/")[0]
         v = _number(raw, form)
-        if v is None:
+        if v is None and (not raw.strip() or any(c.isdigit() for c in raw)):  # words say "not known"
             self.report.missing.append((self.number, name, raw.strip()))
         return v
 
-    def step(self) -> int | None:
-        """The global step, or None (the line is skipped, and listed) when Epoch:[e/E] or step:[s/S] is unreadable."""
+    def step(self) -> tuple[int, int, int] | None:
+        """(epoch, step in it, steps per epoch), or None (the line is skipped, and listed) when Epoch:[e/E] or
+        step:[s/S] is unreadable."""
         pairs: list[tuple[int, int]] = []
         for name, pattern in (("Epoch", _EPOCH), ("step", _STEP)):
             m = pattern.search(self.text)
@@ -142,7 +145,7 @@ class _Line:
                 return None
             pairs.append(pair)
         (epoch, _), (step, per_epoch) = pairs
-        return (epoch - 1) * per_epoch + step
+        return epoch, step, per_epoch
 
 
 _TRAINING = re.compile(MARKER.pattern.decode())
@@ -152,6 +155,7 @@ def records(lines: Iterable[str], report: Report | None = None) -> Iterator[Reco
     """The training records of a MindFormers log, in the order printed; `report` collects the damage."""
     rep = report if report is not None else Report()
     pending: Record | None = None
+    first_epoch = 1  # 0 in the 2022 generation, which printed `cur_epoch_num - 1`
     bar_due = False  # the pending record's progress line (its throughput) has not come yet
     for number, text in enumerate(lines, start=1):
         if bar_due and "samples/s/p" in text and (bar := _PROGRESS.search(text)) and pending is not None:
@@ -166,9 +170,12 @@ def records(lines: Iterable[str], report: Report | None = None) -> Iterator[Reco
         rep.lines += 1
         prefix = text[:start.start()]  # the logger's: the time (and a path, which the fields must not be read from)
         line = _Line(number, text[start.start():], rep)
-        step = line.step()
-        if step is None:
+        where = line.step()
+        if where is None:
             continue
+        epoch, in_epoch, per_epoch = where
+        first_epoch = min(first_epoch, epoch)
+        step = (epoch - first_epoch) * per_epoch + in_epoch
         if pending is not None:
             yield pending
         pending = Record(number, step, loss=line.value("loss", _LOSS, _FIXED3), lr=line.value("lr", _LR),

@@ -31,6 +31,9 @@ PROGRESS = "  %4.1f%% %s %.5f samples/s/p  %s }"
 OLD = ("Epoch:[%3d/%3d], step:[%5d/%5d], loss:[%5.3f/%5.3f], time:%5.3f ms, lr:%s, overflow cond: %s, "
        "loss_scale: %s")
 OLD_EPOCH_END = "Per sink_size step time: %.3f ms, per step time: %.3f ms, avg loss: %.3f"
+# The 2022 generation: epochs printed from 0 (`cb_params.cur_epoch_num - 1`), the LR as words when unknown.
+OLDEST = "Epoch:[%3d/%3d], step:[%5d/%5d], loss:[%5.3f/%5.3f], time:%5.3f ms, lr:%s"
+OLDEST_NO_LR = ("CPU Mode Not Support Compute LR Now.", "Not Set LR.")
 # mindformers/tools/logger.py: stdout (what msrun_log/worker_N.log captures) and the info.log file handler.
 STDOUT_FORMAT = "%(asctime)s - %(name)s[%(filepath)s:%(lineno)d] - %(levelname)s - %(message)s"
 FILE_FORMAT = "[%(levelname)s] %(asctime)s [%(filepath)s:%(lineno)d] %(funcName)s: %(message)s"

@@ -101,6 +101,20 @@ def test_old_generation_in_rotated_info_logs_with_epoch_end_lines(tmp_path, step
     assert all(r.device == "3" and r.grad_norm is None and r.throughput is None for r in rows)  # not printed then
 
 
+def test_the_2022_generation_counts_epochs_from_0_and_says_its_lr_in_words(tmp_path, steps, caplog):
+    lines = []
+    for s in steps[:30]:
+        epoch, step = (s["step"] - 1) // 10, (s["step"] - 1) % 10 + 1  # cur_epoch_num - 1
+        lr = mfl.OLDEST_NO_LR[s["step"] % 2] if s["step"] > 20 else f"{s['lr']:.7g}"
+        lines.append(mfl.prefixed(mfl.OLDEST % (epoch, 3, step, 10, s["loss"], s["loss"], 650.0, lr), s["time"],
+                                  mfl.FILE_FORMAT))
+    assert "Epoch:[  0/  3], step:[    1/   10]" in lines[0]
+    with caplog.at_level(logging.WARNING, logger="msmon.offline.readers"):
+        rows = list(read_log(mfl.write(tmp_path / "log" / "rank_0" / "info.log", lines)))
+    assert [r.step for r in rows] == list(range(1, 31))
+    assert [r.lr is None for r in rows] == [False] * 20 + [True] * 10 and not caplog.records  # words: not damage
+
+
 # -- damage --------------------------------------------------------------------------------------
 
 
