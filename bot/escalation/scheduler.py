@@ -28,6 +28,7 @@ from typing import Any
 
 import msgspec
 from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
+from prometheus_client import Counter
 
 from msmon.contract.wire import Event, Severity, decode, encode
 
@@ -54,7 +55,6 @@ class Group:
     rule: str
     severity: str
     acked_by: str | None
-    event_json: str | None
 
 
 def subject(ev: Event) -> str:
@@ -103,6 +103,8 @@ class Escalator:
         self.state, self.cfg, self.clock, self.period, self.links = state, state.cfg, clock, period, links
         self.owner = owner or f"bot-{uuid.uuid4().hex[:8]}"
         self.scheduler: AsyncIOScheduler | None = None
+        self.steps = Counter("msmon_escalation_steps_total", "escalation steps taken, by receiver (and the acks and "
+                             "resolutions that closed one)", ["how"], registry=state.metrics.registry)
 
     @property
     def store(self) -> Any:
@@ -170,19 +172,23 @@ class Escalator:
     def _groups(self) -> dict[tuple[str, str], Group]:
         """Firing alerts by (run, rule): the most severe, acked when every firing one is."""
         out: dict[tuple[str, str], Group] = {}
-        rows = self.store.db.execute("SELECT run_id, rule, severity, acked_by, event FROM alerts WHERE status='firing'"
-                                     " ORDER BY updated_at")
+        rows = self.store.db.execute("SELECT run_id, rule, severity, acked_by FROM alerts WHERE status='firing'")
         for r in rows:
             key = (r["run_id"], r["rule"])
             g = out.get(key)
             if g is None:
-                out[key] = Group(r["run_id"], r["rule"], r["severity"], r["acked_by"], r["event"])
+                out[key] = Group(r["run_id"], r["rule"], r["severity"], r["acked_by"])
                 continue
             if r["severity"] == "ERROR":
                 g.severity = "ERROR"
             g.acked_by = g.acked_by if r["acked_by"] is not None else None
-            g.event_json = r["event"] or g.event_json
         return out
+
+    def _lead(self, run_id: str, rule: str) -> Event | None:
+        """The latest event of a run's firing rule (read only for an open escalation: it carries a window)."""
+        r = self.store.db.execute("SELECT event FROM alerts WHERE run_id=? AND rule=? AND status='firing' ORDER BY"
+                                  " updated_at DESC LIMIT 1", (run_id, rule)).fetchone()
+        return None if r is None else _event(r["event"])
 
     def _route(self, run_id: str) -> tuple[Any, dict[str, Any] | None]:
         run = self.store.run(run_id)
@@ -207,7 +213,9 @@ class Escalator:
     def _act(self, row: dict[str, Any], policy: EscalationPolicy, g: Group | None, now: float) -> int:
         esc = _escalation(row)
         firing = g is not None and g.severity in policy.severities
-        ev = _event(g.event_json) if g is not None else None
+        ev = self._lead(esc.run_id, esc.rule) if firing else None
+        if firing and ev is None:
+            return 0  # its event does not decode (logged): no step is taken, none is skipped
         silenced = ev is not None and any(s.matches(ev, now) for s in self.store.silences(now))
         d = decide(esc, policy, AlertNow(firing, g.acked_by if g else None, silenced), now)
         new = d.escalation
@@ -217,11 +225,12 @@ class Escalator:
             who = [g.acked_by] if new.state == "acked" and g and g.acked_by else []
             self.store.escalations.record_step(esc.id, new.next_step, -1, -1, now, new.state, who,
                                                f"{new.state} after {new.next_step} steps")
+            self.steps.labels(new.state).inc()
             log.info("msmon bot: escalation %d (%s of run %s) %s", esc.id, esc.rule, esc.run_id,
                      f"acknowledged by {who[0]}" if who else new.state)
         for step in d.steps:
-            if ev is not None:
-                self._take(row, policy, step, ev, now)
+            assert ev is not None  # steps are only due while it fires
+            self._take(row, policy, step, ev, now)
         self.store.escalations.save(esc.id, next_step=new.next_step, state=new.state, paused_at=new.paused_at,
                                     shift=new.shift, acked_by=g.acked_by if g and new.state == "acked" else None,
                                     closed_at=now if new.state != "active" else None)
@@ -259,6 +268,7 @@ class Escalator:
 
     def _queue(self, entry: OutboxEntry) -> None:
         self.store.enqueue_many([entry])
+        self.steps.labels(entry.receiver).inc()
 
     def _reply_to(self, row: dict[str, Any], ev: Event) -> ReplyTo:
         """The alert's thread in the route's channel when its message is known, else the channel."""

@@ -92,6 +92,9 @@ def test_an_unacknowledged_error_escalates_through_its_levels_at_their_delays(tm
         assert [(s["step"], s["how"], s["targets"]) for s in steps] == [
             (0, "slack", ["U0ONCALL"]), (1, "email", ["oncall@example.org", "second@example.org"]),
             (2, "email", ["lead@example.org"])]
+        metrics = bot.request("GET", "/metrics", token=None)[1]
+        assert 'msmon_escalation_steps_total{how="email"} 2.0' in metrics
+        assert 'msmon_escalation_steps_total{how="slack"} 1.0' in metrics
     finally:
         bot.stop()
 
@@ -110,6 +113,27 @@ def test_an_acknowledged_error_stops_escalating(tmp_path, slack, smtp):
         assert esc["acked_by"] == "cli:alice"
         assert bot.store.escalations.steps()[-1]["how"] == "acked"
         assert bot.store.escalations.steps()[-1]["targets"] == ["cli:alice"]
+    finally:
+        bot.stop()
+
+
+def test_the_ack_button_on_the_alert_stops_escalating(tmp_path, slack, smtp, monkeypatch):
+    from tests.fakes.slack_signing import SECRET, click
+
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", SECRET)
+    clock = FakeClock()
+    bot = start(tmp_path, slack, smtp, clock)
+    try:
+        first_step(bot, slack)
+        alert = next(m for m in slack.messages() if m["text"].startswith("ERROR grad_norm"))
+        button = alert["blocks"][-1]["elements"][0]
+        assert button["value"] == "ack run-42/grad_norm"
+        assert click(bot.url, button["value"], user="U0CAROL", message_ts=alert["ts"], ts=int(clock()))[0] == 200
+        assert wait_for(lambda: bot.store.escalations.of()[0]["state"] == "acked", 5)
+        assert bot.store.escalations.of()[0]["acked_by"] == "@u0carol"
+        clock.advance(10_000)
+        settle()
+        assert smtp.inbox.messages == []
     finally:
         bot.stop()
 
