@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from msmon.cli.common import FAILED, OK, add_log_options, add_verbose, fail, quiet_logging
+from msmon.cli.common import FAILED, OK, add_log_options, add_verbose, fail, quiet_logging, show_reader_notes
 from msmon.offline.calibrate import Calibration, CalibrationError, calibrate
 from msmon.offline.readers import ReplayError, parse_columns, read_log
 from notifier.config import ConfigError, load_config
@@ -32,6 +32,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     quiet_logging(args.verbose)
+    show_reader_notes("calibrate")
     try:
         base = load_config(args.config) if args.config else None
         rows = read_log(args.baseline, parse_columns(args.columns), args.format_in)

@@ -1,4 +1,4 @@
-"""Reading the traces a labels file lists (any CSV `msmon.offline.replay.read_csv` reads, MindFormers'
+"""Reading the traces a labels file lists (any CSV `msmon.offline.readers.read_csv` reads, MindFormers'
 text logs (a worker_N.log, or a run's output folder: every rank), and BLOOM's chronicle windows, one
 trace per section of `bloom-chronicles/iterations.csv`) and running a backtest over them: each trace is
 read once and replayed through every config."""
