@@ -35,6 +35,7 @@ from .render import (
     escape_slack_code,
     escape_slack_plain,
     metric_lines,
+    slack_mention,
     text,
     title,
 )
@@ -147,6 +148,8 @@ class SlackReceiver:
         # A note is msmon's text with job data in it (a run id, a rank's result detail): escaped whole,
         # which keeps msmon's own *bold* and `code` (notes carry no <...> markup of their own).
         body = escape_slack(note.text)
+        if note.mentions:  # an escalation step: the targets from bot.yaml, as mentions that notify them
+            body = " ".join(slack_mention(m) for m in note.mentions) + "\n" + body
         to = note.reply_to
         thread = to.thread or None
         if to.url:

@@ -74,6 +74,7 @@ def test_an_unacknowledged_error_escalates_through_its_levels_at_their_delays(tm
         assert wait_for(lambda: len(escalation_notes(slack)) == 1, 5)
         note = escalation_notes(slack)[0]["text"]
         assert "for: @U0ONCALL" in note and "run-42 on 1 device has been in ERROR for 0 s" in note
+        assert note.startswith("<@U0ONCALL>\n")  # a mention that notifies, not only its name
         assert "escalation step 1 of 3 (level 1)" in note
         clock.advance(599)
         settle()
@@ -216,7 +217,8 @@ def test_a_stale_run_and_a_hung_run_each_escalate_once_a_paused_and_a_finished_r
         assert wait_for(lambda: {e["run_id"]: e["rule"] for e in bot.store.escalations.of()} ==
                         {"run-stale": "job_gone", "run-hung": "job_stalled"}, 10)
         assert wait_for(lambda: len(escalation_notes(slack)) == 2, 5)
-        notes = {m["text"].split("\n")[2]: m for m in escalation_notes(slack)}
+        notes = {line: m for m in escalation_notes(slack)
+                 for line in m["text"].split("\n") if line.startswith("ERROR ")}
         gone = next(t for t in notes if "job_gone" in t)
         assert "run-stale stopped reporting at step 12,400, last seen " in gone
         stalled = next(t for t in notes if "job_stalled" in t)
