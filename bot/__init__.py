@@ -8,7 +8,9 @@ to it; it pages people in chat, and carries their commands back to the jobs that
     state       state.py (BotState, shared by ingest and commands), store.py (SQLite), alertindex.py,
                 windows.py (recent metrics per run)
     delivery    outbox.py (the worker, through pipeline/'s DELIVERY stages), delivery.py (its pure retry
-                schedule), receivers/ (Slack, console)
+                schedule), receivers/ (Slack, console, email)
+    escalation  escalation/: policy.py (pure: which level is due), scheduler.py (apscheduler, rebuilt from
+                SQLite, a lease per escalation, signed ack links); digest.py (cron digests per channel)
     commands    commands/: parse, auth, the service, the job side (jobs.py)
     also        config.py (bot.yaml), watchdog.py (jobs gone or stalled), chart.py, metrics.py (/metrics)
 

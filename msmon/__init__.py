@@ -7,7 +7,8 @@ both share and what runs offline:
 - `msmon.core`: the sans-I/O detectors, alert gate, levels, trend and field specs (no YAML, clock, thread or file);
 - `msmon.common`: small helpers job and bot share (safe file names, URL checks, Retry-After);
 - `msmon.config`: the config framework (YAML with line numbers, the validator, ConfigError);
-- `msmon.offline`: readers, replay, calibrate, backtest, plot (only the CLI and the demo import them);
+- `msmon.offline`: readers (MindFormers' logs in `mindformers.py`), replay, calibrate, backtest, plot (only the
+  CLI and the demo import them);
 - `msmon.cli`: the `msmon` command, one module per subcommand;
 - `msmon.demo`: `msmon demo`.
 
