@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/gen_backtest_traces.py [--out data/backtest/mindspore-cpu] [--only NAME ...]
 
-About 3 minutes on 2 cores; the trainings run one after the other. Every trace is the same small job
+About 4 minutes on 2 cores (issue 13's four classes: 55 s); the trainings run one after the other. Every trace is the same small job
 (the divergence recipe in shared/notes): a noisy regression (x ~ N(0, 1)^32, y = x.w + 0.5 noise, a
 pool of 16,384 samples, seed = the scenario's seed), an MLP 32-64-1 trained with SGD on MSE in GRAPH mode,
 batches of 512 in order, LR warmed up over 100 steps to 0.05 then constant, through msmon's
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 import mindspore as ms  # noqa: E402
 import mindspore.dataset as ds  # noqa: E402
 import numpy as np  # noqa: E402
-from mindspore import nn  # noqa: E402
+from mindspore import nn, ops  # noqa: E402
 
 from msmon.offline.backtest.engine import LABEL_COLUMNS, divergence_step  # noqa: E402
 from msmon.offline.readers import Row  # noqa: E402
@@ -69,6 +69,10 @@ class Scenario:
     corrupt_steps: int = 0  # batches from the fault step on whose labels are x CORRUPT_FACTOR
     nan_label: bool = False  # one NaN label in the fault step's batch
     slow_factor: float = 1.0  # the loader waits this many times longer from the fault step on
+    grad_factor: Callable[[int], float] | None = None  # x the gradients from the fault step on (the LR logged flat)
+    shard_noise: float = 0.0  # label noise (std) added from the fault step on: a noisier data shard
+    throughput_only: bool = False  # log the step's real samples/s and no time column
+    diverges: bool = True  # False: a level shift, not a divergence (no diverge_step; caught or missed)
 
     def lr(self, step: int) -> float:
         base = LR * min(1.0, 0.1 + 0.9 * (step - 1) / WARMUP)
@@ -80,12 +84,20 @@ class Scenario:
         slow = self.fault_step is not None and step >= self.fault_step
         return LOADER_SECONDS * (self.slow_factor if slow else 1.0)
 
+    def grad_scale(self, step: int) -> float:
+        f = self.fault_step
+        return self.grad_factor(step - f) if self.grad_factor and f is not None and step >= f else 1.0
+
+    def shard_switched(self, step: int) -> bool:
+        return self.shard_noise > 0 and self.fault_step is not None and step >= self.fault_step
+
     def corrupt(self, step: int) -> bool:
         f = self.fault_step
         return f is not None and f <= step < f + self.corrupt_steps
 
 
 CORRUPT_FACTOR = 10.0
+SHARD_NOISE_STD = 0.866  # with the pool's own 0.5: label noise std 1.0, an MSE floor of 1.0 instead of 0.25
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("clean-seed1", "clean run", seed=1, kind="clean", fault_step=None),
@@ -102,14 +114,26 @@ SCENARIOS: tuple[Scenario, ...] = (
              slow_factor=1.7),
     Scenario("nan", "one NaN label in the fault step's batch: the loss is NaN from there on", steps=2200,
              nan_label=True),
+    # issue 13's classes: an early fault, a creep the LR does not show, a level shift, real throughput noise
+    Scenario("early-grad-x10", "gradients x10 from step 250 on, the logged LR unchanged (an accumulation bug "
+             "early in a fine-tune)", steps=400, fault_step=250, grad_factor=lambda k: 10.0),
+    Scenario("grad-creep", "gradients x1.003 per step from the fault step on, the logged LR flat (the grad norm "
+             "doubles every 231 steps)", steps=2000, fault_step=1005, grad_factor=lambda k: 1.003 ** k),
+    Scenario("shard-switch", f"from the fault step on the batches come from a noisier shard (label noise std "
+             f"{SHARD_NOISE_STD:g} more): the loss settles at a new level about 4x the old and stays; a level shift, "
+             "no diverge_step", steps=2000, fault_step=1005, shard_noise=SHARD_NOISE_STD, diverges=False),
+    Scenario("clean-throughput", "clean run logging each step's real samples/s (batch / the step's wall time, "
+             "the loader's 3 ms waits unscaled) and no time column", seed=4, kind="clean", fault_step=None,
+             throughput_only=True),
 )
 
 
-def _batches(sc: Scenario) -> Callable[[], Iterator[tuple[Any, Any]]]:
+def _batches(sc: Scenario) -> Callable[[], Iterator[tuple[Any, Any, Any]]]:
     x, y = regression_data(n=POOL, seed=sc.seed)
     nb = POOL // BATCH
+    rng = np.random.default_rng(sc.seed + 1000)  # the noisier shard's extra noise
 
-    def gen() -> Iterator[tuple[Any, Any]]:
+    def gen() -> Iterator[tuple[Any, Any, Any]]:
         for i in range(sc.steps):
             step, b = i + 1, i % nb
             xb, yb = x[b * BATCH:(b + 1) * BATCH], y[b * BATCH:(b + 1) * BATCH]
@@ -118,8 +142,10 @@ def _batches(sc: Scenario) -> Callable[[], Iterator[tuple[Any, Any]]]:
             if sc.nan_label and step == sc.fault_step:
                 yb = yb.copy()
                 yb[0, 0] = np.nan
+            if sc.shard_switched(step):
+                yb = yb + (sc.shard_noise * rng.standard_normal(yb.shape)).astype(np.float32)
             time.sleep(sc.loader_seconds(step))
-            yield xb, yb
+            yield xb, yb, np.array(sc.grad_scale(step), np.float32)
 
     return gen
 
@@ -131,7 +157,7 @@ class _Recorder(ms.train.Callback):  # type: ignore[misc]
         super().__init__()
         self.sc = sc
         self.rows: list[Row] = []
-        self.t0 = time.perf_counter()
+        self.t0 = self.last = time.perf_counter()
         self.waited = 0.0  # the loader's waits up to this step
 
     def on_train_step_end(self, run_context: Any) -> None:
@@ -139,8 +165,35 @@ class _Recorder(ms.train.Callback):  # type: ignore[misc]
         step = int(c.cur_step_num)
         loss, lr, grad = parse_outputs(c.net_outputs)
         self.waited += self.sc.loader_seconds(step)
-        t = time.perf_counter() - self.t0 + (LOADER_SCALE - 1.0) * self.waited
-        self.rows.append(Row(step, loss=loss, lr=lr, grad_norm=grad, time=t))
+        now = time.perf_counter()
+        if self.sc.throughput_only:
+            self.rows.append(Row(step, loss=loss, lr=lr, grad_norm=grad, throughput=BATCH / (now - self.last)))
+        else:
+            t = now - self.t0 + (LOADER_SCALE - 1.0) * self.waited
+            self.rows.append(Row(step, loss=loss, lr=lr, grad_norm=grad, time=t))
+        self.last = now
+
+
+class _GradScale(nn.Cell):  # type: ignore[misc]
+    """The identity forward; backward, the gradient x `scale`: every parameter's gradient is scaled while
+    the loss and the optimizer's LR stay as they are (a fault the logged LR does not show)."""
+
+    def construct(self, x: Any, scale: Any) -> Any:
+        return x
+
+    def bprop(self, x: Any, scale: Any, out: Any, dout: Any) -> Any:
+        return dout * scale, ops.zeros_like(scale)
+
+
+class _ScaledLoss(nn.Cell):  # type: ignore[misc]
+    """MSE of the MLP's prediction, its gradients scaled by the batch's third column."""
+
+    def __init__(self, net: Any) -> None:
+        super().__init__()
+        self.net, self.scale, self.mse = net, _GradScale(), nn.MSELoss()
+
+    def construct(self, x: Any, y: Any, scale: Any) -> Any:
+        return self.mse(self.scale(self.net(x), scale), y)
 
 
 def train(sc: Scenario) -> list[Row]:
@@ -148,8 +201,8 @@ def train(sc: Scenario) -> list[Row]:
     ms.set_seed(sc.seed)
     net = MLP()
     opt = nn.SGD(net.trainable_params(), learning_rate=[sc.lr(s) for s in range(1, sc.steps + 1)])
-    model = ms.Model(TrainStepWithGradNorm(nn.WithLossCell(net, nn.MSELoss()), opt))
-    data = ds.GeneratorDataset(_batches(sc), column_names=["x", "y"], shuffle=False)
+    model = ms.Model(TrainStepWithGradNorm(_ScaledLoss(net), opt))
+    data = ds.GeneratorDataset(_batches(sc), column_names=["x", "y", "grad_scale"], shuffle=False)
     rec = _Recorder(sc)
     model.train(1, data, callbacks=[rec], dataset_sink_mode=False)
     return rec.rows
@@ -161,18 +214,19 @@ def _num(v: float | None, fmt: str) -> str:
     return format(v, fmt) if math.isfinite(v) else str(v)
 
 
-def write_trace(path: Path, rows: Sequence[Row]) -> None:
+def write_trace(path: Path, rows: Sequence[Row], throughput_only: bool = False) -> None:
+    """msmon CSV: the step's time, or (`throughput_only`) its samples/s and no time."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(("step", "loss", "learning_rate", "grad_norm", "time"))
+        w.writerow(("step", "loss", "learning_rate", "grad_norm", "throughput" if throughput_only else "time"))
         for r in rows:
-            w.writerow((r.step, _num(r.loss, ".6g"), _num(r.lr, ".6g"), _num(r.grad_norm, ".6g"),
-                        _num(r.time, ".4f")))
+            last = _num(r.throughput, ".6g") if throughput_only else _num(r.time, ".4f")
+            w.writerow((r.step, _num(r.loss, ".6g"), _num(r.lr, ".6g"), _num(r.grad_norm, ".6g"), last))
 
 
 def label_row(sc: Scenario, rows: Sequence[Row]) -> dict[str, str]:
     diverge = None
-    if sc.kind == "training" and sc.fault_step is not None:
+    if sc.kind == "training" and sc.fault_step is not None and sc.diverges:
         corrupt = range(sc.fault_step, sc.fault_step + sc.corrupt_steps)
         diverge = divergence_step(rows, sc.fault_step, skip=corrupt)
     return {"trace": f"{sc.name}.csv", "kind": sc.kind, "fault_step": str(sc.fault_step or ""),
@@ -186,7 +240,7 @@ def generate(scenarios: Sequence[Scenario], out: Path, log: Callable[[str], None
     for sc in scenarios:
         t = time.perf_counter()
         rows = train(sc)
-        write_trace(out / f"{sc.name}.csv", rows)
+        write_trace(out / f"{sc.name}.csv", rows, sc.throughput_only)
         labels.append(label_row(sc, rows))
         log(f"{sc.name}: {len(rows)} steps in {time.perf_counter() - t:.1f} s; labels {labels[-1]}")
     return labels
