@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/gen_backtest_traces.py [--out data/backtest/mindspore-cpu] [--only NAME ...]
 
-About 4 minutes on 2 cores (issue 13's four classes: 55 s); the trainings run one after the other. Every trace is the same small job
+About 4 minutes on 2 cores (issue 13's four classes: 55 s); the trainings run one after the other.
+Every trace is the same small job
 (the divergence recipe in shared/notes): a noisy regression (x ~ N(0, 1)^32, y = x.w + 0.5 noise, a
 pool of 16,384 samples, seed = the scenario's seed), an MLP 32-64-1 trained with SGD on MSE in GRAPH mode,
 batches of 512 in order, LR warmed up over 100 steps to 0.05 then constant, through msmon's
