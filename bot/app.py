@@ -23,6 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
 
+from .alertmanager_inbound import ROUTE as ALERTMANAGER_ROUTE
+from .alertmanager_inbound import add_alertmanager_route
 from .commands import jobs
 from .commands.origin import Origin
 from .commands.service import CommandService, view
@@ -35,6 +37,7 @@ from .metrics import BotMetrics
 from .outbox import Lane, Outbox
 from .pipeline.ratelimit import RateLimiter
 from .receivers import Receiver
+from .receivers.alertmanager import interop_receivers
 from .receivers.console import ConsoleReceiver, save_status_chart
 from .receivers.render import escape_html
 from .slack_inbound import add_slack_routes
@@ -113,7 +116,7 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
     endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
     metrics = request.app[METRICS]
     try:
-        if endpoint.startswith("/v1/"):
+        if endpoint.startswith("/v1/") and endpoint != ALERTMANAGER_ROUTE:  # Alertmanager's own credentials
             who = _authenticate(request)
             if who is None:
                 resp: web.StreamResponse = _error(401, "missing or unknown bearer token (Authorization: Bearer ...)")
@@ -347,6 +350,7 @@ def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
         from .receivers.slack import SlackReceiver
 
         receivers["slack"] = SlackReceiver(token or "", cfg.slack.base_url, cfg.slack.max_retries, cfg.console.charts)
+    receivers.update(interop_receivers(cfg))  # alertmanager, alertmanager_api, webhook (the routes that use them)
     return receivers
 
 
@@ -367,6 +371,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     store = Store(cfg.state_path)
     m = BotMetrics()
     state = BotState(cfg, store, m, clock)
+    m.watch(state)  # per-run gauges and delivery figures at /metrics
     rl = cfg.rate_limit
     if delivery is None:
         dc = cfg.delivery
@@ -402,6 +407,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/commands/poll", poll_commands)
     app.router.add_get("/v1/outbox/dead", dead_letters)
     inbound = add_slack_routes(app, cfg, svc, clock)
+    add_alertmanager_route(app, cfg, state, clock)
     app.router.add_get("/ack/{token}", ack_page)
     app.router.add_post("/ack/{token}", ack_link)
     app.router.add_get("/healthz", healthz)

@@ -108,7 +108,8 @@ class Route:
             yield "channel", f"a {self.receiver} route needs a channel ID"
 
 
-RECEIVERS = ("console", "slack", "digest")  # digest: held for the channel's next digest (bot/digest.py)
+RECEIVERS = ("console", "slack", "digest",
+             "alertmanager", "alertmanager_api", "webhook")  # digest: held for the next digest (bot/digest.py)
 
 
 @dataclasses.dataclass
@@ -262,6 +263,44 @@ class DeliveryConfig:
 
 
 @dataclasses.dataclass
+class AlertmanagerInbound:
+    """`POST /v1/alertmanager`: Alertmanager's webhooks in, correlated to runs by host or job labels."""
+
+    token_env: str = _f("MSMON_ALERTMANAGER_TOKEN", "environment variable with the bearer token Alertmanager sends "
+                        "(http_config.authorization.credentials)")
+    basic_user: str | None = _f(None, "user name of basic auth instead (http_config.basic_auth.username)")
+    basic_password_env: str = _f("MSMON_ALERTMANAGER_PASSWORD", "environment variable with the basic auth password")
+    host_labels: list[str] = _f(["instance", "host", "node", "hostname"], "labels of an Alertmanager alert naming "
+                                "its host (a port after ':' is ignored)")
+    job_labels: list[str] = _f(["job", "run"], "labels of an Alertmanager alert naming a job (matched to run ids "
+                               "and to the run labels in run_job_labels)")
+    run_host_labels: list[str] = _f(["host", "hosts", "node", "nodes"], "run labels (monitor_config labels) "
+                                    "listing a run's hosts, comma-separated")
+    run_job_labels: list[str] = _f(["job"], "run labels naming a run's job")
+
+
+@dataclasses.dataclass
+class AlertmanagerConfig:
+    """msmon and Alertmanager: the `alertmanager` and `alertmanager_api` receivers, and the inbound webhook."""
+
+    webhook_url: str = _f("", "where the `alertmanager` receiver POSTs Alertmanager's webhook body")
+    api_url: str = _f("", "a real Alertmanager (http://host:9093) the `alertmanager_api` receiver pushes to")
+    chart_url: str = _f("", "chart link in each alert's annotations, {run_id} and {rule} filled in (e.g. a "
+                            "Grafana dashboard URL)")
+    timeout: float = _f(10.0, "seconds before an unanswered POST counts as a failed try", gt=0, le=600)
+    inbound: AlertmanagerInbound = _f(AlertmanagerInbound(), "Alertmanager webhooks in (POST /v1/alertmanager)")
+
+
+@dataclasses.dataclass
+class WebhookConfig:
+    """The plain webhook receiver: signed JSON per alert (docs/webhook.md)."""
+
+    url: str = _f("", "where the `webhook` receiver POSTs")
+    secret_env: str = _f("MSMON_WEBHOOK_SECRET", "environment variable with the HMAC-SHA256 signing key")
+    timeout: float = _f(10.0, "seconds before an unanswered POST counts as a failed try", gt=0, le=600)
+
+
+@dataclasses.dataclass
 class BotConfig:
     host: str = _f("127.0.0.1", "listen address")
     port: int = _f(8080, "listen port (0: any free port)", ge=0, le=65535)
@@ -281,6 +320,8 @@ class BotConfig:
     escalations: dict[str, EscalationPolicy] = _f({}, "escalation policies by name (routes name them)")
     email: EmailConfig = _f(EmailConfig(), "SMTP for escalation email")
     digests: list[Digest] = _f([], "scheduled summaries, one per channel")
+    alertmanager: AlertmanagerConfig = _f(AlertmanagerConfig(), "Alertmanager out (receivers) and in (webhooks)")
+    webhook: WebhookConfig = _f(WebhookConfig(), "the plain signed webhook receiver")
 
     def check(self) -> Iterator[tuple[str, str]]:
         mails = any(lv.email for p in self.escalations.values() for lv in p.levels)

@@ -1,8 +1,20 @@
-"""Prometheus metrics of the bot (served at /metrics), one registry per service instance."""
+"""Prometheus metrics of the bot (served at /metrics), one registry per service instance: counters
+updated where things happen, and per-run training gauges and delivery figures read at each scrape
+(`RunCollector`). config/grafana-dashboard.json queries them."""
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .store import Store
+    from .windows import Windows
 
 
 class BotMetrics:
@@ -26,3 +38,83 @@ class BotMetrics:
                                     ["receiver"], registry=r)
         self.error_latency = Histogram("msmon_error_latency_seconds", "ERROR arrival to receiver call",
                                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+
+    def watch(self, state: RunSource) -> None:
+        """Export the per-run training gauges and the delivery figures of `state`, read at each scrape."""
+        self.registry.register(RunCollector(state))
+
+
+class RunSource(Protocol):
+    """What the run collector reads: the bot's metric windows and its SQLite store (bot/state.py)."""
+
+    @property
+    def windows(self) -> Windows: ...
+
+    @property
+    def store(self) -> Store: ...
+
+
+_PENDING = "delivered_at IS NULL AND dead_at IS NULL"
+_FINAL = "('done', 'failed', 'expired', 'partial')"  # bot/commands/jobs.py FINAL
+
+
+class RunCollector(Collector):
+    """Per-run series read at scrape time from the runs in the metric windows: a run that leaves the
+    windows (past bot.max_runs, the least recently seen first) leaves /metrics with all its series, so
+    label cardinality is bounded by max_runs x devices, rules and severities."""
+
+    def __init__(self, state: RunSource) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        windows, db = self.state.windows, self.state.store.db
+        runs = list(windows.runs)
+        step = GaugeMetricFamily("msmon_run_step", "latest training step of a run", labels=["run"])
+        per_device = {f: GaugeMetricFamily(f"msmon_run_{name}", help_, labels=["run", "device"])
+                      for f, name, help_ in _DEVICE_GAUGES}
+        for run_id in runs:
+            latest = windows.latest(run_id)
+            if latest:
+                step.add_metric([run_id], max(s.step for s in latest.values()))
+            for device, s in latest.items():
+                for f, family in per_device.items():
+                    v = getattr(s, f)
+                    if v is not None:
+                        family.add_metric([run_id, device], v)
+        yield step
+        yield from per_device.values()
+        known = set(runs)
+        firing = GaugeMetricFamily("msmon_run_alerts_firing", "alerts firing on a run (devices), by rule and severity",
+                                   labels=["run", "rule", "severity"])
+        for run_id, rule, severity, n in db.execute(
+                "SELECT run_id, rule, severity, COUNT(*) FROM alerts WHERE status='firing' GROUP BY 1, 2, 3"):
+            if run_id in known:
+                firing.add_metric([run_id, rule, severity], n)
+        yield firing
+        latency = GaugeMetricFamily("msmon_run_command_latency_seconds", "a run's last finished command: seconds "
+                                    "from its submission to its final result", labels=["run"])
+        for run_id, seconds in db.execute(
+                f"SELECT run_id, updated_at - created_at FROM commands WHERE status IN {_FINAL} AND seq IN "
+                f"(SELECT MAX(seq) FROM commands WHERE status IN {_FINAL} GROUP BY run_id)"):
+            if run_id in known and seconds is not None:
+                latency.add_metric([run_id], max(seconds, 0.0))
+        yield latency
+        yield from _delivery(db)
+
+
+_DEVICE_GAUGES = (("loss", "loss", "latest loss of a run's device"),
+                  ("grad_norm", "grad_norm", "latest gradient norm of a run's device"),
+                  ("samples_per_s", "samples_per_second", "latest throughput of a run's device, samples/s"),
+                  ("tokens_per_s", "tokens_per_second", "latest throughput of a run's device, tokens/s"))
+
+
+def _delivery(db: sqlite3.Connection) -> Iterator[Metric]:
+    """Undelivered and dead-lettered outbox rows by receiver (retries: msmon_delivery_errors_total)."""
+    queued = GaugeMetricFamily("msmon_outbox_queued", "undelivered outbox rows, by receiver", labels=["receiver"])
+    dead = GaugeMetricFamily("msmon_outbox_dead", "dead-lettered outbox rows, by receiver", labels=["receiver"])
+    for receiver, n_queued, n_dead in db.execute(
+            f"SELECT receiver, SUM({_PENDING}), SUM(dead_at IS NOT NULL) FROM outbox GROUP BY receiver"):
+        queued.add_metric([receiver], n_queued or 0)
+        dead.add_metric([receiver], n_dead or 0)
+    yield queued
+    yield dead

@@ -17,15 +17,22 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from collections.abc import Iterable
-from typing import Any
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from msmon.contract.wire import Event, Status
 
-from . import Message, Note
+from . import Message, Note, Receiver
 from .signed_webhook import HttpReceiver, post_json
+
+if TYPE_CHECKING:
+    from ..config import BotConfig
+
+log = logging.getLogger("msmon.bot")
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt of a firing alert in a webhook
 
@@ -121,3 +128,28 @@ class AlertmanagerPushReceiver(HttpReceiver):
 
     async def note(self, note: Note) -> None:
         """Nothing: Alertmanager takes alerts, not chat answers."""
+
+
+def interop_receivers(cfg: BotConfig) -> dict[str, Receiver]:
+    """The `alertmanager`, `alertmanager_api` and `webhook` receivers the routes use (an empty address or
+    secret is logged: their messages wait in the outbox)."""
+    from .signed_webhook import WebhookReceiver
+
+    am, wh, used = cfg.alertmanager, cfg.webhook, {r.receiver for r in cfg.routes}
+    wanted: dict[str, tuple[str, str, Callable[[], Receiver]]] = {
+        "alertmanager": (am.webhook_url, "bot.alertmanager.webhook_url",
+                         lambda: AlertmanagerWebhookReceiver(am.webhook_url, am.chart_url, am.timeout)),
+        "alertmanager_api": (am.api_url, "bot.alertmanager.api_url",
+                             lambda: AlertmanagerPushReceiver(am.api_url, am.chart_url, am.timeout)),
+        "webhook": (wh.url and os.environ.get(wh.secret_env, ""), f"bot.webhook.url and the environment variable "
+                    f"{wh.secret_env}", lambda: WebhookReceiver(wh.url, os.environ.get(wh.secret_env, ""), wh.timeout)),
+    }
+    out: dict[str, Receiver] = {}
+    for name, (ready, what, make) in wanted.items():
+        if name not in used:
+            continue
+        if not ready:
+            log.error("msmon bot: routes use the %s receiver but %s is not set: its messages wait in the outbox "
+                      "(and become dead letters) until it is", name, what)
+        out[name] = make()
+    return out
