@@ -1,7 +1,8 @@
 """The alert state machine for one rule on one device: pure, fed one verdict per sample.
 
 It turns a detector's per-sample verdicts into events: N in a row before alerting, nothing
-during the baseline period (NaN/Inf excepted), a rise from WARNING to ERROR always passes,
+during an explicit baseline period (`baseline_steps`, default 0) but NaN/Inf and findings against
+absolute levels (a user's threshold, a gross jump), a rise from WARNING to ERROR always passes,
 `alert_interval` steps between repeats (reminders while still firing, and after a flap), and a
 RESOLVED event once the rule has been clear for `resolve_after` samples.
 """
@@ -72,7 +73,7 @@ class AlertGate:
             level = Severity.WARNING
         else:
             return None
-        if step < self.baseline_steps and not immediate:
+        if step < self.baseline_steps and not immediate and not f.absolute:
             return None
         interval = self.alert_interval
         if st.firing is None or level.rank > st.firing.rank:

@@ -109,7 +109,9 @@ class AlertConfig:
     grad_norm_threshold: float | None = _field(
         None, "ERROR level of the grad_norm rule, an absolute grad norm (WARNING at half)", gt=0, le=1e12)
     alert_interval: int = _field(500, "steps between repeats of one rule on one device", ge=0, le=STEPS)
-    baseline_steps: int = _field(500, "steps at the start with no alerts (NaN/Inf excepted)", ge=0, le=STEPS)
+    baseline_steps: int = _field(0, "steps at the start in which only absolute levels alert (NaN/Inf, a set "
+                                    "threshold, a gross jump); 0: relative rules judge once they have tens of samples",
+                                 ge=0, le=STEPS)
     resolve_after: int = _field(3, "clear samples in a row before a firing alert is resolved", ge=1,
                                le=10_000)
     rules: RulesConfig = _field(RulesConfig(), "per-rule settings")

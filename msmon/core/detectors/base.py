@@ -7,6 +7,7 @@ their own unit where *higher is worse*, and compare it with a WARNING and an ERR
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from typing import Any, ClassVar, Protocol
 
@@ -56,7 +57,7 @@ class RuleParams:
 class Finding:
     """A rule's verdict on one sample: over a level (or not), with the numbers behind it."""
 
-    __slots__ = ("level", "value", "threshold", "message", "baseline")
+    __slots__ = ("level", "value", "threshold", "message", "baseline", "absolute")
 
     def __init__(
         self,
@@ -65,12 +66,16 @@ class Finding:
         threshold: float,
         message: str,
         baseline: float | None = None,
+        absolute: bool = False,
     ) -> None:
         self.level = level
         self.value = value
         self.threshold = threshold
         self.message = message
         self.baseline = baseline
+        # Judged against a level that needs no learned baseline (an absolute level set by the user, a
+        # gross jump): it alerts from the first sampled step, even inside an explicit `baseline_steps`.
+        self.absolute = absolute
 
     def __repr__(self) -> str:
         return f"Finding({self.level}, value={self.value:.4g}, threshold={self.threshold:.4g})"
@@ -92,6 +97,50 @@ def classify(value: float, p: RuleParams) -> tuple[Severity | None, float]:
     if w is not None and value >= w:
         return Severity.WARNING, w
     return _NONE
+
+
+class Warmup:
+    """Whether a sample is in the LR warmup, from the run's own LR curve: before `training.warmup_steps`
+    when it is given, else while the LR is still rising (a new high within the last `SETTLE` samples).
+    A run with no LR, or a constant LR from its first sample, has no warmup."""
+
+    __slots__ = ("steps", "peak", "rose", "since_peak", "over")
+
+    SETTLE: ClassVar[int] = 5  # samples without a new LR high: warmup is over
+    SAME: ClassVar[float] = 1e-6  # relative rise below which the LR has not risen
+
+    def __init__(self, warmup_steps: int | None) -> None:
+        self.steps = warmup_steps
+        self.peak = 0.0
+        self.rose = False
+        self.since_peak = 0
+        self.over = False
+
+    def at(self, s: Sample) -> bool:
+        if self.steps is not None:
+            return s.step < self.steps
+        if self.over:
+            return False
+        lr = s.learning_rate
+        if lr is None or not math.isfinite(lr):
+            return False
+        if lr > self.peak * (1.0 + self.SAME):
+            self.rose = self.rose or self.peak > 0.0
+            self.peak, self.since_peak = lr, 0
+        else:
+            self.since_peak += 1
+            self.over = self.since_peak >= self.SETTLE
+        return self.rose and not self.over
+
+
+class Judged:
+    """A baseline rule's verdict on a value that reached a level (see `BaselineRule.judge`)."""
+
+    __slots__ = ("level", "threshold", "score", "base", "kind")
+
+    def __init__(self, level: Severity, threshold: float, score: float, base: float, kind: str) -> None:
+        self.level, self.threshold, self.score, self.base = level, threshold, score, base
+        self.kind = kind  # "level": over a (scaled) level; "gross": a gross jump; "held": not yet returned
 
 
 class BaselineRule:
@@ -126,6 +175,79 @@ class BaselineRule:
             return Severity.WARNING, lw, score, base
         w.add(x)
         return None
+
+
+class EarlyBaselineRule(BaselineRule):
+    """A baseline rule that is not blind early on and does not learn a shift (loss_spike, grad_norm_spike).
+
+    - After `GROSS_AFTER` values a gross jump (`gross_ratio` at least the rule's `gross`) is an ERROR.
+    - After `min_samples` values (tens, not hundreds) the score is judged against the levels, looser
+      while the baseline is young (x up to 1 + `YOUNG`, shrinking as the window fills) and during the LR
+      warmup (x `WARMUP`); full levels once the window is full and warmup is over.
+    - A value that reaches no level is learned, one that does is not: a spike never becomes the new normal.
+    - Once a level has been reached `consecutive` times in a row the rule *holds*: nothing is learned,
+      and a value still at `RETURN` x the WARNING level or more is reported (a WARNING, "not returned")
+      until the value comes back below it. A shift to a new level stays visible against the
+      pre-shift reference while it lasts.
+    Subclasses say what a gross jump is (`gross_ratio`).
+    """
+
+    __slots__ = ("warmup", "hits", "held")
+
+    GROSS_AFTER: ClassVar[int] = 5
+    YOUNG: ClassVar[float] = 1.0
+    WARMUP: ClassVar[float] = 1.5
+    RETURN: ClassVar[float] = 0.5
+
+    def __init__(self, size: int, warmup_steps: int | None = None) -> None:
+        super().__init__(size)
+        self.warmup = Warmup(warmup_steps)
+        self.hits = 0  # samples in a row at a level
+        self.held = False  # firing: the reference is frozen until the value returns
+
+    def gross_ratio(self, x: float, w: RollingQuantiles) -> float:
+        """How many times its recent level `x` is, for the gross-jump check (0: no gross jump possible)."""
+        raise NotImplementedError
+
+    def looseness(self, warm: bool) -> float:
+        """The factor on the levels now: > 1 while the window fills and during warmup."""
+        w = self.window
+        young = 1.0 + self.YOUNG * (w.size - w.n) / w.size if w.n < w.size else 1.0
+        return young * self.WARMUP if warm else young
+
+    def assess(self, x: float, s: Sample, p: RuleParams, gross: float | None) -> Judged | None:
+        """The verdict on `x` when it reaches a level, is a gross jump or has not returned; else None (x is learned)."""
+        w = self.window
+        warm = self.warmup.at(s)
+        if w.n < self.GROSS_AFTER:
+            w.add(x)
+            return None
+        if gross is not None:
+            ratio = self.gross_ratio(x, w)
+            if ratio >= gross:
+                return self._hit(Judged(Severity.ERROR, gross, ratio, w.median(), "gross"), p)
+        if w.n < self.min_samples:
+            w.add(x)
+            return None
+        score, base = self.score(x, w)
+        lw, le = p.levels
+        k = self.looseness(warm)
+        if le is not None and score >= le * k:
+            return self._hit(Judged(Severity.ERROR, le * k, score, base, "level"), p)
+        if lw is not None and score >= lw * k:
+            return self._hit(Judged(Severity.WARNING, lw * k, score, base, "level"), p)
+        back = None if lw is None else self.RETURN * lw
+        if self.held and back is not None and score >= back:
+            return Judged(Severity.WARNING, back, score, base, "held")
+        self.hits, self.held = 0, False
+        w.add(x)
+        return None
+
+    def _hit(self, j: Judged, p: RuleParams) -> Judged:
+        self.hits += 1
+        if self.hits >= p.consecutive:
+            self.held = True
+        return j
 
 
 class Detector(Protocol):

@@ -6,8 +6,8 @@ import dataclasses
 import math
 from typing import ClassVar
 
-from msmon.contract.wire import Sample
-from msmon.core.detectors.base import SKIP, BaselineRule, DetectorContext, Finding, RuleParams, classify
+from msmon.contract.wire import Sample, Severity
+from msmon.core.detectors.base import SKIP, DetectorContext, EarlyBaselineRule, Finding, RuleParams, Warmup, classify
 from msmon.core.detectors.rolling import RollingQuantiles, SlidingFit
 from msmon.core.spec import spec
 
@@ -48,7 +48,7 @@ class GradNormThreshold:
         level, thr = classify(g, p)
         if level is None:
             return None
-        return Finding(level, g, thr, f"grad norm {g:.4g} is over the threshold {thr:g}")
+        return Finding(level, g, thr, f"grad norm {g:.4g} is over the threshold {thr:g}", absolute=True)
 
 
 @dataclasses.dataclass
@@ -59,9 +59,12 @@ class GradNormSpikeParams(RuleParams):
     error: float | None = dataclasses.field(default=10.0, metadata=spec(gt=1, doc="x the rolling median"))
     consecutive: int = dataclasses.field(default=2, metadata=spec(ge=1, doc="samples in a row"))
     window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples in the rolling baseline"))
+    gross: float | None = dataclasses.field(
+        default=10.0, metadata=spec(gt=1, doc="x the recent median: an ERROR from the 5th sample on, at full "
+                                              "strength while the baseline is young or in warmup; null: off"))
 
 
-class GradNormSpike(BaselineRule):
+class GradNormSpike(EarlyBaselineRule):
     rule: ClassVar[str] = "grad_norm_spike"
     summary: ClassVar[str] = "grad norm x its rolling median"
     metric: ClassVar[str] = "grad_norm"
@@ -69,32 +72,43 @@ class GradNormSpike(BaselineRule):
     hint: ClassVar[str] = _HINT
 
     def __init__(self, p: GradNormSpikeParams, ctx: DetectorContext) -> None:
-        super().__init__(p.window)
+        super().__init__(p.window, ctx.warmup_steps)
+        self.gross = p.gross
 
     def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
         med = w.median()
         return (x / med if med > 0.0 else 0.0), med
 
+    def gross_ratio(self, x: float, w: RollingQuantiles) -> float:
+        return self.score(x, w)[0]
+
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
         if g is None or not math.isfinite(g) or g <= 0.0:
             return SKIP
-        r = self.judge(g, p)
-        if r is None:
+        j = self.assess(g, s, p, self.gross)
+        if j is None:
             return None
-        level, thr, ratio, med = r
-        return Finding(level, ratio, thr,
-                       f"grad norm {g:.4g} is {ratio:.1f}x its recent median {med:.4g} (threshold {thr:g}x)", med)
+        what = {"gross": "gross jump; threshold", "held": "not returned; resolves below",
+                "level": "threshold"}[j.kind]
+        before = "its median before the rise" if j.kind == "held" else "its recent median"
+        return Finding(j.level, j.score, j.threshold,
+                       f"grad norm {g:.4g} is {j.score:.1f}x {before} {j.base:.4g} ({what} {j.threshold:.3g}x)",
+                       j.base, absolute=j.kind == "gross")
 
 
 @dataclasses.dataclass
 class GradNormCreepParams(RuleParams):
-    """A sustained rise of the grad norm: the fitted trend over `window` samples, as end / start.
+    """A sustained rise of the grad norm, on two horizons.
 
-    A least-squares line through log(grad norm) over the last `window` samples; the value is
-    exp(slope x span), how many times larger the trend line ends than it began, counted only
-    when the rise is statistically clear (t-statistic of the slope >= `min_t`). One-step blips
-    barely move the fit; a steady climb does, tens of minutes before the threshold is crossed.
+    Recent: a least-squares line through log(grad norm) over the last `window` samples; the value is
+    exp(slope x span), how many times larger the trend line ends than it began, counted only when the
+    rise is statistically clear (t-statistic of the slope >= `min_t`). One-step blips barely move the
+    fit; a steady climb does, tens of minutes before the threshold is crossed.
+    Long: the median of the last `window` samples against a reference, the median of the first
+    `window` samples after warmup, renewed every `long_window` samples while the rule is quiet (a
+    drift slower than that, as when the LR decays, is absorbed); counted while the recent fit rises.
+    `long_warning` / `long_error` are those factors.
     """
 
     warning: float | None = dataclasses.field(default=1.5, metadata=spec(gt=1, doc="rise factor over the window"))
@@ -103,6 +117,12 @@ class GradNormCreepParams(RuleParams):
     min_t: float = dataclasses.field(default=4.0, metadata=spec(gt=0, doc="t-statistic the rise must reach"))
     jump: float = dataclasses.field(
         default=3.0, metadata=spec(gt=1, doc="a sample this many x above the trend line is a jump, not creep"))
+    long_warning: float | None = dataclasses.field(
+        default=2.0, metadata=spec(gt=1, doc="recent median x the long reference for WARNING (null: off)"))
+    long_error: float | None = dataclasses.field(
+        default=3.0, metadata=spec(gt=1, doc="recent median x the long reference for ERROR (null: off)"))
+    long_window: int = dataclasses.field(
+        default=1000, metadata=spec(ge=10, doc="samples a long reference is kept before it is renewed"))
 
 
 class GradNormCreep:
@@ -114,6 +134,7 @@ class GradNormCreep:
                            "Save a checkpoint; scaling the LR down now is cheaper than a rollback later.")
 
     JUMP_RESET = 5  # jumps in a row: a new level; the fit starts over
+    LOG_CLIMB = math.log(1.05)  # the long horizon counts while the recent fit rises this much over its window
 
     def __init__(self, p: GradNormCreepParams, ctx: DetectorContext) -> None:
         self.fit = SlidingFit(p.window)
@@ -122,22 +143,40 @@ class GradNormCreep:
         self.log_jump = math.log(p.jump)
         self.trend_end: float | None = None  # log grad norm at the end of the last fit
         self.jumps = 0
+        self.recent = RollingQuantiles(p.window)
+        self.warmup = Warmup(ctx.warmup_steps)
+        self.long_levels = (p.long_warning, p.long_error)
+        self.long_window = p.long_window
+        self.post_warmup = 0  # samples since warmup ended
+        self.reference: float | None = None  # long reference (a median grad norm)
+        self.reference_step = 0
+        self.reference_age = 0  # samples since the reference was taken
+        self.long_firing = False
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
         if g is None or not math.isfinite(g) or g <= 0.0:
             return SKIP
-        f = self.fit
         y = math.log(g)
         if self.trend_end is not None and y - self.trend_end > self.log_jump:
             # A sudden jump is the spike and threshold rules' business; kept out, it cannot fake a trend.
             self.jumps += 1
             if self.jumps >= self.JUMP_RESET:
-                f.clear()
+                self.fit.clear()
                 self.trend_end = None
             return None
         self.jumps = 0
-        f.add(float(s.step), y)
+        self.fit.add(float(s.step), y)
+        self.recent.add(g)
+        short, long = self._recent(p), self._long(s)
+        if short is None or (long is not None and long.level is not None and short.level is not None
+                             and long.level.rank > short.level.rank):
+            return long
+        return short
+
+    def _recent(self, p: RuleParams) -> Finding | None:
+        """The short horizon: the fitted rise over the last `window` samples."""
+        f = self.fit
         n = f.n
         if n < self.full // 2 or (n >= self.full and self.trend_end is not None and not f.rising()):
             return None
@@ -146,9 +185,7 @@ class GradNormCreep:
             return None
         slope, at_end, t = res
         self.trend_end = at_end
-        if slope <= 0.0 or n < self.full:
-            return None
-        if t < self.min_t:
+        if slope <= 0.0 or n < self.full or t < self.min_t:
             return None
         rise = math.exp(slope * f.span)
         level, thr = classify(rise, p)
@@ -158,3 +195,39 @@ class GradNormCreep:
         return Finding(level, rise, thr,
                        f"grad norm has crept up {rise:.2f}x over the last {f.span:.0f} steps "
                        f"(trend {start:.3g} -> {math.exp(at_end):.3g}; threshold {thr:g}x)", start)
+
+    def _climbing(self) -> bool:
+        """Whether the recent fit still rises, clearly and by `CLIMB` at least over its window: a creep in
+        progress (a level that jumped and then held flat is the spike rule's, not a creep)."""
+        f = self.fit
+        if f.n < self.full or not f.rising():
+            return False
+        res = f.fit()
+        return res is not None and res[2] >= 0.5 * self.min_t and res[0] * f.span >= self.LOG_CLIMB
+
+    def _long(self, s: Sample) -> Finding | None:
+        """The long horizon: the recent median against the reference taken after warmup."""
+        if self.warmup.at(s):
+            return None
+        self.post_warmup += 1
+        self.reference_age += 1
+        renew = self.reference_age >= self.long_window and not self.long_firing
+        if (self.reference is None and self.post_warmup >= self.full) or renew:
+            self.reference, self.reference_step, self.reference_age = self.recent.median(), s.step, 0
+            return None
+        ref = self.reference
+        self.long_firing = False
+        if ref is None or ref <= 0.0 or self.reference_age < self.full or not self._climbing():
+            return None
+        now = self.recent.median()
+        ratio = now / ref
+        lw, le = self.long_levels
+        thr = le if le is not None and ratio >= le else lw if lw is not None and ratio >= lw else None
+        if thr is None:
+            return None
+        self.long_firing = True
+        level = Severity.ERROR if thr is le else Severity.WARNING
+        return Finding(level, ratio, thr,
+                       f"grad norm has crept up {ratio:.2f}x over {s.step - self.reference_step} steps: median "
+                       f"{now:.3g} over the last {self.recent.n} samples vs {ref:.3g} at step "
+                       f"{self.reference_step} (long horizon; threshold {thr:g}x)", ref)

@@ -7,7 +7,7 @@ import math
 from typing import ClassVar
 
 from msmon.contract.wire import Sample
-from msmon.core.detectors.base import SKIP, BaselineRule, DetectorContext, Finding, RuleParams
+from msmon.core.detectors.base import SKIP, DetectorContext, EarlyBaselineRule, Finding, Judged, RuleParams
 from msmon.core.detectors.rolling import RollingQuantiles
 from msmon.core.spec import spec
 
@@ -30,6 +30,9 @@ class LossSpikeParams(RuleParams):
     window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="samples in the rolling baseline"))
     min_fluctuation: float = dataclasses.field(
         default=0.01, metadata=spec(ge=0, doc="floor on sigma as a fraction of the median loss"))
+    gross: float | None = dataclasses.field(
+        default=3.0, metadata=spec(gt=1, doc="a loss this many x its recent median (and 10 sigma above it) is an "
+                                             "ERROR from the 5th sample on; null: off"))
 
     def error_level(self) -> float | None:
         if self.error is not None:
@@ -37,7 +40,7 @@ class LossSpikeParams(RuleParams):
         return None if self.warning is None else 2.0 * self.warning
 
 
-class LossSpike(BaselineRule):
+class LossSpike(EarlyBaselineRule):
     rule: ClassVar[str] = "loss_spike"
     summary: ClassVar[str] = "loss above its rolling median"
     metric: ClassVar[str] = "loss"
@@ -45,9 +48,12 @@ class LossSpike(BaselineRule):
     hint: ClassVar[str] = ("Look at the data batch and the grad norm around this step. If the loss does not come "
                            "back within a few hundred steps, save a checkpoint, then scale the LR down or roll back.")
 
+    GROSS_SIGMA: ClassVar[float] = 10.0  # a gross jump is also this many sigma above the median
+
     def __init__(self, p: LossSpikeParams, ctx: DetectorContext) -> None:
-        super().__init__(p.window)
+        super().__init__(p.window, ctx.warmup_steps)
         self.min_fluctuation = p.min_fluctuation
+        self.gross = p.gross
         self.sigma = 0.0
 
     def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
@@ -55,14 +61,27 @@ class LossSpike(BaselineRule):
         self.sigma = sigma = max(sigma, self.min_fluctuation * abs(med), 1e-12)
         return (x - med) / sigma, med
 
+    def gross_ratio(self, x: float, w: RollingQuantiles) -> float:
+        z, med = self.score(x, w)
+        return x / med if med > 0.0 and z >= self.GROSS_SIGMA else 0.0
+
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         x = s.loss
         if x is None or not math.isfinite(x):
             return SKIP
-        r = self.judge(x, p)
-        if r is None:
-            return None
-        level, thr, z, med = r
-        return Finding(level, z, thr,
-                       f"loss {x:.4g} is {z:.1f} sigma above its recent median {med:.4g} "
-                       f"(normal fluctuation {self.sigma:.3g}; threshold {thr:g} sigma)", med)
+        j = self.assess(x, s, p, self.gross)
+        return None if j is None else _finding(x, j, self.sigma)
+
+
+def _finding(x: float, j: Judged, sigma: float) -> Finding:
+    if j.kind == "gross":
+        return Finding(j.level, j.score, j.threshold,
+                       f"loss {x:.4g} jumped to {j.score:.1f}x its recent median {j.base:.4g} "
+                       f"(gross jump; threshold {j.threshold:g}x)", j.base, absolute=True)
+    if j.kind == "held":
+        return Finding(j.level, j.score, j.threshold,
+                       f"loss {x:.4g} has not returned: still {j.score:.1f} sigma above its median before the "
+                       f"rise, {j.base:.4g} (resolves below {j.threshold:g} sigma)", j.base)
+    return Finding(j.level, j.score, j.threshold,
+                   f"loss {x:.4g} is {j.score:.1f} sigma above its recent median {j.base:.4g} "
+                   f"(normal fluctuation {sigma:.3g}; threshold {j.threshold:.3g} sigma)", j.base)
