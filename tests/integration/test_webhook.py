@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -65,7 +66,7 @@ def test_a_consumer_that_answers_503_gets_the_alert_again(tmp_path, recorder):
     refusals = [503]
     original = recorder.server.RequestHandlerClass.do_POST
 
-    def flaky(handler) -> None:  # type: ignore[no-untyped-def]
+    def flaky(handler: Any) -> None:
         if refusals:
             refusals.pop()
             handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
@@ -75,7 +76,7 @@ def test_a_consumer_that_answers_503_gets_the_alert_again(tmp_path, recorder):
             return
         original(handler)
 
-    recorder.server.RequestHandlerClass.do_POST = flaky  # type: ignore[method-assign]
+    recorder.server.RequestHandlerClass.do_POST = flaky
     bot = BotServer(bot_config(tmp_path, [{"receiver": "webhook"}], webhook={"url": recorder.url},
                                delivery={"backoff_base": 0.05}))
     try:
