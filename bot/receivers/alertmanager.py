@@ -27,7 +27,7 @@ import msgspec
 from msmon.contract.wire import Event, Status
 
 from . import Message, Note, Receiver
-from .signed_webhook import HttpReceiver, post_json
+from .webhook import HttpReceiver, post_json
 
 if TYPE_CHECKING:
     from ..config import BotConfig
@@ -78,7 +78,7 @@ def webhook_body(msg: Message, receiver: str, chart_url: str, external_url: str 
                "endsAt": a.get("endsAt", ZERO_TIME), "generatorURL": a["annotations"].get("chart_url", ""),
                "fingerprint": _fingerprint(a["labels"])} for a in api_alerts(msg, chart_url)]
     group_labels = {"run": msg.run_id, "rule": msg.rule}
-    return {"version": "4", "groupKey": "{}:" + "{" + ",".join(f'{k}="{v}"' for k, v in group_labels.items()) + "}",
+    return {"version": "4", "groupKey": "{}:" + "{" + ", ".join(f'{k}="{v}"' for k, v in group_labels.items()) + "}",
             "truncatedAlerts": 0, "status": status, "receiver": receiver, "groupLabels": group_labels,
             "commonLabels": _common(a["labels"] for a in alerts),
             "commonAnnotations": _common(a["annotations"] for a in alerts),
@@ -133,7 +133,7 @@ class AlertmanagerPushReceiver(HttpReceiver):
 def interop_receivers(cfg: BotConfig) -> dict[str, Receiver]:
     """The `alertmanager`, `alertmanager_api` and `webhook` receivers the routes use (an empty address or
     secret is logged: their messages wait in the outbox)."""
-    from .signed_webhook import WebhookReceiver
+    from .webhook import WebhookReceiver
 
     am, wh, used = cfg.alertmanager, cfg.webhook, {r.receiver for r in cfg.routes}
     wanted: dict[str, tuple[str, str, Callable[[], Receiver]]] = {

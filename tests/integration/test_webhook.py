@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bot.receivers.signed_webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign, verify
+from bot.receivers.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign, verify
 from msmon.contract.wire import Status
 from tests.fakes.bot_server import BotServer, wait_for
 from tests.fakes.prom import Recorder, bot_config, job_post
