@@ -453,13 +453,21 @@ class JobControl:
 
     def _do_set_threshold(self, step: int, run_context: Any, rule: str, value: float,
                           level: str = "warning") -> tuple[str, None]:
-        old = self.monitor.set_threshold(rule, float(value), level)
-        return f"{rule} {level} level {old} -> {float(value):g}", None
+        from .levels_effect import change_levels  # here: the three level actions are its only users
+
+        old, effect = change_levels(self.monitor, step, rule,
+                                    lambda: self.monitor.set_threshold(rule, float(value), level), "set_threshold")
+        return f"{rule} {level} level {old} -> {float(value):g}; {effect}", None
 
     def _do_loosen_threshold(self, step: int, run_context: Any, rule: str, value: float | None = None,
                              factor: float | None = None, duration: float | None = None,
                              undo: str | None = None) -> tuple[str, None]:
-        desc, levels = self.monitor.loosen(rule, value=value, factor=factor)
+        from .levels_effect import change_levels
+
+        (desc, levels), effect = change_levels(self.monitor, step, rule,
+                                               lambda: self.monitor.loosen(rule, value=value, factor=factor),
+                                               "loosen_threshold")
+        desc += f"; {effect}"
         if duration and undo:
             self._undo[undo] = levels
             timer = threading.Timer(float(duration), self.request, args=("restore_threshold",),
@@ -474,8 +482,13 @@ class JobControl:
         levels = self._undo.pop(undo, None)
         if levels is None:
             return f"{rule} levels were already restored", None
-        self.monitor.restore(levels)
-        return f"{rule} levels restored", None
+        if not rule:  # an undo from before the rule was named: nothing to judge the effect by
+            self.monitor.restore(levels)
+            return "levels restored", None
+        from .levels_effect import change_levels
+
+        _, effect = change_levels(self.monitor, step, rule, lambda: self.monitor.restore(levels), "restore_threshold")
+        return f"{rule} levels restored; {effect}", None
 
     def _do_stop(self, step: int, run_context: Any) -> tuple[str, str | None]:
         self.stop_requested = True  # first: a stop applies even when its checkpoint cannot be written
