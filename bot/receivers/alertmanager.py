@@ -106,7 +106,7 @@ class AlertmanagerWebhookReceiver(HttpReceiver):
         self.url, self.chart_url = url, chart_url
 
     async def send(self, msg: Message, action: str, ref: str) -> None:
-        await post_json(self.session, self.url, msgspec.json.encode(webhook_body(msg, "msmon", self.chart_url)),
+        await post_json(self.url, msgspec.json.encode(webhook_body(msg, "msmon", self.chart_url)),
                         timeout=self.timeout)
 
     async def note(self, note: Note) -> None:
@@ -123,7 +123,7 @@ class AlertmanagerPushReceiver(HttpReceiver):
         self.url, self.chart_url = base_url.rstrip("/") + "/api/v2/alerts", chart_url
 
     async def send(self, msg: Message, action: str, ref: str) -> None:
-        await post_json(self.session, self.url, msgspec.json.encode(api_alerts(msg, self.chart_url)),
+        await post_json(self.url, msgspec.json.encode(api_alerts(msg, self.chart_url)),
                         timeout=self.timeout)
 
     async def note(self, note: Note) -> None:

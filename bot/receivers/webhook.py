@@ -49,12 +49,13 @@ def verify(secret: bytes, headers: Mapping[str, str], body: bytes, now: float,
     return None
 
 
-async def post_json(session: aiohttp.ClientSession, url: str, body: bytes, headers: Mapping[str, str] | None = None,
-                    timeout: float = 10.0) -> None:
-    """POST `body` as JSON; DeliveryError to be retried (no answer, 429, 5xx), ValueError for a refusal."""
+async def post_json(url: str, body: bytes, headers: Mapping[str, str] | None = None, timeout: float = 10.0) -> None:
+    """POST `body` as JSON; DeliveryError to be retried (no answer, 429, 5xx), ValueError for a refusal.
+    A session per message: alerts are rate-limited to a few a second, and nothing is left open at exit."""
     try:
-        async with session.post(url, data=body, headers={"Content-Type": "application/json", **(headers or {})},
-                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        async with aiohttp.ClientSession() as session, session.post(
+                url, data=body, headers={"Content-Type": "application/json", **(headers or {})},
+                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             if resp.status < 300:
                 return
             text = (await resp.text(errors="replace"))[:300]
@@ -68,25 +69,13 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: bytes, heade
 
 
 class HttpReceiver:
-    """What the HTTP receivers share: one aiohttp session (opened on first use), no charts, and
-    post/update/reply as one `send`."""
+    """What the HTTP receivers share: a timeout, no charts, and post/update/reply as one `send`."""
 
     name = "http"
     charts = False
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
 
     async def send(self, msg: Message, action: str, ref: str) -> None:
         """Deliver `msg`; `action` is post, update (more devices, resolved) or reply (a reminder, a resolution)."""
@@ -126,7 +115,7 @@ class WebhookReceiver(HttpReceiver):
     async def _signed(self, doc: dict[str, Any]) -> None:
         body = msgspec.json.encode(doc)
         stamp = str(int(self.clock()))
-        await post_json(self.session, self.url, body, {TIMESTAMP_HEADER: stamp,
+        await post_json(self.url, body, {TIMESTAMP_HEADER: stamp,
                                                        SIGNATURE_HEADER: sign(self.secret, stamp, body)}, self.timeout)
 
     async def send(self, msg: Message, action: str, ref: str) -> None:
