@@ -11,6 +11,7 @@ Detection is pure code (see `detectors/` and `gate.py`); files are written off-t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -20,11 +21,14 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import msgspec
+
 from msmon.contract.wire import MAX_ID, Event, Sample, Severity, Status, Window
 from msmon.core.detectors import RULES, DetectorContext, Finding, RuleParams
 from msmon.core.detectors.base import SKIP
 from msmon.core.gate import AlertGate, GateState, Verdict
 from msmon.core.levels import Levels, PhaseSpec
+from msmon.core.state import StateError, decode, dump_attrs, encode, load_attrs
 
 from .config import MonitorConfig, load_config
 from .config.model import ActionConfig
@@ -196,13 +200,17 @@ class Monitor:
                 log.info("msmon: ignoring samples from device %s: per_device_metrics is false, so only device %s "
                          "is monitored in run %s", name, first, self.run_id)
             return None
+        d = self._devices[name] = self._build_device(name)
+        return d
+
+    def _build_device(self, name: str) -> _Device:
+        """A device's fresh rules (not yet registered)."""
         cfg = self.config
         ctx = DetectorContext(device=name, total_steps=cfg.training.total_steps,
                               warmup_steps=cfg.training.warmup_steps, target_loss=cfg.training.target_loss,
                               peers=self._ctx_peers)
         rules = [_Rule(n, RULES[n][1](cfg.alert.rules.get(n), ctx)) for n in self._active]
-        d = self._devices[name] = _Device(name, rules)
-        return d
+        return _Device(name, rules)
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -265,7 +273,7 @@ class Monitor:
               # not a sampled step; but a NaN/Inf handed in anyway is sampled at once, not 9 steps later
               and (loss is None or loss - loss == 0.0) and (grad_norm is None or grad_norm - grad_norm == 0.0)):
             return _EMPTY
-        return self._sample(d, step, raw, now, loss, lr, grad_norm, throughput)
+        return self._sample(d, step, raw, now, loss, lr, grad_norm, throughput, time is not None)
 
     def samples(self, step: int) -> bool:
         """Whether `step` will be sampled (so a caller can skip reading metrics on the others)."""
@@ -278,7 +286,7 @@ class Monitor:
 
     def _sample(
         self, d: _Device, step: int, raw: int, now: float, loss: float | None, lr: float | None,
-        grad_norm: float | None, throughput: float | None,
+        grad_norm: float | None, throughput: float | None, timed: bool = True,
     ) -> list[Event]:
         want_tp = self._want_throughput
         step_time = tokens_s = samples_s = elapsed = None
@@ -296,6 +304,8 @@ class Monitor:
                         tokens_s = d.samples * self._seq_len / elapsed
         if throughput is not None and want_tp:
             tokens_s = throughput
+            if not timed:
+                elapsed = None  # a rate measured elsewhere: how fast step() is called is not its span
         max_dt = d.max_dt if d.max_dt > 0.0 else None
         d.last_t, d.last_step, d.max_dt, d.tokens, d.samples = now, raw, 0.0, 0.0, 0.0
         s = Sample(
@@ -422,6 +432,96 @@ class Monitor:
         """Put back the levels `loosen()` changed."""
         self._levels.restore(undo)
 
+    # -- saving and resuming ------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the Monitor has learned, as JSON-safe data (`json.dumps` takes it as is): every rule's
+        detector memory and alert state per device, the recent samples charts show, the levels (live threshold
+        changes included). Bounded: the windows are. `load_state_dict` in a Monitor built from the same config
+        carries on as if the run had never stopped."""
+        devices = {}
+        for name, d in self._devices.items():
+            devices[name] = {
+                "timing": encode([getattr(d, k) for k in _TIMING]),
+                "recent": [encode(msgspec.to_builtins(s)) for s in d.recent],
+                "rules": {r.name: {"detector": dump_attrs(r.detector), "gate": dump_attrs(r.gate),
+                                   "off": r.update is _off} for r in d.rules},
+            }
+        return {
+            "format": STATE_FORMAT, "version": STATE_VERSION, "run_id": self.run_id, "rules": list(self._active),
+            "phases": [ph.name for ph in self._levels.phases],
+            "levels": [[[p.warning, p.error] for p in ph.ordered] for ph in self._levels.phases],
+            "params": self._shape(), "samples": self._n_samples, "seen": sorted(self._seen),
+            "ignored": sorted(self._ignored), "peers": encode(self._ctx_peers), "devices": devices,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, continue_clock: bool = True) -> None:
+        """Carry on from `state_dict()`'s data: no new baseline period, and an alert firing when it was saved
+        stays firing (it is not raised again as new). `continue_clock=False` for a restarted process: the
+        time it was stopped is not a step, so step times and rates start afresh at the next step. A state
+        that is damaged, from another msmon version or from another config is a `StateError` saying why;
+        the Monitor is then unchanged."""
+        _check_header(state, self._active, [ph.name for ph in self._levels.phases])
+        shape, saved = self._shape(), state.get("params")
+        if saved != shape:
+            differ = [r for r in self._active if not isinstance(saved, dict) or saved.get(r) != shape[r]]
+            raise StateError(f"msmon: the state was saved with other settings for {', '.join(differ) or 'the rules'} "
+                             "(window sizes and the like shape what a rule has learned): resume with the same "
+                             "monitor_config, or start without the state")
+        try:
+            devices = {name: self._load_device(name, saved, continue_clock)
+                       for name, saved in dict(state["devices"]).items()}
+            levels = [[[_level_value(v) for v in pair] for pair in row] for row in state["levels"]]
+            peers = decode(state["peers"], "state.peers")
+            seen, ignored, n = set(state["seen"]), set(state["ignored"]), int(state["samples"])
+        except StateError:
+            raise
+        except (KeyError, TypeError, ValueError, msgspec.ValidationError) as e:
+            raise StateError(f"msmon: damaged monitor state ({type(e).__name__}: {e})") from None
+        if len(levels) != len(self._levels.phases) or any(len(r) != len(self._active) for r in levels):
+            raise StateError("msmon: the saved levels do not match this config's phases and rules")
+        for ph, row in zip(self._levels.phases, levels, strict=True):
+            for p, (warning, error) in zip(ph.ordered, row, strict=True):
+                p.warning, p.error = warning, error
+        self._devices = devices
+        self._ctx_peers.clear()
+        self._ctx_peers.update(peers)
+        self._seen, self._ignored, self._n_samples = seen, ignored, n
+        log.info("msmon: run %s resumed from a saved state: %d device(s), %d samples learned", self.run_id,
+                 len(devices), n)
+
+    def _shape(self) -> dict[str, Any]:
+        """Each active rule's settings but its levels (those are state: they change live), JSON-safe."""
+        out = {}
+        for name in self._active:
+            p = self.config.alert.rules.get(name)
+            out[name] = {f.name: encode(getattr(p, f.name)) for f in dataclasses.fields(p)
+                         if f.name not in ("warning", "error", "levels")}
+        return out
+
+    def _load_device(self, name: str, saved: Mapping[str, Any], continue_clock: bool) -> _Device:
+        where = f"state.devices[{name}]"
+        d = self._build_device(name)  # not registered until every part has loaded
+        timing = decode(saved["timing"], f"{where}.timing")
+        if not isinstance(timing, list) or len(timing) != len(_TIMING):
+            raise StateError(f"msmon: {where}.timing: expected {len(_TIMING)} values")
+        for k, v in zip(_TIMING, timing, strict=True):
+            setattr(d, k, v)
+        if not continue_clock:
+            d.prev_t = d.last_t = None
+            d.max_dt = 0.0
+        d.recent.extend(msgspec.convert(decode(s, f"{where}.recent"), Sample) for s in saved["recent"])
+        rules = dict(saved["rules"])
+        if set(rules) != {r.name for r in d.rules}:
+            raise StateError(f"msmon: {where}: saved rules {sorted(rules)} are not this config's active rules")
+        for r in d.rules:
+            kept = rules[r.name]
+            load_attrs(r.detector, kept["detector"], f"{where}.{r.name}")
+            load_attrs(r.gate, kept["gate"], f"{where}.{r.name}.gate")
+            if kept["off"]:
+                r.update = _off
+        return d
+
     def note_lr_change(self) -> None:
         """The LR was changed on purpose (scale_lr): the LR rule must not call the next move a bug."""
         for d in self._devices.values():
@@ -471,6 +571,31 @@ class Monitor:
 
     def __exit__(self, *exc: object) -> None:
         self.close(ended=exc[0] is None)
+
+
+STATE_FORMAT = "msmon.monitor.state"
+STATE_VERSION = 1
+_TIMING = ("prev_t", "prev_step", "max_dt", "last_t", "last_step", "tokens", "samples", "acc_loss", "acc_n")
+
+
+def _check_header(state: Any, rules: list[str], phases: list[str]) -> None:
+    """A `StateError` unless `state` is a monitor state of this version for these rules and phases."""
+    if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+        raise StateError(f"msmon: not a monitor state (no format {STATE_FORMAT!r}): was it written by "
+                         "Monitor.state_dict()?")
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"msmon: monitor state version {state.get('version')!r}, this msmon reads version "
+                         f"{STATE_VERSION}: start without the state (the rules learn afresh)")
+    if state.get("rules") != rules or state.get("phases") != phases:
+        raise StateError(f"msmon: the state was saved with rules {state.get('rules')} and phases "
+                         f"{state.get('phases')}, this config has {rules} and {phases}: resume with the same "
+                         "monitor_config, or start without the state")
+
+
+def _level_value(v: Any) -> float | None:
+    if v is None or isinstance(v, (int, float)) and not isinstance(v, bool):
+        return v
+    raise StateError(f"msmon: a saved level is {v!r}, not a number or null")
 
 
 def _off(s: Sample, p: RuleParams) -> Finding | None:

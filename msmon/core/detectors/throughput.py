@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from typing import ClassVar
 
-from msmon.contract.wire import Sample
+from msmon.contract.wire import Sample, Severity
 from msmon.core.detectors.base import SKIP, BaselineRule, DetectorContext, Finding, RuleParams, classify
 from msmon.core.detectors.rolling import RollingQuantiles
 from msmon.core.spec import spec
@@ -26,9 +27,14 @@ def rate_of(s: Sample) -> tuple[float | None, str]:
 class ThroughputDropParams(RuleParams):
     """Levels are the fraction lost against the rolling median: 0.3 means 30% slower than usual.
 
-    Rates are judged over spans of at least `min_seconds` of training (samples are pooled until
-    then), so a hiccup of a few milliseconds in a job with 5 ms steps is not a "drop"; with the
-    default `consecutive: 5` a drop must last 5 such spans.
+    Rates are pooled into spans and each span's rate is judged: a span holds at least `min_steps` steps
+    and, when the samples carry their time, at least `min_seconds` of it. Time is the samples' own (a
+    replay's timestamps, the clock of a live job that counts tokens or samples), never how fast
+    `Monitor.step` is called: a rate handed in measured (`throughput=`) without `time=` is pooled by steps
+    alone. With the default `consecutive: 5` a drop must hold for 5 spans in a row (ERROR: 5 spans at
+    the ERROR loss), so a dip of a few steps is averaged out inside one span. Short dips that repeat
+    (`repeats` spans over a level, none held `consecutive` in a row, within `window` spans) are a WARNING,
+    never an ERROR, until they stop.
 
     With `expected` (samples/s per device; MindFormers' `throughput_baseline` sets it) the loss is
     judged against that rate from the first span on, for samples that carry samples/s; the rolling
@@ -37,9 +43,13 @@ class ThroughputDropParams(RuleParams):
 
     warning: float | None = dataclasses.field(default=0.3, metadata=spec(gt=0, le=1, doc="fraction lost"))
     error: float | None = dataclasses.field(default=0.6, metadata=spec(gt=0, le=1, doc="fraction lost"))
-    consecutive: int = dataclasses.field(default=5, metadata=spec(ge=1, doc="samples in a row"))
+    consecutive: int = dataclasses.field(default=5, metadata=spec(ge=1, doc="spans in a row"))
     window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="spans in the rolling baseline"))
-    min_seconds: float = dataclasses.field(default=10.0, metadata=spec(ge=0, doc="shortest span judged"))
+    min_seconds: float = dataclasses.field(
+        default=10.0, metadata=spec(ge=0, doc="shortest span judged, in the samples' time (when they carry it)"))
+    min_steps: int = dataclasses.field(default=10, metadata=spec(ge=1, doc="fewest steps in a span judged"))
+    repeats: int = dataclasses.field(
+        default=3, metadata=spec(ge=2, doc="short dips within `window` spans that make a WARNING"))
     expected: float | None = dataclasses.field(default=None, metadata=spec(gt=0, doc="samples/s per device expected"))
 
 
@@ -54,8 +64,10 @@ class ThroughputDrop(BaselineRule):
     def __init__(self, p: ThroughputDropParams, ctx: DetectorContext) -> None:
         super().__init__(p.window)
         self.min_seconds = p.min_seconds
-        self.units = 0.0  # work done in the span being pooled
-        self.seconds = 0.0
+        self.min_steps = p.min_steps
+        self.span = _Span()
+        self.prev_step: int | None = None
+        self.dips = Dips(p.repeats, p.window, p.consecutive)
 
     def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
         med = w.median()
@@ -64,31 +76,99 @@ class ThroughputDrop(BaselineRule):
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         expected = getattr(p, "expected", None)
         rate, unit = (s.samples_per_s, "samples/s") if expected and s.samples_per_s is not None else rate_of(s)
+        prev, self.prev_step = self.prev_step, s.step
         if rate is None or not rate > 0.0:
             return SKIP
-        if s.elapsed:
-            self.units += rate * s.elapsed
-            self.seconds += s.elapsed
-            if self.seconds < self.min_seconds:
-                return SKIP  # still pooling: nothing new to judge
-            rate = self.units / self.seconds
-            self.units = self.seconds = 0.0
+        span = self.span
+        span.add(rate, max(s.step - prev, 1) if prev is not None else 1, s.elapsed)
+        if span.steps < self.min_steps or span.timed and span.seconds < self.min_seconds:
+            return SKIP  # still pooling: nothing new to judge
+        rate, steps, seconds = span.close()
+        lasted = f"over {steps} steps" + (f" and {seconds:.3g} s" if seconds is not None else "")
         if expected and unit == "samples/s":
-            return _against(rate, expected, p)
+            f = _against(rate, expected, p, lasted)
+        else:
+            f = self._judged(rate, unit, p, lasted)
+        return self.dips.see(f, s.step)
+
+    def _judged(self, rate: float, unit: str, p: RuleParams, lasted: str) -> Finding | None:
         r = self.judge(rate, p)
         if r is None:
             return None
         level, thr, drop, med = r
         return Finding(level, drop, thr,
-                       f"throughput {rate:.4g} {unit} is {drop:.0%} below its usual {med:.4g} {unit} "
+                       f"throughput {rate:.4g} {unit} {lasted} is {drop:.0%} below its usual {med:.4g} {unit} "
                        f"(threshold {thr:.0%})", med)
 
 
-def _against(rate: float, expected: float, p: RuleParams) -> Finding | None:
+class _Span:
+    """Work pooled since the last judged span: the rate weighted by the samples' time when every sample
+    carried it, else by steps."""
+
+    __slots__ = ("work", "steps", "seconds", "timed")
+
+    def __init__(self) -> None:
+        self.work = 0.0  # rate x weight (seconds, or steps)
+        self.steps = 0
+        self.seconds = 0.0
+        self.timed = True  # every sample in the span carried its time
+
+    def add(self, rate: float, steps: int, elapsed: float | None) -> None:
+        if self.timed and not (elapsed and elapsed > 0.0):
+            if self.steps:  # the time stopped being known mid-span: weigh what is there by steps
+                self.work = self.work / self.seconds * self.steps if self.seconds else 0.0
+            self.timed = False
+        self.steps += steps
+        if self.timed:
+            self.seconds += elapsed or 0.0
+            self.work += rate * (elapsed or 0.0)
+        else:
+            self.work += rate * steps
+
+    def close(self) -> tuple[float, int, float | None]:
+        """(pooled rate, steps, seconds or None) of the span, and a fresh one begins."""
+        timed = self.timed
+        out = (self.work / (self.seconds if timed else self.steps), self.steps, self.seconds if timed else None)
+        self.work, self.steps, self.seconds, self.timed = 0.0, 0, 0.0, True
+        return out
+
+
+class Dips:
+    """Short dips that repeat: spans over a level that never held `consecutive` in a row. `repeats` of them
+    within `horizon` spans are a WARNING on every span (an ERROR-deep dip too) until they stop repeating;
+    a drop that holds is passed on as it is, for the alert gate to count."""
+
+    __slots__ = ("repeats", "horizon", "consecutive", "spans", "run", "ends")
+
+    def __init__(self, repeats: int, horizon: int, consecutive: int) -> None:
+        self.repeats, self.horizon, self.consecutive = repeats, horizon, consecutive
+        self.spans = 0  # spans judged
+        self.run = 0  # spans in a row over a level
+        self.ends: deque[int] = deque(maxlen=repeats)  # span numbers where short dips ended
+
+    def see(self, f: Finding | None, step: int) -> Finding | None:
+        self.spans += 1
+        if f is not None and f.level is not None:
+            self.run += 1
+            if self.run >= self.consecutive:
+                return f  # sustained: the gate decides
+        else:
+            if 0 < self.run < self.consecutive:
+                self.ends.append(self.spans)
+            self.run = 0
+        ends = self.ends
+        if len(ends) < self.repeats or self.spans - ends[0] > self.horizon:
+            return f
+        return Finding(Severity.WARNING, float(len(ends)), float(self.repeats),
+                       f"{len(ends)} short throughput dips within the last {self.spans - ends[0] + 1} spans "
+                       f"(each under {self.consecutive} span(s) long); latest at step {step}", None)
+
+
+def _against(rate: float, expected: float, p: RuleParams, lasted: str) -> Finding | None:
     """The loss of throughput against a fixed expected rate (no baseline to learn)."""
     drop = 1.0 - rate / expected
     level, thr = classify(drop, p)
     if level is None:
         return None
-    return Finding(level, drop, thr, f"throughput {rate:.4g} samples/s is {drop:.0%} below the expected "
+    return Finding(level, drop, thr, f"throughput {rate:.4g} samples/s {lasted} is {drop:.0%} below the expected "
                    f"{expected:.4g} samples/s (throughput_baseline; threshold {thr:.0%})", expected)
