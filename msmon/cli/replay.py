@@ -34,6 +34,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--trend-window", type=int, default=None, metavar="STEPS",
                    help="steps per trend window (default: a fifth of the steps run, at least 1000)")
     p.add_argument("--no-trend", action="store_true", help="do not print the loss trend")
+    p.add_argument("--levels", default=None, metavar="JSONL", help="live threshold changes to apply at their steps "
+                   "(default: LOG's own, RUN.levels.jsonl beside RUN.csv, when the job wrote one)")
+    p.add_argument("--no-levels", action="store_true", help="replay at the config's levels only, even when the "
+                   "job's level changes lie beside LOG")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     add_verbose(p)
@@ -48,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(f"replaying {args.log}") if _want_progress(args) else None
     try:
         result = run_replay(args.log, args.config, args.run_id, columns=parse_columns(args.columns), fmt=args.format_in,
-                            progress=progress)
+                            progress=progress, levels=args.levels, find=not args.no_levels)
     except (ConfigError, ReplayError, OSError) as exc:
         if progress is not None and progress.drawn:
             print(file=sys.stderr)  # end the bar's line first
@@ -57,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     for e in result.events:
         print(alert_json(e) if json_mode else alert_line(e))
     summary_out = sys.stderr if json_mode else sys.stdout  # stdout stays pure JSON lines in json mode
+    if result.levels_file is not None:
+        print(f"levels: {len(result.levels)} live threshold change(s) from {result.levels_file} applied at their "
+              "steps (--no-levels: the config's levels only)", file=summary_out)
     if not args.no_trend:
         _print_trend(result, args, summary_out)
     if args.plot:

@@ -4,38 +4,57 @@
 the log's timestamps as the clock.
 `run_replay(path, config)` adds what `msmon replay` needs around it: any log format (`readers.py`),
 a Monitor that writes no files and sends nothing to a bot, the curves kept for the trend and the
-plot, and an optional progress callback.
+plot, an optional progress callback, and the run's live threshold changes (`X.levels.jsonl` next to
+`X.csv`, written by the job: `notifier.levels_effect`) applied at the steps the job applied them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from msmon.contract.wire import Event, Severity, Status
 from msmon.core.trend import TrendSummary, summarize
-from msmon.offline.readers import Row, read_log
+from msmon.core.whatif import LevelChange
+from msmon.offline.readers import ReplayError, Row, read_log
 from notifier.config import load_config
+from notifier.levels_effect import LEVELS_SUFFIX, read_level_changes
 from notifier.monitor import Monitor
 
-__all__ = ["replay", "replay_monitor", "run_replay", "Curves", "Replayed", "alert_line", "alert_json", "Progress"]
+__all__ = ["replay", "replay_monitor", "run_replay", "Curves", "Replayed", "alert_line", "alert_json", "Progress",
+           "apply_level_change", "find_levels", "load_levels"]
 
 
-def replay(rows: Iterable[Row], monitor: Monitor, on_row: Callable[[Row], None] | None = None) -> list[Event]:
+def apply_level_change(monitor: Monitor, c: LevelChange) -> None:
+    """Set the levels a live change left (each one the job recorded; a level it left derived stays derived)."""
+    for level, value in (("warning", c.warning), ("error", c.error)):
+        if value is not None:
+            monitor.set_threshold(c.rule, float(value), level)
+
+
+def replay(rows: Iterable[Row], monitor: Monitor, on_row: Callable[[Row], None] | None = None,
+           levels: Sequence[LevelChange] = ()) -> list[Event]:
     """Feed every row to `monitor` as a live job would; all events raised, in order.
 
     The log is the clock: a row without a timestamp is stepped at the previous row's (0.0 before the
     first), so the timing rules never read this machine's clock and a replay raises the same alerts
-    every time. `on_row` sees each row after the Monitor did."""
+    every time. `on_row` sees each row after the Monitor did. `levels` (in step order): each change is
+    applied before the first row after its step, as JobControl applied it at that step's boundary."""
     events: list[Event] = []
     step = monitor.step
     now = 0.0
+    pending = sorted(levels, key=lambda c: c.step)
+    i = 0
     for r in rows:
+        while i < len(pending) and pending[i].step < r.step:
+            apply_level_change(monitor, pending[i])
+            i += 1
         if r.time is not None:
             now = r.time
         events.extend(step(r.step, loss=r.loss, lr=r.lr, grad_norm=r.grad_norm,
@@ -71,6 +90,8 @@ class Replayed:
     rows: int
     format: str
     monitor: Monitor
+    levels: list[LevelChange] = field(default_factory=list)  # the live threshold changes applied
+    levels_file: str | None = None
 
     def firing(self) -> list[Event]:
         """New alerts (not resolutions, not repeats)."""
@@ -101,10 +122,31 @@ def replay_monitor(config: Any, run_id: str) -> Monitor:
     return Monitor(cfg, run_id, sinks=[])
 
 
+def find_levels(path: str) -> str | None:
+    """The level changes a job wrote beside the CSV `path` (`run-42.levels.jsonl` for `run-42.csv`), if any."""
+    if not os.path.isfile(path):
+        return None
+    candidate = os.path.splitext(path)[0] + LEVELS_SUFFIX
+    return candidate if os.path.isfile(candidate) else None
+
+
+def load_levels(path: str) -> list[LevelChange]:
+    """A level-changes file; a ReplayError naming its line when it cannot be read as one."""
+    try:
+        return read_level_changes(path)
+    except ValueError as exc:
+        raise ReplayError(f"{exc}; a line is one JSON object as the job writes it: step, rule, warning, error "
+                          "(docs: README, 'Threshold changes and their effect')") from exc
+
+
 def run_replay(path: str, config: Any, run_id: str = "replay", *, columns: Mapping[str, str] | None = None,
-               fmt: str | None = None, progress: Progress | None = None) -> Replayed:
-    """Read `path` (any supported format) and replay it through a Monitor built from `config`."""
+               fmt: str | None = None, progress: Progress | None = None, levels: str | None = None,
+               find: bool = True) -> Replayed:
+    """Read `path` (any supported format) and replay it through a Monitor built from `config`. `levels`: a
+    level-changes file to apply; else (`find`) the one the job wrote beside `path`, if there is one."""
     source = read_log(path, columns, fmt)
+    levels_file = levels if levels is not None else (find_levels(path) if find else None)
+    changes = load_levels(levels_file) if levels_file is not None else []
     mon = replay_monitor(config, run_id)
     curves: dict[str, Curves] = {}
     n = [0]
@@ -119,10 +161,10 @@ def run_replay(path: str, config: Any, run_id: str = "replay", *, columns: Mappi
         if progress is not None:
             progress.update(n[0], source.fraction)
 
-    events = replay(source, mon, on_row)
+    events = replay(source, mon, on_row, changes)
     if progress is not None:
         progress.done(n[0])
-    return Replayed(events, curves, n[0], source.format, mon)
+    return Replayed(events, curves, n[0], source.format, mon, changes, levels_file)
 
 
 class Progress:

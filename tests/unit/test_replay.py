@@ -376,3 +376,57 @@ def test_real_llmc_trace_replays_quiet_with_a_trend(traces, capsys):
     assert err[2].startswith("trend: forecast at step 19,560 (the planned last step): 3.27")
     assert err[3].startswith("trend: target loss 3.25: reached at step ~")
     assert err[-1] == "0 alert(s): 0 ERROR, 0 WARNING in 19,552 rows (csv)"
+
+
+# -- live threshold changes: the job's .levels.jsonl replays at the same steps -----------------------------------
+
+
+def _levels_job(tmp_path: Path) -> tuple[Path, Path, list]:
+    """A job whose grad norm is 12 for two samples every 10 (ERROR at 10), loosened to 30 at step 100 through
+    JobControl; its CSV, its config file and the alerts it raised."""
+    from notifier.control import JobControl
+
+    config = tmp_path / "monitor.yaml"
+    config.write_text(json.dumps({"monitor_config": {
+        "monitor_on": True, "step_interval": 1, "log_interval": 0, "metrics": ["loss", "grad_norm"],
+        "csv": {"enable": True, "path": str(tmp_path / "{run_id}.csv")},
+        "alert": {"baseline_steps": 0, "alert_interval": 0, "grad_norm_threshold": 10.0}}}))
+    mon = Monitor(str(config), "run-42")
+    control = JobControl(mon)
+    events = []
+    for step in range(1, 201):
+        events += mon.step(step, loss=1.0, grad_norm=12.0 if step % 10 in (0, 1) else 1.0, time=float(step))
+        if step == 100:
+            control.request("loosen_threshold", rule="grad_norm", value=30.0)
+            (res,) = control.apply(step)
+            assert "0 alerts at 15 / 30 instead of 9 alerts (9 ERROR) at 5 / 10" in res.detail
+    mon.close()
+    return tmp_path / "run-42.csv", config, events
+
+
+def _alerts(events) -> list[tuple[int, str, str]]:
+    return [a for a in firing(events) if a[1] == "grad_norm"]
+
+
+def test_a_replay_applies_the_jobs_level_changes_at_their_steps(tmp_path: Path) -> None:
+    csv_path, config, live = _levels_job(tmp_path)
+    assert (tmp_path / "run-42.levels.jsonl").is_file()
+    found = run_replay(str(csv_path), str(config))
+    assert found.levels_file == str(tmp_path / "run-42.levels.jsonl") and len(found.levels) == 1
+    assert _alerts(found.events) == _alerts(live) and max(s for s, _, _ in _alerts(live)) <= 100
+    plain = run_replay(str(csv_path), str(config), find=False)
+    assert plain.levels == [] and max(s for s, _, _ in _alerts(plain.events)) > 100  # the config's levels throughout
+
+
+def test_cli_levels_option_and_a_bad_levels_file(tmp_path: Path, capsys) -> None:
+    csv_path, config, _ = _levels_job(tmp_path)
+    assert main(["replay", str(csv_path), "--config", str(config), "--no-trend"]) == 0
+    out = capsys.readouterr().out
+    assert f"levels: 1 live threshold change(s) from {tmp_path / 'run-42.levels.jsonl'} applied at their steps" in out
+    assert main(["replay", str(csv_path), "--config", str(config), "--no-trend", "--no-levels"]) == 0
+    assert "levels:" not in capsys.readouterr().out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 3, "rule": "grad_norm", "error": 2}\n{"step": 4, "rule": "grad_nrom"}\n')
+    assert main(["replay", str(csv_path), "--config", str(config), "--levels", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2: unknown rule 'grad_nrom'" in err and "Traceback" not in err
