@@ -39,6 +39,7 @@ from .pipeline.ratelimit import RateLimiter
 from .receivers import Receiver
 from .receivers.alertmanager import interop_receivers
 from .receivers.console import ConsoleReceiver, save_status_chart
+from .receivers.im import im_receivers
 from .receivers.render import escape_html
 from .slack_inbound import add_slack_routes
 from .state import BotState
@@ -351,6 +352,7 @@ def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
 
         receivers["slack"] = SlackReceiver(token or "", cfg.slack.base_url, cfg.slack.max_retries, cfg.console.charts)
     receivers.update(interop_receivers(cfg))  # alertmanager, alertmanager_api, webhook (the routes that use them)
+    receivers.update(im_receivers(cfg))  # feishu, dingtalk, wecom (the routes that use them)
     return receivers
 
 

@@ -109,7 +109,8 @@ class Route:
 
 
 RECEIVERS = ("console", "slack", "digest",
-             "alertmanager", "alertmanager_api", "webhook")  # digest: held for the next digest (bot/digest.py)
+             "alertmanager", "alertmanager_api", "webhook",
+             "feishu", "dingtalk", "wecom")  # digest: held for the next digest (bot/digest.py)
 
 
 @dataclasses.dataclass
@@ -301,6 +302,39 @@ class WebhookConfig:
 
 
 @dataclasses.dataclass
+class FeishuConfig:
+    """A Feishu/Lark custom bot (bot/receivers/feishu.py): its webhook URL and signing secret from the environment."""
+
+    webhook_env: str = _f("FEISHU_WEBHOOK_URL", "environment variable with the bot's webhook URL "
+                          "(https://open.feishu.cn/open-apis/bot/v2/hook/...)")
+    secret_env: str = _f("FEISHU_SECRET", "environment variable with the signing secret (empty or unset: unsigned)")
+
+
+@dataclasses.dataclass
+class DingTalkConfig:
+    """A DingTalk custom robot (bot/receivers/dingtalk.py); a firing ERROR `at`s the on-call."""
+
+    webhook_env: str = _f("DINGTALK_WEBHOOK_URL", "environment variable with the robot's webhook URL "
+                          "(https://oapi.dingtalk.com/robot/send?access_token=...)")
+    secret_env: str = _f("DINGTALK_SECRET", "environment variable with the signing secret (SEC...; unset: unsigned)")
+    at_mobiles: list[str] = _f([], "mobile numbers of the on-call, @-mentioned on a firing ERROR")
+    at_user_ids: list[str] = _f([], "DingTalk user IDs of the on-call, @-mentioned on a firing ERROR")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        for i, m in enumerate(self.at_mobiles):
+            if not m.lstrip("+").replace("-", "").isdigit():
+                yield f"at_mobiles[{i}]", f"not a mobile number: {shown(m)}"
+
+
+@dataclasses.dataclass
+class WeComConfig:
+    """A WeCom group robot (bot/receivers/wecom.py): its webhook URL from the environment."""
+
+    webhook_env: str = _f("WECOM_WEBHOOK_URL", "environment variable with the robot's webhook URL "
+                          "(https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=...)")
+
+
+@dataclasses.dataclass
 class BotConfig:
     host: str = _f("127.0.0.1", "listen address")
     port: int = _f(8080, "listen port (0: any free port)", ge=0, le=65535)
@@ -322,6 +356,9 @@ class BotConfig:
     digests: list[Digest] = _f([], "scheduled summaries, one per channel")
     alertmanager: AlertmanagerConfig = _f(AlertmanagerConfig(), "Alertmanager out (receivers) and in (webhooks)")
     webhook: WebhookConfig = _f(WebhookConfig(), "the plain signed webhook receiver")
+    feishu: FeishuConfig = _f(FeishuConfig(), "Feishu/Lark custom bot receiver")
+    dingtalk: DingTalkConfig = _f(DingTalkConfig(), "DingTalk custom robot receiver")
+    wecom: WeComConfig = _f(WeComConfig(), "WeCom group robot receiver")
 
     def check(self) -> Iterator[tuple[str, str]]:
         mails = any(lv.email for p in self.escalations.values() for lv in p.levels)

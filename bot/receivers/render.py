@@ -78,6 +78,39 @@ def mention_text(targets: list[str]) -> str:
     return "for: " + ", ".join("@" + escape_console(t.lstrip("@")) for t in targets) if targets else ""
 
 
+_MD_SPECIAL = re.compile(r"[\\`*_~\[\]()#|!]")  # what opens emphasis, code, a link, an image, a heading, a table
+_MENTION = re.compile(r"@")
+
+
+def _markdown(value: str) -> str:
+    """Chat markdown: control characters and newlines dropped, `&`, `<`, `>` as entities (these
+    markups read HTML-like tags: `<at>`, `<font>`, `<@user>`), each character that opens markup
+    backslashed, and a word joiner after every `@` so that job text mentions nobody."""
+    value = _CONTROL_LINE.sub(" ", value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    value = _MD_SPECIAL.sub(lambda m: "\\" + m.group(), value)
+    return _MENTION.sub("@\u2060", value)
+
+
+def escape_feishu(value: str) -> str:
+    """A Feishu/Lark card's lark_md text: no `<at id=all>`, `<font>`, link or emphasis from job data."""
+    return _markdown(value)
+
+
+def escape_dingtalk(value: str) -> str:
+    """DingTalk markdown: no link, image, heading or emphasis, and no `@mobile` that would notify."""
+    return _markdown(value)
+
+
+def escape_wecom(value: str) -> str:
+    """WeCom markdown: no `<@userid>` mention, `<font>` colour, link or emphasis from job data."""
+    return _markdown(value)
+
+
+def escape_plain_im(value: str) -> str:
+    """A plain-text field of a card (Feishu's plain_text header): control characters and newlines dropped."""
+    return _CONTROL_LINE.sub(" ", value)
+
+
 def escape_none(value: str) -> str:
     return value
 

@@ -1,0 +1,41 @@
+"""The Feishu/Lark, DingTalk and WeCom receivers bot.yaml's routes ask for, built from their sections
+(URLs and secrets from the environment). A route to one whose webhook variable is empty is said once
+at start: its messages wait in the outbox until the bot runs with the URL."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from ..config import BotConfig
+from . import Receiver
+from .dingtalk import DingTalkReceiver
+from .feishu import FeishuReceiver
+from .wecom import WeComReceiver
+
+log = logging.getLogger("msmon.bot")
+
+
+def _url(name: str, env: str) -> str:
+    url = os.environ.get(env, "")
+    if not url:
+        log.error("msmon bot: routes use %s but the environment variable %s is empty: its messages wait in the "
+                  "outbox until the bot runs with the robot's webhook URL", name, env)
+    return url
+
+
+def im_receivers(cfg: BotConfig, clock: Callable[[], float] = time.time) -> dict[str, Receiver]:
+    used = {r.receiver for r in cfg.routes}
+    out: dict[str, Receiver] = {}
+    if "feishu" in used:
+        fs = cfg.feishu
+        out["feishu"] = FeishuReceiver(_url("feishu", fs.webhook_env), os.environ.get(fs.secret_env) or None, clock)
+    if "dingtalk" in used:
+        dt = cfg.dingtalk
+        out["dingtalk"] = DingTalkReceiver(_url("dingtalk", dt.webhook_env), os.environ.get(dt.secret_env) or None,
+                                           clock, dt.at_mobiles, dt.at_user_ids)
+    if "wecom" in used:
+        out["wecom"] = WeComReceiver(_url("wecom", cfg.wecom.webhook_env), clock)
+    return out

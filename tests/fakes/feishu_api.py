@@ -1,0 +1,63 @@
+"""A local Feishu/Lark custom bot webhook (POST /open-apis/bot/v2/hook/{token}) that checks each request
+as Feishu's custom bot guide documents (https://open.feishu.cn/document/client-docs/bot-v3/add-custom-bot):
+the token; the body at most 20 KB and a known `msg_type` with its content (`card` for interactive,
+`content.text` for text), else 9499 "Bad Request"; with a secret, `timestamp` (seconds) within an hour
+and `sign` = base64(HMAC-SHA256 keyed `timestamp\\n secret` over nothing), else 19021; 100 requests a
+minute and 5 a second, else 11232 (frequency limited). Success: code 0, msg "success", data {}.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Callable
+from typing import Any
+
+from tests.fakes.im_robot import FakeRobot, RateWindow
+
+BODY_LIMIT = 20 * 1024
+SIGN_FAIL = {"code": 19021, "data": {}, "msg": "sign match fail or timestamp is not within one hour from current time"}
+BAD_REQUEST = {"code": 9499, "msg": "Bad Request", "data": {}}
+LIMITED = {"code": 11232, "msg": "frequency limited psm[lark.oapi.app_platform_runtime]appID[1]", "data": {}}
+TOKEN_INVALID = {"code": 19001, "msg": "param invalid: incoming webhook access token invalid", "data": {}}
+SUCCESS = {"code": 0, "msg": "success", "data": {}, "Extra": None, "StatusCode": 0, "StatusMessage": "success"}
+
+
+def expected_sign(timestamp: str, secret: str) -> str:
+    """Feishu's own sample (Python) of the signature, written independently of the receiver's."""
+    string_to_sign = f"{timestamp}\n{secret}"
+    hmac_code = hmac.new(string_to_sign.encode("utf-8"), digestmod=hashlib.sha256).digest()
+    return base64.b64encode(hmac_code).decode("utf-8")
+
+
+class FeishuBot(FakeRobot):
+    route = "/open-apis/bot/v2/hook/{token}"
+
+    def __init__(self, clock: Callable[[], float], token: str = "hook-token", secret: str | None = None) -> None:
+        super().__init__(clock)
+        self.token, self.secret = token, secret
+        self.minute, self.second = RateWindow(100, 60.0, 0.0), RateWindow(5, 1.0, 0.0)
+
+    def answer(self, path: str, query: dict[str, str], raw: bytes, body: Any, now: float) -> tuple[int, dict[str, Any]]:
+        if path.rsplit("/", 1)[-1] != self.token:
+            return 200, TOKEN_INVALID
+        if len(raw) > BODY_LIMIT or not isinstance(body, dict) or not _schema_ok(body):
+            return 400, BAD_REQUEST
+        if self.secret is not None:
+            ts = str(body.get("timestamp", ""))
+            if not ts.isdigit() or abs(now - int(ts)) > 3600 or body.get("sign") != expected_sign(ts, self.secret):
+                return 200, SIGN_FAIL
+        if not (self.minute.admit(now) and self.second.admit(now)):
+            return 200, LIMITED
+        return 200, SUCCESS
+
+
+def _schema_ok(body: dict[str, Any]) -> bool:
+    kind = body.get("msg_type")
+    if kind == "interactive":
+        card = body.get("card")
+        return isinstance(card, dict) and isinstance(card.get("elements"), list)
+    if kind == "text":
+        return isinstance(body.get("content"), dict) and isinstance(body["content"].get("text"), str)
+    return False

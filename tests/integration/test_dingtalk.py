@@ -1,0 +1,114 @@
+"""DingTalk custom robot: the real bot's outbox posting through DingTalkReceiver to a local robot server
+(tests/fakes/dingtalk_api.py) that checks the signed URL, the timestamp window, the body and DingTalk's
+20-a-minute limit with its 10-minute throttle, as DingTalk does. All on an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bot.receivers import DeliveryError
+from bot.receivers.dingtalk import DingTalkReceiver
+from msmon.contract.wire import Severity
+from tests.fakes.dingtalk_api import DingTalkRobot
+from tests.fakes.im_harness import T0, Clock, ImBot
+from tests.fakes.records import event
+
+SECRET = "SECtest0123456789"
+
+
+def test_200_errors_in_a_minute_make_at_most_20_posts_and_lose_none(tmp_path):
+    async def scenario() -> None:
+        clock = Clock()
+        robot = DingTalkRobot(clock, secret=SECRET)
+        async with robot.serving() as base:
+            rx = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", SECRET, clock)
+            bot = ImBot(tmp_path, rx, clock)
+            runs = [f"run-{i:03d}" for i in range(200)]
+            queue = list(runs)
+
+            def arrive() -> None:  # 200 ERRORs spread over the first minute, one every 0.3 s
+                while queue and clock.t >= T0 + 0.3 * (200 - len(queue)):
+                    bot.ingest([event(run=queue.pop(0))])
+
+            await bot.drain(T0 + 60.0, step=0.3, each=arrive)
+            await bot.drain(T0 + 1200.0, step=1.0)
+            assert not robot.calls or all(c.answer["errcode"] != 130101 for c in robot.calls), "throttled"
+            posts = robot.delivered
+            assert len([c for c in posts if c.at < T0 + 60.0]) <= 20
+            for start in (c.at for c in posts):  # no 60 s window holds more than DingTalk's 20
+                assert len([c for c in posts if start <= c.at < start + 60.0]) <= 20
+            shown = "\n".join(c.body["markdown"]["text"] for c in posts)
+            missing = [r for r in runs if f"run {r}" not in shown]
+            assert not missing, f"lost: {missing[:5]}"
+            assert bot.depth() == 0 and bot.dead() == 0
+            assert sum("held back" in c.body["markdown"]["title"] for c in posts) >= 1
+            print(f"\n200 ERRORs: {len(posts)} posts ({len([c for c in posts if c.at < T0 + 60])} in the first "
+                  f"minute), last at +{posts[-1].at - T0:.0f} s")
+            bot.close()
+            await rx.close()
+    asyncio.run(scenario())
+
+
+def test_a_signed_markdown_alert_ats_the_oncall_and_escapes_job_text(tmp_path):
+    async def scenario() -> None:
+        clock = Clock()
+        robot = DingTalkRobot(clock, secret=SECRET)
+        async with robot.serving() as base:
+            rx = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", SECRET, clock,
+                                  at_mobiles=["13800000000"])
+            bot = ImBot(tmp_path, rx, clock)
+            bot.ingest([event(run="run-[x](http://evil) @13911112222")])
+            await bot.drain(T0 + 5)
+            (call,) = robot.delivered
+            assert call.body["msgtype"] == "markdown"
+            assert call.body["at"] == {"atMobiles": ["13800000000"], "atUserIds": [], "isAtAll": False}
+            text = call.body["markdown"]["text"]
+            assert text.endswith("@13800000000") and "](http" not in text and "@13911112222" not in text
+            assert "value 12 vs threshold 10" in text and "what to do: Save a checkpoint now." in text
+            bot.ingest([event(run="run-w", sev=Severity.WARNING)])
+            await bot.drain(T0 + 10)
+            assert robot.delivered[-1].body["at"] == {"isAtAll": False}
+            bot.close()
+            await rx.close()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("secret", "skew", "errmsg"), [
+    ("SECwrong", 0.0, "sign not match"),
+    (SECRET, 2 * 3600.0, "invalid timestamp"),
+])
+def test_a_bad_signature_or_a_stale_clock_is_refused_with_dingtalks_code(secret, skew, errmsg):
+    async def scenario() -> None:
+        clock = Clock()
+        robot = DingTalkRobot(clock, secret=SECRET)
+        async with robot.serving() as base:
+            rx = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", secret, Clock(T0 - skew))
+            with pytest.raises(DeliveryError, match=f"code 310000: {errmsg}"):
+                await rx.post("oncall", _message())
+            await rx.close()
+    asyncio.run(scenario())
+
+
+def test_dingtalks_throttle_is_a_retry_after_of_ten_minutes():
+    async def scenario() -> None:
+        clock = Clock()
+        robot = DingTalkRobot(clock)
+        robot.rate.limit = 0  # another sender used the robot's minute
+        async with robot.serving() as base:
+            rx = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", None, clock)
+            with pytest.raises(DeliveryError, match="130101") as info:
+                await rx.post("oncall", _message())
+            assert info.value.retry_after == 600.0
+            await rx.close()
+    asyncio.run(scenario())
+
+
+def _message():
+    from bot.receivers import Message
+    from msmon.contract.wire import Status
+
+    e = event()
+    return Message(key="k", run_id=e.run_id, project="llm", rule=e.rule, severity=e.severity, status=Status.FIRING,
+                   events=[e])
