@@ -99,3 +99,28 @@ def test_a_slow_creep_is_caught_on_the_long_horizon() -> None:
 def test_a_clean_runs_slow_drift_is_not_a_creep() -> None:
     """A drift to 2x over 3000 samples (as when the LR decays) is absorbed by the renewed reference."""
     assert creep_findings(GradNormCreepParams(), math.log(2) / 3000, 3600, 4) == []
+
+
+def loss_findings(rise_per_sample: float, steps: int, seed: int) -> list[tuple[int, Severity, str]]:
+    p = LossSpikeParams()
+    det = LossSpike(p, DetectorContext())
+    rng = random.Random(seed)
+    out = []
+    for i in range(steps):
+        trend = 3.0 * (1 + i) ** -0.05 + rise_per_sample * max(0, i - 1000)  # a power-law fall, then a rise
+        f = det.update(mk(i, loss=trend + rng.gauss(0, 0.03), learning_rate=1e-4), p)
+        if f is not None and f.level is not None and "risen slowly" in f.message:  # single noisy samples left out
+            out.append((i, f.level, f.message))
+    return out
+
+
+def test_a_slow_loss_rise_is_caught_on_the_long_horizon() -> None:
+    """+0.0004 per sample (a sigma every 75 samples): no sample is a spike, the median's rise is."""
+    found = loss_findings(0.0004, 1800, 5)
+    assert found and found[0][1] is Severity.WARNING
+    assert 1200 < found[0][0] < 1500
+    assert any(level is Severity.ERROR for _, level, _ in found)
+
+
+def test_a_falling_loss_raises_nothing() -> None:
+    assert loss_findings(0.0, 3000, 6) == []

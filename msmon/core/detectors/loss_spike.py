@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from typing import ClassVar
 
-from msmon.contract.wire import Sample
+from msmon.contract.wire import Sample, Severity
 from msmon.core.detectors.base import SKIP, DetectorContext, EarlyBaselineRule, Finding, Judged, RuleParams
 from msmon.core.detectors.rolling import RollingQuantiles
 from msmon.core.spec import spec
@@ -19,6 +20,9 @@ class LossSpikeParams(RuleParams):
     score = (loss - median of the last `window` samples) / sigma, where sigma is the robust
     standard deviation of that window (IQR / 1.349), floored at `min_fluctuation` x median.
     3.0 means "three times the usual step-to-step noise": with noise of +-0.05 a rise of 0.15.
+    A slow rise, each sample under those levels and so learned, is judged on the long horizon: the
+    median of the last `window` samples against the lowest such median (one per `window` samples,
+    after warmup) of the last `long_window` samples, in the same sigma (`long_warning`, `long_error`).
     """
 
     warning: float | None = dataclasses.field(
@@ -33,6 +37,13 @@ class LossSpikeParams(RuleParams):
     gross: float | None = dataclasses.field(
         default=3.0, metadata=spec(gt=1, doc="a loss this many x its recent median (and 10 sigma above it) is an "
                                              "ERROR from the 5th sample on; null: off"))
+    long_warning: float | None = dataclasses.field(
+        default=4.0, metadata=spec(gt=0, doc="slow rise: the recent median this many sigma above its lowest of the "
+                                             "last long_window samples (null: off)"))
+    long_error: float | None = dataclasses.field(
+        default=8.0, metadata=spec(gt=0, doc="slow rise for ERROR, in sigma (null: off)"))
+    long_window: int = dataclasses.field(
+        default=1000, metadata=spec(ge=10, doc="samples the slow-rise reference looks back"))
 
     def error_level(self) -> float | None:
         if self.error is not None:
@@ -55,6 +66,11 @@ class LossSpike(EarlyBaselineRule):
         self.min_fluctuation = p.min_fluctuation
         self.gross = p.gross
         self.sigma = 0.0
+        self.long_levels = (p.long_warning, p.long_error)
+        blocks = max(2, p.long_window // p.window)
+        self.low_medians: deque[float] = deque(maxlen=blocks)  # one median per `window` learned samples
+        self.low_steps: deque[int] = deque(maxlen=blocks)
+        self.block_n = 0  # learned samples since the last median was kept
 
     def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
         med, sigma = w.median_sigma()
@@ -70,7 +86,36 @@ class LossSpike(EarlyBaselineRule):
         if x is None or not math.isfinite(x):
             return SKIP
         j = self.assess(x, s, p, self.gross)
-        return None if j is None else _finding(x, j, self.sigma)
+        if j is not None:
+            return _finding(x, j, self.sigma)
+        return self._slow_rise(s)
+
+    def _slow_rise(self, s: Sample) -> Finding | None:
+        """The long horizon, on a sample just learned: the recent median against the lowest of the last blocks."""
+        w = self.window
+        if w.n < w.size or self.warmup.at(s):
+            return None
+        med, sigma = w.median_sigma()
+        sigma = max(sigma, self.min_fluctuation * abs(med), 1e-12)
+        self.block_n += 1
+        if self.block_n >= w.size:
+            self.block_n = 0
+            self.low_medians.append(med)
+            self.low_steps.append(s.step)
+        if len(self.low_medians) < 2:
+            return None
+        low = min(self.low_medians)
+        rise = (med - low) / sigma
+        lw, le = self.long_levels
+        level, thr = ((Severity.ERROR, le) if le is not None and rise >= le else
+                      (Severity.WARNING, lw) if lw is not None and rise >= lw else (None, 0.0))
+        if level is None:
+            return None
+        at = self.low_steps[self.low_medians.index(low)]
+        return Finding(level, rise, thr,
+                       f"loss has risen slowly: its median {med:.4g} over the last {w.n} samples is {rise:.1f} sigma "
+                       f"above its lowest, {low:.4g} at step {at}, {s.step - at} steps ago (normal fluctuation "
+                       f"{sigma:.3g}; long horizon, threshold {thr:g} sigma)", low)
 
 
 def _finding(x: float, j: Judged, sigma: float) -> Finding:
