@@ -12,8 +12,18 @@ from __future__ import annotations
 
 import pytest
 
-from bot.receivers.im_webhook import Batcher, Budget, Done, Hold, Pace, Send, Summarise, dingtalk_sign, feishu_sign
-from bot.receivers.im_webhook import signed_dingtalk_url
+from bot.receivers.im_webhook import (
+    Batcher,
+    Budget,
+    Done,
+    Hold,
+    Pace,
+    Send,
+    Summarise,
+    dingtalk_sign,
+    feishu_sign,
+    signed_dingtalk_url,
+)
 from bot.receivers.render import escape_dingtalk, escape_feishu, escape_wecom
 from tests.fakes import dingtalk_api, feishu_api
 
