@@ -39,6 +39,10 @@ CREATE TABLE IF NOT EXISTS commands (
     run_id TEXT, text TEXT, verb TEXT, action TEXT, params TEXT, apply_step INTEGER, status TEXT, detail TEXT,
     results TEXT DEFAULT '{}', origin TEXT DEFAULT '{}', expires_at REAL, updated_at REAL);
 CREATE INDEX IF NOT EXISTS commands_open ON commands(status, run_id);
+CREATE TABLE IF NOT EXISTS level_changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, device TEXT, step INTEGER, at REAL, rule TEXT, action TEXT,
+    who TEXT, why TEXT, detail TEXT, command_id TEXT);
+CREATE INDEX IF NOT EXISTS level_changes_run ON level_changes(run_id, seq);
 CREATE TABLE IF NOT EXISTS slack_signed (signature TEXT PRIMARY KEY, ts INTEGER);
 CREATE INDEX IF NOT EXISTS slack_signed_ts ON slack_signed(ts);
 CREATE TABLE IF NOT EXISTS silences (
@@ -408,6 +412,18 @@ class CommandLog:
         self.db.execute("DELETE FROM slack_signed WHERE ts<?", (horizon,))
         cur = self.db.execute("INSERT OR IGNORE INTO slack_signed(signature, ts) VALUES(?,?)", (signature, ts))
         return cur.rowcount == 1
+
+    def add_level_change(self, *, run_id: str, device: str, step: int, at: float, rule: str, action: str, who: str,
+                         why: str, detail: str, command_id: str | None) -> None:
+        """One rank's live threshold change as the job answered it (its detail says the levels and their effect)."""
+        self.db.execute("INSERT INTO level_changes(run_id, device, step, at, rule, action, who, why, detail, "
+                        "command_id) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                        (run_id, device, step, at, rule, action, who, why, detail, command_id))
+
+    def level_changes(self, run_id: str, limit: int = 5) -> list[dict[str, Any]]:
+        """A run's latest level changes, newest first."""
+        return [dict(r) for r in self.db.execute(
+            "SELECT * FROM level_changes WHERE run_id=? ORDER BY seq DESC LIMIT ?", (run_id, limit))]
 
     def recent(self, limit: int = 100, run_id: str | None = None) -> list[dict[str, Any]]:
         q, args = "SELECT * FROM commands", []

@@ -65,10 +65,26 @@ def _wire(c: dict[str, Any]) -> Command:
                    issued_at=c["created_at"], expires_at=c["expires_at"])
 
 
+LEVEL_ACTIONS = ("set_threshold", "loosen_threshold", "restore_threshold")
+
+
+def record_level_change(state: BotState, a: ActionResult) -> None:
+    """Keep a rank's applied threshold change with its run: who (the command's user, else the job's source), why
+    (the command's text, else the source), and the job's detail (old and new levels, the effect on its window)."""
+    c = state.store.commands.get(a.command_id) if a.command_id else None
+    who = (Origin.from_stored(c["origin"]).user_name or c["user"]) if c else a.source
+    state.store.commands.add_level_change(
+        run_id=a.run_id, device=a.device, step=a.step, at=a.time, rule=str(a.params.get("rule", "")),
+        action=a.action, who=who, why=c["text"] if c else a.source, detail=a.detail, command_id=a.command_id)
+
+
 def record_results(state: BotState, actions: list[ActionResult]) -> int:
-    """Record the jobs' answers to commands (inside the ingest transaction); reports queued."""
+    """Record the jobs' answers to commands (inside the ingest transaction); reports queued. Applied
+    threshold changes are kept with the run too, with or without a command (`record_level_change`)."""
     queued = 0
     for a in actions:
+        if a.action in LEVEL_ACTIONS and a.ok and a.applied:
+            record_level_change(state, a)
         if a.command_id is None:
             continue
         c = state.store.commands.get(a.command_id)

@@ -214,6 +214,7 @@ class CommandService:
             lines.append("no alert firing")
         for c in self.store.commands.open_for(run_id):
             lines.append(f"command {c['id']} `{c['text']}` waits for step {c['apply_step']:,}")
+        lines += _level_change_lines(self.store.commands.level_changes(run_id, limit=20))
         return Answer("\n".join(lines), chart=_status_event(run, hist) if hist else None)
 
     def _history(self, run: dict[str, Any]) -> list[Any]:
@@ -246,6 +247,21 @@ class CommandService:
         msg = f"Silenced {what} of run {p.run} for {format_duration(duration)} (silence {sid}, by {origin.who})."
         self._audit(now, origin, p.text(), p.verb, p.run, "done", msg, project)
         return Answer(msg)
+
+
+def _level_change_lines(changes: list[dict[str, Any]], shown: int = 3) -> list[str]:
+    """The run's latest threshold changes, one line each (a change every rank answered is one line): step, by
+    whom and why, and the job's detail (the levels and what they would have done on its recent samples)."""
+    seen: set[tuple[Any, ...]] = set()
+    lines: list[str] = []
+    for c in changes:
+        key = (c["command_id"] or c["step"], c["action"], c["rule"])
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(lines) < shown:
+            lines.append(f"level change at step {c['step']:,} by {c['who']} (`{c['why']}`): {c['detail']}")
+    return lines
 
 
 def _status_event(run: dict[str, Any], hist: list[Any]) -> Event:

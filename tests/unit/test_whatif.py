@@ -120,3 +120,46 @@ def test_effect_is_frozen_data() -> None:
     e = Effect("grad_norm", 0, None, None, (None, None), (None, None), Alerts(), Alerts())
     with pytest.raises(dataclasses.FrozenInstanceError):
         e.samples = 3  # type: ignore[misc]
+
+
+# -- the bot keeps each change with its run and shows it in status -------------------------------------------------
+
+
+def test_the_bot_keeps_level_changes_and_status_shows_them(tmp_path: Path) -> None:
+    from bot.commands.origin import Origin
+    from bot.commands.service import CommandService
+    from bot.config import load_bot_config
+    from bot.ingest import Ingest
+    from bot.metrics import BotMetrics
+    from bot.state import BotState
+    from bot.store import Store
+    from msmon.contract.wire import ActionResult, Envelope
+
+    cfg = load_bot_config({"bot": {"port": 0, "state_path": str(tmp_path / "s.sqlite"), "commands": {
+        "allow": [{"project": "default", "users": ["cli:carol"]}]}}})
+    state = BotState(cfg, Store(cfg.state_path), BotMetrics(), lambda: 1000.0)
+    ingest, service = Ingest(state), CommandService(state)
+    ingest.envelope(Envelope(run_id="r", device="0", sent_at=0.0, samples=[sample(100, 1.0)]))
+    carol = Origin(source="cli", user="cli:carol")
+    answer = service.submit("loosen-threshold r grad_norm 30", carol)
+    assert answer.ok, answer.text
+    (cmd,) = state.store.commands.open_for("r")
+    effect_text = "over the last 100 samples (steps 1-100): 0 alerts at 15 / 30 instead of 9 alerts (9 ERROR) at 5 / 10"
+    ingest.envelope(Envelope(run_id="r", device="0", sent_at=0.0, actions=[
+        ActionResult(run_id="r", device="0", step=cmd["apply_step"], time=1000.0, action="loosen_threshold", ok=True,
+                     detail=f"grad_norm WARNING 5 -> 15, ERROR 10 -> 30; {effect_text}",
+                     params={"rule": "grad_norm", "value": 30.0}, source=f"command {cmd['id']}",
+                     command_id=cmd["id"]),
+        ActionResult(run_id="r", device="0", step=150, time=1001.0, action="set_threshold", ok=True,
+                     detail="grad_norm error level 30.0 -> 40; over the last 100 samples (steps 51-150): 0 alerts at "
+                            "20 / 40 instead of 0 alerts at 15 / 30", params={"rule": "grad_norm", "value": 40.0},
+                     source="code")]))
+    (row_code, row_cmd) = state.store.commands.level_changes("r")
+    assert (row_cmd["who"], row_cmd["why"], row_cmd["rule"]) == ("cli:carol", "loosen-threshold r grad_norm 30",
+                                                                 "grad_norm")
+    assert (row_code["who"], row_code["step"]) == ("code", 150)
+    text = service.submit("status r", carol).text
+    assert "level change at step 150 by code (`code`): grad_norm error level 30.0 -> 40; over the last 100" in text
+    assert (f"level change at step {cmd['apply_step']:,} by cli:carol (`loosen-threshold r grad_norm 30`): grad_norm "
+            f"WARNING 5 -> 15, ERROR 10 -> 30; {effect_text}") in text
+    state.store.close()
