@@ -56,7 +56,8 @@ class Effect:
         """'over the last 600 samples (steps 10-6,000): 0 alerts at 15 instead of 14 at 10'."""
         if not self.samples:
             return "no recent samples to judge the change on"
-        steps = f" (steps {self.first_step:,}-{self.last_step:,})" if self.first_step is not None else ""
+        steps = "" if self.first_step is None else (f" (step {self.first_step:,})" if self.first_step == self.last_step
+                                                    else f" (steps {self.first_step:,}-{self.last_step:,})")
         plural = "s" if self.samples != 1 else ""
         return (f"over the last {self.samples:,} sample{plural}{steps}: {self.new.describe()} at "
                 f"{levels_text(self.new_levels)} instead of {self.old.describe()} at {levels_text(self.old_levels)}")

@@ -56,6 +56,8 @@ def test_no_samples_and_combining_devices() -> None:
     p = GradNormParams(error=10.0)
     none = effect([], "grad_norm", p, p)
     assert none.describe() == "no recent samples to judge the change on"
+    one = effect([sample(7, 12.0)], "grad_norm", p, p)
+    assert one.describe() == "over the last 1 sample (step 7): 0 alerts at 5 / 10 instead of 0 alerts at 5 / 10"
     both = combine([effect(spiky(), "grad_norm", p, GradNormParams(error=30.0)), none])
     assert both is not None and (both.samples, both.old, both.first_step, both.last_step) == (120, Alerts(11, 11), 1,
                                                                                                120)
