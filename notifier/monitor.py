@@ -490,6 +490,12 @@ class Monitor:
         log.info("msmon: run %s resumed from a saved state: %d device(s), %d samples learned", self.run_id,
                  len(devices), n)
 
+    @property
+    def last_step(self) -> int | None:
+        """The newest step sampled on any device (as passed to `step()`); None before the first."""
+        steps = [d.last_step for d in self._devices.values() if d.last_t is not None or d.last_step]
+        return max(steps) if steps else None
+
     def _shape(self) -> dict[str, Any]:
         """Each active rule's settings but its levels (those are state: they change live), JSON-safe."""
         out = {}

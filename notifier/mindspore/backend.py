@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import mindspore as ms
@@ -28,6 +29,8 @@ class MindSporeBackend:
         self.train_network: Any = None
         self.optimizer: Any = None
         self._handles: list[LrHandle] | None = None  # the optimizer's LRs, made once (a list LR is kept on the host)
+        self.on_saved: Callable[[str], object] | None = None  # told each checkpoint written (MonitorCallback saves
+        # the monitor's state next to it)
 
     def bind(self, train_network: Any, optimizer: Any) -> None:
         """What save_checkpoint saves, and whose LR scale_lr scales."""
@@ -45,6 +48,8 @@ class MindSporeBackend:
         os.makedirs(self.checkpoint_dir, exist_ok=True)
         path = inside(self.checkpoint_dir, f"{name}.ckpt")  # whatever `name` holds, the file stays in the folder
         ms.save_checkpoint(self.train_network, path)
+        if self.on_saved is not None:
+            self.on_saved(path)
         return path
 
     def scale_lr(self, factor: float) -> str:

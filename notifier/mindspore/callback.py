@@ -10,10 +10,16 @@ queued actions run before the next step starts. msmon's train cells pack the thr
 so that is one device-to-host read (`reads.count` counts them). With `deferred_read: true` step N's
 outputs are kept and read at the end of step N+1 (or at train end, or before an action runs), when
 the device has moved on: the Sample still says step N and carries step N's end time.
+
+Every checkpoint the callback writes (a `save_checkpoint` or `stop` action) gets the monitor's state next to
+it, `<ckpt>.msmon.json` (written atomically). A run resumed from a checkpoint passes it as `resume_from=`:
+the detectors, the warmup they inferred and the alerts' state carry on (no new baseline period; an alert
+firing at the checkpoint is not raised again as new).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -37,6 +43,7 @@ log = logging.getLogger("msmon")
 Metrics = tuple[float | None, float | None, float | None]  # (loss, lr, grad_norm)
 _NONE: Metrics = (None, None, None)
 _PACKED_SHAPE = (len(METRICS),)
+STATE_SUFFIX = ".msmon.json"
 
 
 def _scalar(x: Any, read: Callable[[Any], Any]) -> float | None:
@@ -94,6 +101,12 @@ class _Kept:
         self.step, self.time, self.samples, self.tokens, self.outputs = step, time, samples, tokens, outputs
 
 
+def state_path(checkpoint: str | os.PathLike[str]) -> str:
+    """Where the monitor's state of `checkpoint` is: `<ckpt>.msmon.json` (a path already ending so is kept)."""
+    path = os.fspath(checkpoint)
+    return path if path.endswith(STATE_SUFFIX) else path + STATE_SUFFIX
+
+
 def _rank() -> str:
     for var in ("RANK_ID", "RANK", "MS_NODE_ID"):
         if os.environ.get(var, "").isdigit():
@@ -111,6 +124,8 @@ class MonitorCallback(Callback):  # type: ignore[misc]
     on_event / on_action: hooks called with each Event / ActionResult (the bot transport uses them).
     deferred_read: read step N's outputs at step N+1 (None: the config's `deferred_read`).
     reads: the counter every device-to-host read of a step goes through (`reads.count`).
+    resume_from: the checkpoint this run resumed from (or its `.msmon.json`): the monitor carries on from the
+    state saved with it; a missing or unusable state is logged and the monitor starts afresh.
     """
 
     def __init__(
@@ -127,6 +142,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         monitor: Monitor | None = None,
         deferred_read: bool | None = None,
         reads: HostReads | None = None,
+        resume_from: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         self.monitor = monitor if monitor is not None else Monitor(
@@ -141,6 +157,11 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         self._batch: int | None = None
         self._tokens_per_sample: int | None = None
         self._last_step = 0
+        self._resumed_at: int | None = None  # the step of the state loaded (resume_from)
+        self._offset = 0  # added to MindSpore's step numbers when they restart from 0 on a resume
+        self.backend.on_saved = self.save_state
+        if resume_from is not None:
+            self.load_state(resume_from)
         if self.monitor.config.training.grad_accumulation_steps > 1:
             log.info("msmon: MonitorCallback reports the steps MindSpore counts; training.grad_accumulation_steps "
                      "treats them as micro-steps, which is right only if your train cell returns one loss per "
@@ -152,7 +173,14 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         cb = run_context.original_args()
         self.backend.bind(cb.train_network, find_optimizer(cb))
         self.control.listen()  # chat commands, applied at step boundaries
-        self._last_step = int(getattr(cb, "initial_step", 0) or 0)
+        first = int(getattr(cb, "initial_step", 0) or 0)
+        resumed = self._resumed_at
+        if resumed is not None and first < resumed:
+            # Model.train(initial_epoch=...) counts steps from 0 again: number them on from the checkpoint's
+            self._offset = resumed - first
+            log.info("msmon: MindSpore counts this resumed run's steps from %d; msmon numbers them on from the "
+                     "checkpoint's step %d", first, resumed)
+        self._last_step = first + self._offset
         self._batch = None  # read from the first batch's shape (a dataset's get_batch_size() may say 1)
         if getattr(cb, "dataset_sink_mode", False):
             log.info("msmon: dataset sink mode: MindSpore calls back once per sink of %s steps, so per-step values "
@@ -163,7 +191,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
 
     def on_train_step_end(self, run_context: Any) -> None:
         cb = run_context.original_args()
-        step = int(cb.cur_step_num)
+        step = int(cb.cur_step_num) + self._offset
         steps = max(step - self._last_step, 1)
         self._last_step = step
         mon = self.monitor
@@ -244,6 +272,42 @@ class MonitorCallback(Callback):  # type: ignore[misc]
                 self.on_event(ev)
             except Exception:  # noqa: BLE001
                 log.exception("msmon: on_event hook failed")
+
+    # -- resuming ------------------------------------------------------------------------------
+
+    def save_state(self, checkpoint: str | os.PathLike[str]) -> str | None:
+        """Write the monitor's state next to `checkpoint` (`<ckpt>.msmon.json`, atomically: a crash mid-write
+        leaves the previous file whole); its path, None when it could not be written (logged, training goes
+        on). Called for each checkpoint the callback writes; call it for checkpoints written otherwise."""
+        path = state_path(checkpoint)
+        tmp = f"{path}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(self.monitor.state_dict(), f, allow_nan=False, separators=(",", ":"))
+            os.replace(tmp, path)
+        except (OSError, TypeError, ValueError) as e:
+            log.warning("msmon: run %s: the monitor's state for checkpoint %s was not written (%s: %s); a run "
+                        "resumed from that checkpoint will start its rules afresh", self.monitor.run_id,
+                        os.fspath(checkpoint), type(e).__name__, e)
+            return None
+        return path
+
+    def load_state(self, checkpoint: str | os.PathLike[str]) -> bool:
+        """Carry on from the state saved with `checkpoint` (or a `.msmon.json` itself); whether it loaded. A
+        missing or unusable state never stops training: it is logged with the reason and the monitor starts
+        afresh (a new baseline period)."""
+        path = state_path(checkpoint)
+        try:
+            with open(path, encoding="utf-8") as f:
+                state = json.load(f)
+            self.monitor.load_state_dict(state, continue_clock=False)
+            self._resumed_at = self.monitor.last_step
+        except (OSError, ValueError) as e:  # StateError and json's errors are ValueErrors
+            log.warning("msmon: run %s resumes without the monitor's saved state (%s: %s); the rules learn "
+                        "afresh, with a new baseline period", self.monitor.run_id, path, e)
+            return False
+        log.info("msmon: run %s carries on from the monitor state in %s", self.monitor.run_id, path)
+        return True
 
     # -- the actions, callable from code --------------------------------------------------------
 
