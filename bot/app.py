@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
 from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
 
@@ -31,7 +31,9 @@ from .commands.service import CommandService, view
 from .config import BotConfig
 from .delivery import Policy
 from .digest import DigestReceiver, Digests
+from .dingtalk_inbound import add_dingtalk_routes
 from .escalation.scheduler import AckLinks, Escalator
+from .feishu_inbound import add_feishu_routes
 from .ingest import Ingest
 from .metrics import BotMetrics
 from .outbox import Lane, Outbox
@@ -314,7 +316,7 @@ async def metrics(request: web.Request) -> web.Response:
     m = request.app[METRICS]
     m.outbox_depth.set(request.app[STORE].depth())
     m.outbox_dead.set(request.app[STORE].dead_count())
-    return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=await m.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def _extra_receivers(cfg: BotConfig, receivers: dict[str, Receiver], store: Store,
@@ -351,6 +353,12 @@ def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
         from .receivers.slack import SlackReceiver
 
         receivers["slack"] = SlackReceiver(token or "", cfg.slack.base_url, cfg.slack.max_retries, cfg.console.charts)
+    if cfg.matrix.homeserver:
+        from .receivers.matrix import MatrixReceiver
+
+        mx = cfg.matrix
+        receivers["matrix"] = MatrixReceiver(mx.homeserver, mx.user_id, os.environ.get(mx.token_env, ""), mx.timeout,
+                                             cfg.console.charts)
     receivers.update(interop_receivers(cfg))  # alertmanager, alertmanager_api, webhook (the routes that use them)
     receivers.update(im_receivers(cfg))  # feishu, dingtalk, wecom (the routes that use them)
     return receivers
@@ -409,6 +417,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/commands/poll", poll_commands)
     app.router.add_get("/v1/outbox/dead", dead_letters)
     inbound = add_slack_routes(app, cfg, svc, clock)
+    add_feishu_routes(app, cfg, svc, clock)  # POST /feishu/events (bot/feishu_inbound.py)
+    add_dingtalk_routes(app, cfg, svc, clock)  # POST /dingtalk/callback (bot/dingtalk_inbound.py)
     add_alertmanager_route(app, cfg, state, clock)
     app.router.add_get("/ack/{token}", ack_page)
     app.router.add_post("/ack/{token}", ack_link)
@@ -429,6 +439,12 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                 log.error("msmon bot: Socket Mode did not start (%s); chat commands are OFF until the bot restarts "
                           "with a working app token (%s)", exc, cfg.slack.app_token_env)
                 bridge = None
+        matrix = None
+        if cfg.matrix.homeserver and cfg.matrix.rooms:
+            from .matrix_inbound import MatrixInbound
+
+            matrix = MatrixInbound(cfg.matrix, os.environ.get(cfg.matrix.token_env, ""), svc)
+            await matrix.start()
         stop = asyncio.Event()
         escalator.start()
         digests.start(escalator.scheduler)
@@ -440,6 +456,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
         yield
         if bridge is not None:
             await bridge.stop()  # first: no command arrives while the rest shuts down
+        if matrix is not None:
+            await matrix.stop()
         escalator.stop()
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -104,11 +104,11 @@ class Route:
     def check(self) -> Iterator[tuple[str, str]]:
         if self.receiver not in RECEIVERS:
             yield "receiver", f"unknown receiver {shown(self.receiver)}; receivers are {', '.join(RECEIVERS)}"
-        if self.receiver in ("slack", "digest") and not self.channel:
+        if self.receiver in ("slack", "digest", "matrix") and not self.channel:
             yield "channel", f"a {self.receiver} route needs a channel ID"
 
 
-RECEIVERS = ("console", "slack", "digest",
+RECEIVERS = ("console", "slack", "digest", "matrix",
              "alertmanager", "alertmanager_api", "webhook",
              "feishu", "dingtalk", "wecom")  # digest: held for the next digest (bot/digest.py)
 
@@ -221,6 +221,33 @@ class SlackConfig:
         problem = url_problem(self.base_url) if self.base_url is not None else None
         if problem:
             yield "base_url", problem
+
+
+@dataclasses.dataclass
+class MatrixConfig:
+    """The Matrix receiver and `!msmon` commands (bot/receivers/matrix.py, bot/matrix_inbound.py)."""
+
+    homeserver: str = _f("", "homeserver URL, e.g. https://matrix.example.org (empty: no Matrix)")
+    user_id: str = _f("", "the bot's Matrix user, e.g. @msmon:example.org")
+    token_env: str = _f("MATRIX_ACCESS_TOKEN", "environment variable with that user's access token")
+    rooms: list[str] = _f([], "room IDs (!abc:example.org) the bot joins and reads `!msmon <command>` in")
+    prefix: str = _f("!msmon", "what starts a command message")
+    timeout: float = _f(20.0, "seconds before a silent homeserver counts as a failed try", gt=0, le=600)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if not self.homeserver:
+            return
+        problem = url_problem(self.homeserver)
+        if problem:
+            yield "homeserver", problem
+        if not (self.user_id.startswith("@") and ":" in self.user_id):
+            yield "user_id", f"not a Matrix user ID (@name:server): {shown(self.user_id)}"
+        for i, room in enumerate(self.rooms):
+            if not room.startswith("!") or any(c.isspace() for c in room):
+                yield f"rooms[{i}]", f"not a room ID (!id:server, or !id in room version 12; an alias #name:server " \
+                                     f"is not one): {shown(room)}"
+        if not self.prefix.strip():
+            yield "prefix", "a command prefix cannot be empty"
 
 
 @dataclasses.dataclass
@@ -354,6 +381,7 @@ class BotConfig:
     escalations: dict[str, EscalationPolicy] = _f({}, "escalation policies by name (routes name them)")
     email: EmailConfig = _f(EmailConfig(), "SMTP for escalation email")
     digests: list[Digest] = _f([], "scheduled summaries, one per channel")
+    matrix: MatrixConfig = _f(MatrixConfig(), "Matrix receiver and commands")
     alertmanager: AlertmanagerConfig = _f(AlertmanagerConfig(), "Alertmanager out (receivers) and in (webhooks)")
     webhook: WebhookConfig = _f(WebhookConfig(), "the plain signed webhook receiver")
     feishu: FeishuConfig = _f(FeishuConfig(), "Feishu/Lark custom bot receiver")
@@ -361,6 +389,8 @@ class BotConfig:
     wecom: WeComConfig = _f(WeComConfig(), "WeCom group robot receiver")
 
     def check(self) -> Iterator[tuple[str, str]]:
+        if not self.matrix.homeserver and any(r.receiver == "matrix" for r in self.routes):
+            yield "matrix", "routes use matrix but bot.matrix.homeserver is not set"
         mails = any(lv.email for p in self.escalations.values() for lv in p.levels)
         if mails and not self.email.host:
             yield "email", "escalation levels send email but bot.email.host is not set"

@@ -60,6 +60,15 @@ def escape_html(value: str) -> str:
     return html.escape(_CONTROL.sub("", value), quote=True)
 
 
+_MATRIX_ROOM = re.compile(r"@(?=room\b)", re.IGNORECASE)
+
+
+def escape_matrix_text(value: str) -> str:
+    """A Matrix message's plain `body`: control characters dropped and a word joiner after the `@` of
+    `@room`, which the homeserver's legacy push rule would otherwise turn into a notification of the room."""
+    return _MATRIX_ROOM.sub("@\u2060", _CONTROL.sub("", value))
+
+
 def slack_mention(target: str) -> str:
     """An escalation target from bot.yaml as Slack mention markup: U.../W... a user, S... a user group,
     here/channel/everyone a broadcast; anything else is shown as text."""
