@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
 
@@ -31,9 +31,7 @@ from .commands.service import CommandService, view
 from .config import BotConfig
 from .delivery import Policy
 from .digest import DigestReceiver, Digests
-from .dingtalk_inbound import add_dingtalk_routes
 from .escalation.scheduler import AckLinks, Escalator
-from .feishu_inbound import add_feishu_routes
 from .ingest import Ingest
 from .metrics import BotMetrics
 from .outbox import Lane, Outbox
@@ -316,7 +314,7 @@ async def metrics(request: web.Request) -> web.Response:
     m = request.app[METRICS]
     m.outbox_depth.set(request.app[STORE].depth())
     m.outbox_dead.set(request.app[STORE].dead_count())
-    return web.Response(body=await m.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def _extra_receivers(cfg: BotConfig, receivers: dict[str, Receiver], store: Store,
@@ -417,8 +415,6 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/commands/poll", poll_commands)
     app.router.add_get("/v1/outbox/dead", dead_letters)
     inbound = add_slack_routes(app, cfg, svc, clock)
-    add_feishu_routes(app, cfg, svc, clock)  # POST /feishu/events (bot/feishu_inbound.py)
-    add_dingtalk_routes(app, cfg, svc, clock)  # POST /dingtalk/callback (bot/dingtalk_inbound.py)
     add_alertmanager_route(app, cfg, state, clock)
     app.router.add_get("/ack/{token}", ack_page)
     app.router.add_post("/ack/{token}", ack_link)
