@@ -23,12 +23,16 @@ def rate_of(s: Sample) -> tuple[float | None, str]:
     return None, ""
 
 
+UNTIMED_STEPS = 20  # steps in a span when the samples carry no time (the default min_steps then)
+
+
 @dataclasses.dataclass
 class ThroughputDropParams(RuleParams):
     """Levels are the fraction lost against the rolling median: 0.3 means 30% slower than usual.
 
-    Rates are pooled into spans and each span's rate is judged: a span holds at least `min_steps` steps
-    and, when the samples carry their time, at least `min_seconds` of it. Time is the samples' own (a
+    Rates are pooled into spans and each span's rate is judged: a span holds at least `min_seconds` of
+    the samples' time when they carry it, and at least `min_steps` steps (by default 20 without the
+    samples' time, 1 with it). Time is the samples' own (a
     replay's timestamps, the clock of a live job that counts tokens or samples), never how fast
     `Monitor.step` is called: a rate handed in measured (`throughput=`) without `time=` is pooled by steps
     alone. With the default `consecutive: 5` a drop must hold for 5 spans in a row (ERROR: 5 spans at
@@ -47,10 +51,12 @@ class ThroughputDropParams(RuleParams):
     window: int = dataclasses.field(default=100, metadata=spec(ge=10, doc="spans in the rolling baseline"))
     min_seconds: float = dataclasses.field(
         default=10.0, metadata=spec(ge=0, doc="shortest span judged, in the samples' time (when they carry it)"))
-    min_steps: int = dataclasses.field(default=10, metadata=spec(ge=1, doc="fewest steps in a span judged"))
+    min_steps: int | None = dataclasses.field(default=None, metadata=spec(
+        ge=1, doc=f"fewest steps in a span judged (null: {UNTIMED_STEPS} when the samples carry no time, else 1)"))
     repeats: int = dataclasses.field(
         default=3, metadata=spec(ge=2, doc="short dips within `window` spans that make a WARNING"))
-    expected: float | None = dataclasses.field(default=None, metadata=spec(gt=0, doc="samples/s per device expected"))
+    expected: float | None = dataclasses.field(default=None,
+                                               metadata=spec(gt=0, le=1e12, doc="samples/s per device expected"))
 
 
 class ThroughputDrop(BaselineRule):
@@ -81,7 +87,8 @@ class ThroughputDrop(BaselineRule):
             return SKIP
         span = self.span
         span.add(rate, max(s.step - prev, 1) if prev is not None else 1, s.elapsed)
-        if span.steps < self.min_steps or span.timed and span.seconds < self.min_seconds:
+        need = self.min_steps if self.min_steps is not None else 1 if span.timed else UNTIMED_STEPS
+        if span.steps < need or span.timed and span.seconds < self.min_seconds:
             return SKIP  # still pooling: nothing new to judge
         rate, steps, seconds = span.close()
         lasted = f"over {steps} steps" + (f" and {seconds:.3g} s" if seconds is not None else "")
