@@ -408,3 +408,18 @@ def test_real_traces(traces: Path, capsys) -> None:
         assert (spike["detection"]["rule"], spike["lead"]) == ("grad_norm", 1)
         assert run["summary"]["false_alarms"] == 3
     assert runs[0]["summary"] == runs[1]["summary"]
+
+
+def test_before_after_tables_from_the_kept_before_run(capsys) -> None:
+    """bench/backtest_before_after.py condenses the kept JSON of the run before issue 13 (twice: no change)."""
+    from bench import backtest_before_after as ba
+
+    kept = MS_TRACES / "issue13"
+    cpu, real = str(kept / "before-cpu-10.json"), str(kept / "before-real.json")
+    assert ba.main(["--cpu", cpu, cpu, "--real", real, real]) == 0
+    out = capsys.readouterr().out
+    assert ("|  | monitor.yaml before | monitor.yaml after | fixed-thresholds.yaml before | fixed-thresholds.yaml "
+            "after |") in out
+    assert "| false alarms / 10k clean real steps | 0.10 (3 in 300,724) | 0.10 (3 in 300,724) |" in out
+    assert "| early-grad-x10.csv | missed | missed | missed | missed |" in out
+    assert "| grad-creep.csv | 1170 grad_norm_creep (+165, lead 621) |" in out
