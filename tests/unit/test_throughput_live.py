@@ -101,4 +101,5 @@ def test_expected_rate_is_judged_per_span_without_a_median_to_learn():
         events += mon.step(step, loss=1.0, samples=40)  # 40 samples/s against an expected 100
     got = [e for e in events if e.rule == "throughput_drop" and e.status is Status.FIRING]
     assert got and got[0].severity is Severity.ERROR and got[0].step <= 60
-    assert "over 10 steps and 10 s" in got[0].message  # 10 s of the job's time, at 1 s per step and "below the expected 100 samples/s" in got[0].message
+    # a span: 10 s of the job's time, at 1 s per step
+    assert "over 10 steps and 10 s" in got[0].message and "below the expected 100 samples/s" in got[0].message
