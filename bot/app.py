@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
 from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
 
@@ -314,7 +314,7 @@ async def metrics(request: web.Request) -> web.Response:
     m = request.app[METRICS]
     m.outbox_depth.set(request.app[STORE].depth())
     m.outbox_dead.set(request.app[STORE].dead_count())
-    return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=await m.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def _extra_receivers(cfg: BotConfig, receivers: dict[str, Receiver], store: Store,

@@ -4,11 +4,12 @@ updated where things happen, and per-run training gauges and delivery figures re
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -42,6 +43,23 @@ class BotMetrics:
     def watch(self, state: RunSource) -> None:
         """Export the per-run training gauges and the delivery figures of `state`, read at each scrape."""
         self.registry.register(RunCollector(state))
+
+    async def render(self) -> bytes:
+        """The text of GET /metrics. The families are collected here, on the event loop that owns the
+        windows and the SQLite connection; the text, most of a scrape's cost with many runs
+        (bench/bench_metrics.py), is written in a worker thread so ingest is not held meanwhile."""
+        families = list(self.registry.collect())
+        return await asyncio.to_thread(generate_latest, _Collected(families))
+
+
+class _Collected:
+    """Families already collected, in the shape generate_latest reads (an object with collect())."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
 
 
 class RunSource(Protocol):
