@@ -72,6 +72,7 @@ def test_alert_with_chart_and_commands_in_a_real_homeserver(homeserver, tmp_path
     alice, mallory, me = users["alice"], users["mallory"], users["msmon"].user_id
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("MATRIX_ACCESS_TOKEN", users["msmon"].token)
+    before = alice.say(room, "!msmon help")  # typed before the bot started: never answered
     bot = BotServer({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
@@ -125,6 +126,7 @@ def test_alert_with_chart_and_commands_in_a_real_homeserver(homeserver, tmp_path
         assert wait_for(lambda: any("may not `resume`" in e["content"]["body"]
                                     for e in in_thread(alice, room, refused, me)), timeout=20), alice.messages(room)
         assert bot.store.run("run-mx")["paused"] and bot.store.commands.get("c2")["status"] == "denied"
+        assert in_thread(alice, room, before, me) == []
     finally:
         cb.control.request("resume")
         cb.control.request("stop")
@@ -220,3 +222,31 @@ def test_matrix_settings_are_checked_with_key_and_line(tmp_path, matrix, routes,
         load_bot_config(path)
     shown = str(info.value)
     assert key in shown and says in shown and re.search(r"\(bot\.yaml:\d+\)", shown), shown
+
+
+def test_edits_and_threads_on_a_real_homeserver(homeserver):
+    """update() edits the alert (m.replace with m.new_content), reply() and a note go in its thread."""
+    hs, users, room = homeserver
+    bot = users["msmon"]
+    msg = _message("run-edit", "grad norm 3 over 1", "scale the LR down")
+
+    async def go() -> str:
+        rx = MatrixReceiver(hs.url, bot.user_id, bot.token, timeout=10)
+        try:
+            ref = await rx.post(room, msg)
+            await rx.reply(room, ref, msg)
+            msg.status = Status.RESOLVED
+            await rx.update(room, ref, msg)
+            await rx.note(Note(text="c9 `status run-edit`: fine", reply_to=ReplyTo(channel=room, thread=ref)))
+            return ref
+        finally:
+            await rx.client.close()
+
+    ref = asyncio.run(go())
+    events = users["alice"].messages(room)
+    (edit,) = [e for e in events if _relates(e).get("rel_type") == "m.replace" and _relates(e)["event_id"] == ref]
+    assert edit["content"]["m.new_content"]["body"].startswith("RESOLVED grad_norm: run run-edit")
+    assert edit["content"]["body"].startswith("* RESOLVED")
+    threaded = [e["content"]["body"] for e in in_thread(users["alice"], room, ref, bot.user_id)]
+    assert any(b.startswith("ERROR grad_norm: run run-edit") for b in threaded)
+    assert "c9 `status run-edit`: fine" in threaded
