@@ -6,6 +6,7 @@ their own unit where *higher is worse*, and compare it with a WARNING and an ERR
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Iterator
@@ -177,6 +178,14 @@ class BaselineRule:
         return None
 
 
+def scaled(p: RuleParams, k: float) -> RuleParams:
+    """A copy of `p` whose levels are k times its own (for the looser levels of a young baseline)."""
+    q = copy.copy(p)
+    w, e = p.levels
+    object.__setattr__(q, "levels", (None if w is None else w * k, None if e is None else e * k))
+    return q
+
+
 class EarlyBaselineRule(BaselineRule):
     """A baseline rule that is not blind early on and does not learn a shift (loss_spike, grad_norm_spike).
 
@@ -216,32 +225,31 @@ class EarlyBaselineRule(BaselineRule):
         return young * self.WARMUP if warm else young
 
     def assess(self, x: float, s: Sample, p: RuleParams, gross: float | None) -> Judged | None:
-        """The verdict on `x` when it reaches a level, is a gross jump or has not returned; else None (x is learned)."""
+        """The verdict on `x` when it reaches a level, is a gross jump or has not returned; else None (x is learned).
+
+        The levels themselves are judged by `BaselineRule.judge` with scaled levels, so whatever wraps
+        `judge` (msmon calibrate's probes) sees every value the rule judges."""
         w = self.window
-        warm = self.warmup.at(s)
-        if w.n < self.GROSS_AFTER:
-            w.add(x)
-            return None
-        if gross is not None:
+        k = self.looseness(self.warmup.at(s))
+        if gross is not None and w.n >= self.GROSS_AFTER:
             ratio = self.gross_ratio(x, w)
             if ratio >= gross:
                 return self._hit(Judged(Severity.ERROR, gross, ratio, w.median(), "gross"), p)
-        if w.n < self.min_samples:
+        if w.n < self.GROSS_AFTER:
             w.add(x)
             return None
-        score, base = self.score(x, w)
-        lw, le = p.levels
-        k = self.looseness(warm)
-        if le is not None and score >= le * k:
-            return self._hit(Judged(Severity.ERROR, le * k, score, base, "level"), p)
-        if lw is not None and score >= lw * k:
-            return self._hit(Judged(Severity.WARNING, lw * k, score, base, "level"), p)
-        back = None if lw is None else self.RETURN * lw
-        if self.held and back is not None and score >= back:
-            return Judged(Severity.WARNING, back, score, base, "held")
-        self.hits, self.held = 0, False
-        w.add(x)
-        return None
+        levels = p if k == 1.0 else scaled(p, k)
+        if self.held and w.n >= self.min_samples:
+            score, base = self.score(x, w)
+            lw = levels.levels[0]
+            back = None if p.levels[0] is None else self.RETURN * p.levels[0]
+            if back is not None and score >= back and (lw is None or score < lw):
+                return Judged(Severity.WARNING, back, score, base, "held")
+        r = self.judge(x, levels)  # learns x when it reaches no level
+        if r is None:
+            self.hits, self.held = 0, False
+            return None
+        return self._hit(Judged(r[0], r[1], r[2], r[3], "level"), p)
 
     def _hit(self, j: Judged, p: RuleParams) -> Judged:
         self.hits += 1
