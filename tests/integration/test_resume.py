@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -58,7 +59,7 @@ def new_alerts(events, rule="grad_norm_spike"):
 def test_a_resume_with_the_state_is_not_blind_and_does_not_raise_a_firing_alert_again(tmp_path):
     events, ckpt = train(0.05, 1, 400, stop=300, tmp_path=tmp_path)
     assert new_alerts(events) == [] and ckpt is not None
-    state = json.loads(open(ckpt + ".msmon.json", encoding="utf-8").read())
+    state = json.loads(Path(ckpt + ".msmon.json").read_text(encoding="utf-8"))
     assert state["format"] == "msmon.monitor.state" and not os.path.exists(ckpt + ".msmon.json.tmp")
 
     # the resume comes back with 4x the LR: with the state the grad norm's climb is caught as it starts...
