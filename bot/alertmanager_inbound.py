@@ -131,6 +131,7 @@ class AlertmanagerInboundHandler:
         """Alert rows and thread notes for every (alert, run) match; how many matches there were."""
         store, now = self.state.store, self.clock()
         runs = [r for r in store.runs() if not r.get("gone")]
+        steps = {r["run_id"]: r.get("last_step") or 0 for r in runs}  # a cluster alert starts at the run's step
         rows: list[AlertRow] = []
         notes: list[OutboxEntry] = []
         for alert in alerts:
@@ -140,7 +141,7 @@ class AlertmanagerInboundHandler:
                 status = "resolved" if alert.status == "resolved" else "firing"
                 known = {a["fingerprint"]: a["status"] for a in store.alerts(run_id)}
                 sev = _severity(alert)
-                rows.append(AlertRow(fp, run_id, rule, where, sev.value, status, 0, now))
+                rows.append(AlertRow(fp, run_id, rule, where, sev.value, status, steps[run_id], now))
                 if known.get(fp) != status and (status == "firing" or fp in known):
                     notes.append(self._note(run_id, sev, _text(alert, run_id, where), fp, now))
         with self.state.tx():

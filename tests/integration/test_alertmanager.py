@@ -27,6 +27,7 @@ def _env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
     monkeypatch.setenv("MSMON_ALERTMANAGER_TOKEN", AM_TOKEN)
+    monkeypatch.setenv("MSMON_OP_TOKEN", "op-token")
 
 
 @pytest.fixture
@@ -92,7 +93,8 @@ def test_the_alertmanager_receiver_posts_alertmanagers_webhook_body_firing_then_
 def test_an_alertmanager_alert_for_a_runs_host_lands_in_its_slack_thread_and_status(tmp_path):
     with SlackAPIServer() as slack:
         bot = BotServer(bot_config(tmp_path, [{"receiver": "slack", "channel": "C1"}],
-                                   slack={"base_url": slack.base_url}))
+                                   slack={"base_url": slack.base_url},
+                                   commands={"operators": [{"env": "MSMON_OP_TOKEN", "user": "cli:ops"}]}))
         try:
             job_post(bot, [event()], labels={"hosts": "node6,node7"})
             assert wait_for(lambda: slack.messages("C1"), 20), "the run's alert never reached Slack"
@@ -114,6 +116,10 @@ def test_an_alertmanager_alert_for_a_runs_host_lands_in_its_slack_thread_and_sta
             assert status == 200
             assert {"rule": "cluster:NodeDown", "device": "node7", "severity": "ERROR"}.items() <= \
                 next(a for a in run["firing"] if a["rule"] == "cluster:NodeDown").items()
+            status, answer = bot.request("POST", "/v1/commands", json.dumps({"text": "status run-42"}).encode(),
+                                         token="op-token")
+            assert status == 200, answer
+            assert "FIRING ERROR cluster:NodeDown on device node7 since step 100" in answer["text"]
         finally:
             bot.stop()
 
