@@ -31,7 +31,9 @@ from .commands.service import CommandService, view
 from .config import BotConfig
 from .delivery import Policy
 from .digest import DigestReceiver, Digests
+from .dingtalk_inbound import add_dingtalk_routes
 from .escalation.scheduler import AckLinks, Escalator
+from .feishu_inbound import add_feishu_routes
 from .ingest import Ingest
 from .metrics import BotMetrics
 from .outbox import Lane, Outbox
@@ -415,6 +417,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/commands/poll", poll_commands)
     app.router.add_get("/v1/outbox/dead", dead_letters)
     inbound = add_slack_routes(app, cfg, svc, clock)
+    add_feishu_routes(app, cfg, svc, clock)  # POST /feishu/events (bot/feishu_inbound.py)
+    add_dingtalk_routes(app, cfg, svc, clock)  # POST /dingtalk/callback (bot/dingtalk_inbound.py)
     add_alertmanager_route(app, cfg, state, clock)
     app.router.add_get("/ack/{token}", ack_page)
     app.router.add_post("/ack/{token}", ack_link)

@@ -335,6 +335,10 @@ class FeishuConfig:
     webhook_env: str = _f("FEISHU_WEBHOOK_URL", "environment variable with the bot's webhook URL "
                           "(https://open.feishu.cn/open-apis/bot/v2/hook/...)")
     secret_env: str = _f("FEISHU_SECRET", "environment variable with the signing secret (empty or unset: unsigned)")
+    verification_token_env: str = _f("FEISHU_VERIFICATION_TOKEN", "environment variable with the app's event "
+                                     "subscription Verification Token (unset: /feishu/events refuses every request)")
+    encrypt_key_env: str = _f("FEISHU_ENCRYPT_KEY", "environment variable with the app's Encrypt Key (set: events "
+                              "must be encrypted and signed)")
 
 
 @dataclasses.dataclass
@@ -346,6 +350,8 @@ class DingTalkConfig:
     secret_env: str = _f("DINGTALK_SECRET", "environment variable with the signing secret (SEC...; unset: unsigned)")
     at_mobiles: list[str] = _f([], "mobile numbers of the on-call, @-mentioned on a firing ERROR")
     at_user_ids: list[str] = _f([], "DingTalk user IDs of the on-call, @-mentioned on a firing ERROR")
+    app_secret_env: str = _f("DINGTALK_APP_SECRET", "environment variable with the enterprise robot app's AppSecret, "
+                             "which signs its message callbacks (unset: /dingtalk/callback refuses every request)")
 
     def check(self) -> Iterator[tuple[str, str]]:
         for i, m in enumerate(self.at_mobiles):

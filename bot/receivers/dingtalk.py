@@ -9,12 +9,13 @@ Job text is escaped for DingTalk's markdown (render.escape_dingtalk).
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from msmon.contract.wire import Severity, Status
 
-from . import Message
+from . import Message, Note
 from .im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster, signed_dingtalk_url
 from .render import escape_dingtalk
 
@@ -49,3 +50,14 @@ class DingTalkReceiver(ChatWebhookReceiver):
         names = " ".join(f"@{m}" for m in self.at_mobiles + self.at_user_ids)
         return {"msgtype": "markdown", "markdown": {"title": head, "text": f"{text}\n\n{names}"},
                 "at": {"atMobiles": self.at_mobiles, "atUserIds": self.at_user_ids, "isAtAll": False}}
+
+    def note_url(self, note: Note) -> str | None:
+        """A command's answer goes to the sessionWebhook of the conversation it came from (bot/dingtalk_inbound.py)
+        when that is on the robot's own host; else to the robot's webhook."""
+        url = note.reply_to.url
+        return url if url and _origin(url) == _origin(self.url) else None
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.netloc

@@ -252,19 +252,23 @@ class ChatWebhookReceiver:
         head = escape_plain_im(title(msg))[:100]
         return fit_body(lambda t: self.markdown_body(head, t, msg), markdown_text(msg, self.escape), self.body_limit)
 
-    async def _send(self, body: Mapping[str, Any], what: str) -> str:
-        await self.poster.post(self.signed_url(), body, what)
+    def note_url(self, note: Note) -> str | None:
+        """Where a note goes instead of the robot's webhook (DingTalk: the conversation's sessionWebhook)."""
+        return None
+
+    async def _send(self, body: Mapping[str, Any], what: str, url: str | None = None) -> str:
+        await self.poster.post(url or self.signed_url(), body, what)
         self._sent += 1
         return f"{self.name}-{self._sent}"
 
-    async def _paced(self, item: str, line: str, body: Mapping[str, Any], what: str) -> str:
+    async def _paced(self, item: str, line: str, body: Mapping[str, Any], what: str, url: str | None = None) -> str:
         """Send `body`, or hold it for a summary, or send the summary it belongs to."""
         now = self.poster.clock()
         decision = self.batcher.decide(item, line, now)
         if isinstance(decision, Done):
             return decision.ref
         if isinstance(decision, Send):
-            return await self._send(body, what)
+            return await self._send(body, what, url)
         if isinstance(decision, Hold):
             raise DeliveryError(f"{self.poster.platform} {what} held for the next summary ({len(self.batcher.held)} "
                                 f"held, about {decision.wait:.0f} s): {self.limit_text}")
@@ -314,7 +318,7 @@ class ChatWebhookReceiver:
         text = "\n\n".join(self.escape(line) for line in lines)
         body = fit_body(lambda t: self.markdown_body("msmon", t), text, self.body_limit)
         item = "note:" + (note.command_id or hashlib.sha256(note.text.encode()).hexdigest()[:16])
-        await self._paced(item, "- " + self.escape(lines[0]), body, "note")
+        await self._paced(item, "- " + self.escape(lines[0]), body, "note", self.note_url(note))
 
 
 def markdown_text(msg: Message, esc: Escape) -> str:

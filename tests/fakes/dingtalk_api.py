@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
@@ -35,17 +36,21 @@ def expected_sign(timestamp: str, secret: str) -> str:
 
 
 class DingTalkRobot(FakeRobot):
-    route = "/robot/send"
+    routes = ("/robot/send", "/robot/sendBySession")
 
     def __init__(self, clock: Callable[[], float], token: str = "robot-token", secret: str | None = None) -> None:
         super().__init__(clock)
         self.token, self.secret = token, secret
         self.rate = RateWindow(20, 60.0, 600.0)
+        self.sessions = {"s-team"}  # the sessionWebhooks handed out with callbacks (valid about 90 minutes)
 
     def answer(self, path: str, query: dict[str, str], raw: bytes, body: Any, now: float) -> tuple[int, dict[str, Any]]:
-        if query.get("access_token") != self.token:
+        if path.endswith("/sendBySession"):  # a conversation's sessionWebhook: its session is the credential
+            if query.get("session") not in self.sessions:
+                return 200, NO_TOKEN
+        elif query.get("access_token") != self.token:
             return 200, NO_TOKEN
-        if self.secret is not None:
+        if self.secret is not None and not path.endswith("/sendBySession"):
             ts = query.get("timestamp", "")
             if not ts.isdigit() or abs(now * 1000 - int(ts)) > 3600_000:
                 return 200, STALE
@@ -69,3 +74,17 @@ def _schema_ok(body: dict[str, Any]) -> bool:
     if kind == "actionCard":
         return all(isinstance(part.get(k), str) for k in ("title", "text")) and ("singleURL" in part or "btns" in part)
     return kind == "text" and isinstance(part.get("content"), str)
+
+
+def callback_request(text: str, app_secret: str, timestamp_ms: int, staff_id: str = "alice01",
+                     msg_id: str = "msg-1", session_webhook: str = "") -> tuple[dict[str, str], bytes]:
+    """The headers and body DingTalk posts to an enterprise robot's message URL for a group text message."""
+    sign = base64.b64encode(hmac.new(app_secret.encode(), f"{timestamp_ms}\n{app_secret}".encode(),
+                                     hashlib.sha256).digest()).decode()
+    body = {"msgtype": "text", "text": {"content": f" {text}"}, "msgId": msg_id, "createAt": timestamp_ms,
+            "conversationType": "2", "conversationId": "cid-team", "conversationTitle": "team",
+            "senderId": "$:LWCP_v1:$x", "senderNick": "Alice", "senderStaffId": staff_id, "chatbotUserId": "$:bot",
+            "isAdmin": False, "robotCode": "ding-robot", "sessionWebhook": session_webhook,
+            "sessionWebhookExpiredTime": timestamp_ms + 5_400_000}
+    return {"Content-Type": "application/json", "timestamp": str(timestamp_ms), "sign": sign}, \
+        json.dumps(body).encode()

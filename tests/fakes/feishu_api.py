@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,7 @@ def expected_sign(timestamp: str, secret: str) -> str:
 
 
 class FeishuBot(FakeRobot):
-    route = "/open-apis/bot/v2/hook/{token}"
+    routes = ("/open-apis/bot/v2/hook/{token}",)
 
     def __init__(self, clock: Callable[[], float], token: str = "hook-token", secret: str | None = None) -> None:
         super().__init__(clock)
@@ -61,3 +62,42 @@ def _schema_ok(body: dict[str, Any]) -> bool:
     if kind == "text":
         return isinstance(body.get("content"), dict) and isinstance(body["content"].get("text"), str)
     return False
+
+
+def encrypt(plain: bytes, encrypt_key: str) -> str:
+    """What Feishu sends with an Encrypt Key: base64(IV + AES-256-CBC(SHA-256(key), PKCS7(plain)))."""
+    import os
+
+    from cryptography.hazmat.primitives import padding
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    iv = os.urandom(16)
+    padder = padding.PKCS7(128).padder()
+    enc = Cipher(algorithms.AES(hashlib.sha256(encrypt_key.encode()).digest()), modes.CBC(iv)).encryptor()
+    return base64.b64encode(iv + enc.update(padder.update(plain) + padder.finalize()) + enc.finalize()).decode()
+
+
+def message_event(text: str, token: str, open_id: str = "ou_alice", chat_id: str = "oc_team",
+                  event_id: str = "ev-1", message_id: str = "om_1") -> dict[str, Any]:
+    """An im.message.receive_v1 event (schema 2.0) of a group text message that @-mentions the bot."""
+    return {"schema": "2.0",
+            "header": {"event_id": event_id, "token": token, "create_time": "1700000000000",
+                       "event_type": "im.message.receive_v1", "tenant_key": "tk", "app_id": "cli_a"},
+            "event": {"sender": {"sender_id": {"open_id": open_id, "union_id": "on_x"}, "sender_type": "user",
+                                 "tenant_key": "tk"},
+                      "message": {"message_id": message_id, "chat_id": chat_id, "chat_type": "group",
+                                  "message_type": "text", "create_time": "1700000000000",
+                                  "content": json.dumps({"text": f"@_user_1 {text}"}),
+                                  "mentions": [{"key": "@_user_1", "id": {"open_id": "ou_bot"}, "name": "msmon"}]}}}
+
+
+def event_request(event: dict[str, Any], encrypt_key: str | None = None, timestamp: str = "1700000000",
+                  nonce: str = "n0nce") -> tuple[dict[str, str], bytes]:
+    """The headers and body Feishu posts for `event`: encrypted and signed when there is an Encrypt Key."""
+    plain = json.dumps(event).encode()
+    if encrypt_key is None:
+        return {"Content-Type": "application/json"}, plain
+    body = json.dumps({"encrypt": encrypt(plain, encrypt_key)}).encode()
+    sig = hashlib.sha256((timestamp + nonce + encrypt_key).encode() + body).hexdigest()
+    return {"Content-Type": "application/json", "X-Lark-Request-Timestamp": timestamp, "X-Lark-Request-Nonce": nonce,
+            "X-Lark-Signature": sig}, body

@@ -53,7 +53,7 @@ class RateWindow:
 class FakeRobot:
     """Subclasses implement `answer(path, query, raw, body, now) -> (HTTP status, JSON answer)`."""
 
-    route = "/"
+    routes: tuple[str, ...] = ("/",)
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -81,7 +81,8 @@ class FakeRobot:
     async def serving(self) -> AsyncIterator[str]:
         """Serve on 127.0.0.1 (a free port); yields the base URL."""
         app = web.Application(client_max_size=8 << 20)
-        app.router.add_post(self.route, self._handle)
+        for route in self.routes:
+            app.router.add_post(route, self._handle)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         try:

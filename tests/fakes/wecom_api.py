@@ -26,7 +26,7 @@ LIMITED = {"errcode": 45009, "errmsg": "api freq out of limit"}
 
 
 class WeComRobot(FakeRobot):
-    route = "/cgi-bin/webhook/send"
+    routes = ("/cgi-bin/webhook/send",)
 
     def __init__(self, clock: Callable[[], float], key: str = "robot-key") -> None:
         super().__init__(clock)

@@ -112,3 +112,71 @@ def _message():
     e = event()
     return Message(key="k", run_id=e.run_id, project="llm", rule=e.rule, severity=e.severity, status=Status.FIRING,
                    events=[e])
+
+
+# -- commands: the enterprise robot's signed message callback, through the real bot on loopback -----------
+
+APP_SECRET = "app-secret-0123"
+
+
+def _commands_bot(tmp_path):
+    from tests.fakes.bot_server import BotServer
+
+    return BotServer({"bot": {
+        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+        "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
+        "routes": [{"receiver": "dingtalk", "channel": "cid-team"}],
+        "pipeline": {"group_wait": 0.0},
+        "commands": {"allow": [{"project": "llm", "users": ["dingtalk:alice01"]}]},
+        "console": {"charts": False}}})
+
+
+def _callback(bot, headers, body):
+    import urllib.request
+
+    from tests.fakes.bot_server import send
+
+    return send(urllib.request.Request(bot.url + "/dingtalk/callback", data=body, method="POST", headers=headers))
+
+
+def test_an_allowed_users_pause_is_answered_at_once_and_a_strangers_refused(tmp_path, monkeypatch):
+    import time
+
+    from tests.fakes.dingtalk_api import callback_request
+    from tests.fakes.records import envelope
+
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("DINGTALK_APP_SECRET", APP_SECRET)
+    bot = _commands_bot(tmp_path)
+    try:
+        assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
+        now = int(time.time() * 1000)
+        status, answer = _callback(bot, *callback_request("pause run-42", APP_SECRET, now))
+        assert status == 200 and answer["msgtype"] == "markdown"
+        assert "\\`pause run-42\\` queued as c1" in answer["markdown"]["text"]
+        status, answer = _callback(bot, *callback_request("stop run-42 confirm", APP_SECRET, now,
+                                                          staff_id="mallory", msg_id="msg-2"))
+        assert "may not \\`stop\\` runs of project llm" in answer["markdown"]["text"]
+        assert _callback(bot, *callback_request("pause run-42", APP_SECRET, now))[1] == {}  # msg-1 again: once
+        assert _callback(bot, *callback_request("pause run-42", "wrong", now, msg_id="m3"))[0] == 401
+        assert _callback(bot, *callback_request("pause run-42", APP_SECRET, now - 3_700_000, msg_id="m4"))[0] == 401
+    finally:
+        bot.stop()
+
+
+def test_a_commands_later_result_goes_to_the_conversations_session_webhook(tmp_path):
+    from bot.receivers import Note, ReplyTo
+
+    async def scenario() -> None:
+        clock = Clock()
+        robot = DingTalkRobot(clock, secret=SECRET)
+        async with robot.serving() as base:
+            rx = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", SECRET, clock)
+            await rx.note(Note(text="c1 done: device 0 OK at step 648",
+                               reply_to=ReplyTo(channel="cid-team", url=f"{base}/robot/sendBySession?session=s-team")))
+            await rx.note(Note(text="c2 done", reply_to=ReplyTo(url="http://elsewhere.example/robot/x")))
+            first, second = robot.delivered
+            assert first.path.endswith("/sendBySession") and "c1 done" in first.body["markdown"]["text"]
+            assert second.path.endswith("/robot/send")  # not the robot's host: the robot's own webhook
+            await rx.close()
+    asyncio.run(scenario())

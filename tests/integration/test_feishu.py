@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -105,3 +106,101 @@ def test_an_unknown_hook_token_is_named():
 def _message(e: Event) -> Message:
     return Message(key="k", run_id=e.run_id, project="llm", rule=e.rule, severity=e.severity, status=Status.FIRING,
                    events=[e])
+
+
+# -- commands: the app bot's event subscription, through the real bot on loopback -----------------------
+
+TOKEN, KEY = "v-token", "encrypt-key"
+
+
+def _commands_bot(tmp_path):
+    from tests.fakes.bot_server import BotServer
+
+    return BotServer({"bot": {
+        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+        "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
+        "routes": [{"receiver": "feishu", "channel": "oc_team"}],
+        "pipeline": {"group_wait": 0.0},
+        "commands": {"allow": [{"project": "llm", "users": ["feishu:ou_alice"]}]},
+        "console": {"charts": False}}})
+
+
+def _post(bot, headers, body):
+    import urllib.request
+
+    from tests.fakes.bot_server import send
+
+    req = urllib.request.Request(bot.url + "/feishu/events", data=body, method="POST", headers=headers)
+    return send(req)
+
+
+def test_an_allowed_users_pause_is_queued_and_answered_in_the_chat_a_strangers_refused(tmp_path, monkeypatch):
+    from tests.fakes.feishu_api import event_request, message_event
+    from tests.fakes.records import envelope
+
+    async def scenario() -> None:
+        bot_api = FeishuBot(time.time)
+        async with bot_api.serving() as base:
+            monkeypatch.setenv("FEISHU_WEBHOOK_URL", f"{base}/open-apis/bot/v2/hook/hook-token")
+            bot = await asyncio.to_thread(_commands_bot, tmp_path)
+            try:
+                status, _ = await asyncio.to_thread(bot.request, "POST", "/v1/ingest", envelope([event()]))
+                assert status == 202
+                await wait_for_async(lambda: len(bot_api.delivered) == 1)  # the alert's card
+                status, answer = await asyncio.to_thread(_post, bot, *event_request(
+                    message_event("pause run-42", TOKEN), KEY))
+                assert (status, answer) == (200, {"msg": "success"})
+                await wait_for_async(lambda: len(bot_api.delivered) == 2)
+                note = bot_api.delivered[1].body["card"]["elements"][0]["text"]["content"]
+                assert "feishu:ou\\_alice: \\`pause run-42\\` queued as c1" in note
+                status, _ = await asyncio.to_thread(_post, bot, *event_request(
+                    message_event("stop run-42 confirm", TOKEN, open_id="ou_mallory", event_id="ev-2"), KEY))
+                await wait_for_async(lambda: len(bot_api.delivered) == 3)
+                assert "may not \\`stop\\` runs of project llm" in bot_api.delivered[2].body["card"]["elements"][0][
+                    "text"]["content"]
+                # Feishu pushes ev-1 again: it was taken once, nothing is done twice
+                await asyncio.to_thread(_post, bot, *event_request(message_event("pause run-42", TOKEN), KEY))
+                await asyncio.sleep(0.5)
+                assert len(bot_api.delivered) == 3
+            finally:
+                await asyncio.to_thread(bot.stop)
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("FEISHU_VERIFICATION_TOKEN", TOKEN)
+    monkeypatch.setenv("FEISHU_ENCRYPT_KEY", KEY)
+    asyncio.run(scenario())
+
+
+def test_url_verification_echoes_the_challenge_and_forgeries_are_401(tmp_path, monkeypatch):
+    from tests.fakes.feishu_api import encrypt, event_request, message_event
+
+    monkeypatch.setenv("FEISHU_VERIFICATION_TOKEN", TOKEN)
+    monkeypatch.setenv("FEISHU_ENCRYPT_KEY", KEY)
+    bot = _commands_bot(tmp_path)
+    try:
+        challenge = json.dumps({"challenge": "ajls384kdjx98XX", "token": TOKEN, "type": "url_verification"}).encode()
+        body = json.dumps({"encrypt": encrypt(challenge, KEY)}).encode()
+        assert _post(bot, {"Content-Type": "application/json"}, body) == (200, {"challenge": "ajls384kdjx98XX"})
+        wrong = json.dumps({"challenge": "x", "token": "nope", "type": "url_verification"}).encode()
+        status, _ = _post(bot, {}, json.dumps({"encrypt": encrypt(wrong, KEY)}).encode())
+        assert status == 401
+        headers, body = event_request(message_event("pause run-42", TOKEN), KEY)
+        assert _post(bot, {**headers, "X-Lark-Signature": "0" * 64}, body)[0] == 401  # bad signature
+        assert _post(bot, *event_request(message_event("pause run-42", TOKEN), "another-key"))[0] == 401
+        assert _post(bot, *event_request(message_event("pause run-42", TOKEN)))[0] == 401  # not encrypted
+        assert _post(bot, {}, b"not json")[0] == 400
+    finally:
+        bot.stop()
+
+
+def test_the_documented_decryption_example():
+    """Feishu's event subscription guide: Encrypt Key "test key" turns this into "hello world"."""
+    from bot.feishu_inbound import decrypt
+
+    assert decrypt("P37w+VZImNgPEO1RBhJ6RtKl7n6zymIbEG1pReEzghk=", "test key") == b"hello world"
+
+
+async def wait_for_async(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
