@@ -318,6 +318,9 @@ class AlertmanagerConfig:
     timeout: float = _f(10.0, "seconds before an unanswered POST counts as a failed try", gt=0, le=600)
     inbound: AlertmanagerInbound = _f(AlertmanagerInbound(), "Alertmanager webhooks in (POST /v1/alertmanager)")
 
+    def check(self) -> Iterator[tuple[str, str]]:
+        yield from _url_problems(self, "webhook_url", "api_url")
+
 
 @dataclasses.dataclass
 class WebhookConfig:
@@ -326,6 +329,18 @@ class WebhookConfig:
     url: str = _f("", "where the `webhook` receiver POSTs")
     secret_env: str = _f("MSMON_WEBHOOK_SECRET", "environment variable with the HMAC-SHA256 signing key")
     timeout: float = _f(10.0, "seconds before an unanswered POST counts as a failed try", gt=0, le=600)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        yield from _url_problems(self, "url")
+
+
+def _url_problems(section: object, *keys: str) -> Iterator[tuple[str, str]]:
+    """(key, why) for each of `keys` set to something that is not a usable http(s) URL."""
+    for key in keys:
+        value = getattr(section, key)
+        problem = url_problem(value) if value else None
+        if problem:
+            yield key, problem
 
 
 @dataclasses.dataclass

@@ -75,3 +75,10 @@ def test_a_route_to_an_interop_receiver_is_valid_and_an_unknown_one_names_them()
     load_bot_config({"bot": {"routes": [{"receiver": r} for r in ("alertmanager", "alertmanager_api", "webhook")]}})
     with pytest.raises(ConfigError, match=r"routes\[0\]\.receiver.*alertmanager_api"):
         load_bot_config({"bot": {"routes": [{"receiver": "alertmanagr"}]}})
+
+
+def test_an_address_that_is_not_a_url_is_a_config_error_naming_its_key():
+    with pytest.raises(ConfigError, match=r"bot\.alertmanager\.api_url: must start with http"):
+        load_bot_config({"bot": {"alertmanager": {"api_url": "localhost:9093"}}})
+    with pytest.raises(ConfigError, match=r"bot\.webhook\.url"):
+        load_bot_config({"bot": {"webhook": {"url": "hooks.example.org/x"}}})
