@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import io
 import logging
+import math
+import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from nio import AsyncClient, AsyncClientConfig, ErrorResponse, RoomSendResponse, UploadResponse  # type: ignore[import-untyped]
 
+from msmon.common.retry import retry_after as parse_retry_after
 from msmon.common.safenames import slug
 
 from . import DeliveryError, Message, Note
-from .render import escape_html, escape_matrix_text, text
+from .render import Escape, escape_html, escape_matrix_text, text
 
 log = logging.getLogger("msmon.bot")
 
@@ -48,9 +51,17 @@ def html_lines(lines: list[str]) -> str:
     return "<br>".join([f"<strong>{head}</strong>", *rest])
 
 
+MAX_PIECE = 2000  # characters of one piece of job data (a message, a hint): an event must stay under 65,536 bytes
+
+
+def cut(esc: Escape) -> Escape:
+    """`esc` of a value cut to MAX_PIECE characters (a job's message may be 64 KB; a Matrix event may not)."""
+    return lambda v: esc(v if len(v) <= MAX_PIECE else v[:MAX_PIECE] + " [cut]")
+
+
 def content(msg: Message) -> dict[str, Any]:
     """An alert's m.text content: the same text as the other receivers, job data escaped for each body."""
-    return text_content(text(msg, escape_matrix_text), html_lines(text(msg, escape_html).split("\n")))
+    return text_content(text(msg, cut(escape_matrix_text)), html_lines(text(msg, cut(escape_html)).split("\n")))
 
 
 def text_content(body: str, html: str, mentions: list[str] | None = None) -> dict[str, Any]:
@@ -78,7 +89,7 @@ def is_user_id(target: str) -> bool:
 
 def note_content(note: Note) -> dict[str, Any]:
     """A note's text (msmon's words with job data in it, escaped whole), its mentions as pills."""
-    body, html = escape_matrix_text(note.text), escape_html(note.text).replace("\n", "<br>")
+    body, html = cut(escape_matrix_text)(note.text), cut(escape_html)(note.text).replace("\n", "<br>")
     users = [m for m in note.mentions if is_user_id(m)]
     if note.mentions:
         pills = [f'<a href="https://matrix.to/#/{escape_html(m)}">{escape_html(m)}</a>' if m in users
@@ -94,8 +105,7 @@ def error(what: str, resp: ErrorResponse) -> DeliveryError:
     status = getattr(transport, "status", None)
     retry = resp.retry_after_ms / 1000 if resp.retry_after_ms else None
     if retry is None and transport is not None:
-        header = transport.headers.get("Retry-After")
-        retry = float(header) if header and header.isdigit() else None
+        retry = parse_retry_after(transport.headers.get("Retry-After"), time.time(), math.inf) or None
     if retry is None and (status == 429 or resp.status_code == "M_LIMIT_EXCEEDED"):
         retry = 5.0  # rate limited without saying for how long: nio's own default wait
     reason = " ".join(f"{resp.status_code or ''} {resp.message or ''}".split())[:200] or "no reason given"

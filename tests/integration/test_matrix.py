@@ -7,6 +7,7 @@ homeserver's errors to DeliveryError are checked on their own."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 from collections.abc import Iterator
@@ -151,6 +152,13 @@ def test_job_data_is_escaped_in_both_bodies_and_mentions_nobody():
     n = note_content(Note(text="c1 `pause <x>` done", mentions=["@alice:example.org", "oncall"]))
     assert n["m.mentions"] == {"user_ids": ["@alice:example.org"]} and "&lt;x&gt;" in n["formatted_body"]
     assert 'href="https://matrix.to/#/@alice:example.org"' in n["formatted_body"]
+
+
+def test_a_64_kb_message_still_fits_one_matrix_event():
+    huge = '"<&>' * 16_384  # 64 KB of characters that HTML-escape to the longest entities
+    c = content(_message("run-1", huge, huge))
+    assert len(json.dumps(c).encode()) < 65_536 and "[cut]" in c["body"]
+    assert len(json.dumps(note_content(Note(text=huge))).encode()) < 65_536
 
 
 def _serve(status: int, answer: dict[str, Any]) -> web.Application:
