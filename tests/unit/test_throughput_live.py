@@ -37,10 +37,12 @@ def alerts(events):
 
 
 def live(rows, conf):
-    """The live API fed as fast as a loop goes: the clock never moves, no time= given."""
-    mon = Monitor(conf, "live", sinks=[], clock=FakeClock())
+    """The live API fed recorded rates as fast as a loop goes (1 ms a call on its clock), no time= given."""
+    clock = FakeClock()
+    mon = Monitor(conf, "live", sinks=[], clock=clock)
     events = []
     for r in rows:
+        clock.advance(0.001)
         events += mon.step(r.step, loss=r.loss, throughput=r.throughput)
     return events
 
@@ -63,10 +65,7 @@ def test_dips_of_3_to_20_steps_raise_nothing_and_repeated_ones_a_warning_at_most
     got = alerts(live(throughput_rows(1500, many), cfg()))
     assert got and {sev for _, sev in got} == {Severity.WARNING}
     # the dips stop at 1200: the warning resolves once they have not repeated for a window of spans
-    mon = Monitor(cfg(), "live", sinks=[], clock=FakeClock())
-    events = []
-    for r in throughput_rows(3500, many):
-        events += mon.step(r.step, loss=r.loss, throughput=r.throughput)
+    events = live(throughput_rows(3500, many), cfg())
     assert any(e.rule == "throughput_drop" and e.status is Status.RESOLVED for e in events)
 
 
