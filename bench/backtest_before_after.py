@@ -7,7 +7,8 @@
 
 Prints two markdown tables: the summary (faults caught, divergences in time, median lead, false alarms per 10k
 clean steps on the CPU traces and the real ones), config by config, before and after; and one row per named
-trace: the first alert (step, rule), its lead before the loss doubled and its delay after the fault's onset.
+trace: the first alert (step, rule), its delay after the fault's onset, its lead before the loss doubled, and
+whether an alert of the fault's family was still firing at the end (a level shift must stay visible).
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def _cell(t: dict[str, Any]) -> str:
     if d is None:
         return "missed"
     lead = f", lead {t['lead']}" if t["lead"] is not None else ""
-    return f"{d['step']} {d['rule']} (+{d['step'] - t['fault_step']}{lead})"
+    held = t.get("still_firing")  # absent from JSON of before the engine said it
+    end = "" if held is None else ("; firing at the end" if held else "; resolved by the end")
+    return f"{d['step']} {d['rule']} (+{d['step'] - t['fault_step']}{lead}{end})"
 
 
 def trace_table(cpu: Sequence[list[dict[str, Any]]], names: Sequence[str]) -> str:

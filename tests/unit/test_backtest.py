@@ -21,6 +21,7 @@ from msmon.offline.backtest.engine import (
     alerts_of,
     clean_step_count,
     divergence_step,
+    firing_at_end,
     read_labels,
     score,
     summarize,
@@ -422,4 +423,20 @@ def test_before_after_tables_from_the_kept_before_run(capsys) -> None:
             "after |") in out
     assert "| false alarms / 10k clean real steps | 0.10 (3 in 300,724) | 0.10 (3 in 300,724) |" in out
     assert "| early-grad-x10.csv | missed | missed | missed | missed |" in out
-    assert "| grad-creep.csv | 1170 grad_norm_creep (+165, lead 621) |" in out
+    assert "| grad-creep.csv | 1170 grad_norm_creep (+165, lead 621; firing at the end) |" in out
+    assert "| shard-switch.csv | 1030 loss_spike (+25; firing at the end) |" in out
+
+
+def test_held_alerts_are_those_still_firing_at_the_end() -> None:
+    def e(step: int, rule: str, status: Status = Status.FIRING, repeat: bool = False) -> Event:
+        return Event(run_id="r", device="0", step=step, time=0.0, rule=rule, severity=W, status=status, value=1.0,
+                     threshold=0.5, message="m", repeat=repeat)
+
+    events = [e(10, "loss_spike"), e(20, "loss_spike", repeat=True), e(30, "throughput_drop"),
+              e(40, "throughput_drop", Status.RESOLVED), e(50, "grad_norm")]
+    held = firing_at_end(events)
+    assert held == [a(10, "loss_spike"), a(50, "grad_norm")]
+    r = score(Label("t.csv", "training", 5), range(1, 61), alerts_of(events), held)
+    assert r.still_firing and r.held == held
+    assert score(Label("t.csv", "timing", 5), range(1, 61), alerts_of(events), held).still_firing is False
+    assert score(Label("c.csv"), range(1, 61), alerts_of(events), held).still_firing is None

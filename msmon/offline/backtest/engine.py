@@ -85,6 +85,13 @@ class TraceResult:
     detection: Alert | None  # first alert of the fault's family at or after fault_step
     first_warning: Alert | None  # first WARNING / ERROR of that family from fault_step (from the start if clean)
     first_error: Alert | None
+    held: list[Alert] = dataclasses.field(default_factory=list)  # the fault's family still firing at the end
+
+    @property
+    def still_firing(self) -> bool | None:
+        """For a fault: whether an alert of its family was still firing when the trace ended (a level shift that
+        stays must stay visible; a resolved one was learned as the new normal)."""
+        return None if self.kind == "clean" else bool(self.held)
 
     @property
     def caught(self) -> bool | None:
@@ -136,6 +143,19 @@ def alerts_of(events: Iterable[Event]) -> list[Alert]:
             if e.status is Status.FIRING and not e.repeat]
 
 
+def firing_at_end(events: Iterable[Event]) -> list[Alert]:
+    """The alerts still firing after the last event: per rule and device, the last firing not followed by its
+    resolution (at the step it first fired or rose)."""
+    open_: dict[tuple[str, str], Alert] = {}
+    for e in events:
+        key = (e.rule, e.device)
+        if e.status is Status.RESOLVED:
+            open_.pop(key, None)
+        elif e.status is Status.FIRING and not e.repeat:
+            open_[key] = Alert(e.step, e.rule, e.severity, e.device)
+    return sorted(open_.values(), key=lambda a: (a.step, a.rule))
+
+
 def in_family(rule: str, kind: Kind) -> bool:
     """Whether an alert of `rule` speaks to a fault of `kind`."""
     return (rule in TIMING_RULES) == (kind == "timing")
@@ -148,8 +168,9 @@ def clean_step_count(steps: Sequence[int], fault_step: int | None) -> int:
     return sum(1 for s in steps if s < fault_step)
 
 
-def score(label: Label, steps: Sequence[int], alerts: Sequence[Alert]) -> TraceResult:
-    """Score one replayed trace: `steps` are its logged step numbers, `alerts` what the config raised."""
+def score(label: Label, steps: Sequence[int], alerts: Sequence[Alert], held: Sequence[Alert] = ()) -> TraceResult:
+    """Score one replayed trace: `steps` are its logged step numbers, `alerts` what the config raised, `held` the
+    alerts still firing at its end (`firing_at_end`)."""
     fault = label.fault_step
     false_alarms = [a for a in alerts if fault is None or a.step < fault]
     if fault is None:
@@ -163,6 +184,7 @@ def score(label: Label, steps: Sequence[int], alerts: Sequence[Alert]) -> TraceR
         fault_step=fault, diverge_step=label.diverge_step, alerts=list(alerts), false_alarms=false_alarms,
         detection=relevant[0] if relevant and fault is not None else None,
         first_warning=first_warning, first_error=first_error,
+        held=[] if fault is None else [a for a in held if in_family(a.rule, label.kind)],
     )
 
 
@@ -224,7 +246,7 @@ def run_trace(label: Label, rows: Sequence[Row], config: MonitorConfig) -> Trace
     """Replay `rows` through a fresh Monitor on `config` (see `replay_config`; no files, no bot, the log's
     own clock) and score them."""
     events = replay(rows, replay_monitor(config, label.trace))
-    return score(label, [r.step for r in rows], alerts_of(events))
+    return score(label, [r.step for r in rows], alerts_of(events), firing_at_end(events))
 
 
 # -- the labels file ----------------------------------------------------------------------------

@@ -115,6 +115,7 @@ def _trace_json(r: TraceResult) -> dict[str, Any]:
         "lead": r.lead, "error_lead": r.error_lead, "detection": _alert_json(r.detection),
         "first_warning": _alert_json(r.first_warning), "first_error": _alert_json(r.first_error),
         "false_alarms": [_alert_json(a) for a in r.false_alarms], "alerts": [_alert_json(a) for a in r.alerts],
+        "still_firing": r.still_firing, "held": [_alert_json(a) for a in r.held],
     }
 
 
