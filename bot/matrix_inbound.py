@@ -57,7 +57,7 @@ def thread_of(event_id: str, source: dict[str, Any]) -> str:
 
 
 class MatrixInbound:
-    """The sync loop: `start` joins the rooms and marks where "after start" begins; `stop` ends it."""
+    """The sync loop, started and stopped with the bot's background tasks."""
 
     def __init__(self, cfg: MatrixConfig, token: str, svc: CommandService, nio: AsyncClient | None = None) -> None:
         self.cfg, self.svc = cfg, svc
@@ -67,20 +67,20 @@ class MatrixInbound:
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Join the rooms (a room that cannot be joined is logged: its commands are not read) and take the
-        first sync's position; then the loop runs in the background. Raises nothing: a homeserver that
-        cannot be reached now is retried by the loop."""
+        """Start the loop in the background; nothing here waits on the homeserver, so a slow or absent one
+        never holds up the bot's start (the loop joins the rooms and retries)."""
+        self.task = asyncio.create_task(self._loop())
+
+    async def _join(self) -> None:
+        """Join the rooms; a room that cannot be joined is logged (its commands are not read)."""
         for room in self.cfg.rooms:
             try:
                 joined = await self.client.join(room)
-            except Exception as exc:  # noqa: BLE001 - no homeserver now: the loop keeps trying to sync
+            except Exception as exc:  # noqa: BLE001 - no homeserver now: the sync below keeps trying
                 joined = JoinError(f"{type(exc).__name__}: {exc}")
             if isinstance(joined, ErrorResponse):
                 log.error("msmon bot: Matrix: could not join room %s as %s (%s); commands typed there are not read "
                           "until the bot is invited and restarted", room, self.cfg.user_id, joined)
-        with contextlib.suppress(Exception):
-            await self._sync(0)
-        self.task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -101,10 +101,12 @@ class MatrixInbound:
                 for ev in info.timeline.events if isinstance(ev, RoomMessageText)]
 
     async def _loop(self) -> None:
+        """Join, then sync until cancelled: the first sync marks "after start" (its timeline is skipped)."""
+        await self._join()
         wait = BACKOFF[0]
         while True:
             try:
-                messages = await self._sync(LONG_POLL_MS)
+                messages = await self._sync(LONG_POLL_MS if self.since is not None else 0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a homeserver down or refusing: retried, commands wait

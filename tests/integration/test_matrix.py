@@ -258,3 +258,27 @@ def test_edits_and_threads_on_a_real_homeserver(homeserver):
     threaded = [e["content"]["body"] for e in in_thread(users["alice"], room, ref, bot.user_id)]
     assert any(b.startswith("ERROR grad_norm: run run-edit") for b in threaded)
     assert "c9 `status run-edit`: fine" in threaded
+
+
+def test_which_messages_are_commands_and_where_answers_go():
+    from bot.matrix_inbound import command_text, thread_of
+
+    assert command_text("  !msmon pause run-42 ", "!msmon") == "pause run-42"
+    assert command_text("!msmon", "!msmon") == ""
+    assert command_text("!msmonpause run-42", "!msmon") is None and command_text("hello", "!msmon") is None
+    assert command_text("* !msmon pause run-42", "!msmon") is None  # an edit's fallback body
+    threaded = {"content": {"m.relates_to": {"rel_type": "m.thread", "event_id": "$root"}}}
+    assert thread_of("$cmd", threaded) == "$root" and thread_of("$cmd", {"content": {}}) == "$cmd"
+    assert thread_of("$cmd", {"content": {"m.relates_to": {"rel_type": "m.replace", "event_id": "$x"}}}) == "$cmd"
+
+
+def test_the_bot_starts_while_the_homeserver_is_down(tmp_path, monkeypatch):
+    """Alerts and the HTTP API do not wait for Matrix: the sync loop retries in the background."""
+    monkeypatch.setenv("MATRIX_ACCESS_TOKEN", "t")
+    bot = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"), "matrix": {
+        "homeserver": "http://127.0.0.1:9", "user_id": "@msmon:localhost", "rooms": ["!r:localhost"]}}})
+    try:
+        code, _ = bot.request("GET", "/healthz", token=None)
+        assert code == 200
+    finally:
+        bot.stop()
