@@ -25,6 +25,7 @@ from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, e
 
 from .alertmanager_inbound import ROUTE as ALERTMANAGER_ROUTE
 from .alertmanager_inbound import add_alertmanager_route
+from .chart_links import add_chart_route, chart_links
 from .commands import jobs
 from .commands.origin import Origin
 from .commands.service import CommandService, view
@@ -419,6 +420,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     inbound = add_slack_routes(app, cfg, svc, clock)
     add_feishu_routes(app, cfg, svc, clock)  # POST /feishu/events (bot/feishu_inbound.py)
     add_dingtalk_routes(app, cfg, svc, clock)  # POST /dingtalk/callback (bot/dingtalk_inbound.py)
+    add_chart_route(app, chart_links(cfg, clock))  # GET /charts/<signed token> (bot/chart_links.py)
     add_alertmanager_route(app, cfg, state, clock)
     app.router.add_get("/ack/{token}", ack_page)
     app.router.add_post("/ack/{token}", ack_link)

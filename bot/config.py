@@ -354,6 +354,16 @@ class FeishuConfig:
                                      "subscription Verification Token (unset: /feishu/events refuses every request)")
     encrypt_key_env: str = _f("FEISHU_ENCRYPT_KEY", "environment variable with the app's Encrypt Key (set: events "
                               "must be encrypted and signed)")
+    public_url: str | None = _f(None, "the bot's address as people reach it, for chart links in Feishu cards "
+                                "(null: no chart links)")
+    chart_link_secret_env: str = _f("FEISHU_CHART_LINK_SECRET", "environment variable with the key that signs chart "
+                                    "links")
+    chart_link_ttl: float = _f(7 * DAY, "seconds a chart link works", ge=60, le=90 * DAY)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        problem = url_problem(self.public_url) if self.public_url is not None else None
+        if problem:
+            yield "public_url", problem
 
 
 @dataclasses.dataclass

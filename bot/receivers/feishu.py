@@ -13,6 +13,7 @@ from typing import Any
 
 from msmon.contract.wire import Severity, Status
 
+from ..chart_links import ChartLinks
 from . import Message
 from .im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster, feishu_sign
 from .render import escape_feishu, escape_plain_im, title
@@ -41,9 +42,20 @@ class FeishuReceiver(ChatWebhookReceiver):
     body_limit = BODY_LIMIT
     limit_text = "Feishu's 100 messages a minute and 5 a second per bot"
 
-    def __init__(self, url: str, secret: str | None, clock: Callable[[], float]) -> None:
+    def __init__(self, url: str, secret: str | None, clock: Callable[[], float],
+                 links: ChartLinks | None = None) -> None:
         super().__init__(url, WebhookPoster("Feishu", Budget(RATES), clock, "code", THROTTLED), PACE)
-        self.secret, self.clock = secret, clock
+        self.secret, self.clock, self.links = secret, clock, links
+        self.charts = links is not None
+
+    async def attach(self, channel: str, ref: str, msg: Message) -> None:
+        """The chart as a signed, expiring link to the bot (bot/chart_links.py) in a card of its own, when
+        the robot has room for it: a custom bot cannot upload an image."""
+        if msg.chart is None or self.links is None or not self.has_room():
+            return
+        url = self.links.publish(msg.chart)
+        text = f"[chart of {self.escape(msg.rule)} at step {msg.lead.step}]({url})"
+        await self._send(self.markdown_body("chart", text), "chart")
 
     def escape(self, value: str) -> str:
         return escape_feishu(value)

@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import Callable
 
+from ..chart_links import chart_links
 from ..config import BotConfig
 from . import Receiver
 from .dingtalk import DingTalkReceiver
@@ -31,7 +32,8 @@ def im_receivers(cfg: BotConfig, clock: Callable[[], float] = time.time) -> dict
     out: dict[str, Receiver] = {}
     if "feishu" in used:
         fs = cfg.feishu
-        out["feishu"] = FeishuReceiver(_url("feishu", fs.webhook_env), os.environ.get(fs.secret_env) or None, clock)
+        out["feishu"] = FeishuReceiver(_url("feishu", fs.webhook_env), os.environ.get(fs.secret_env) or None, clock,
+                                       chart_links(cfg, clock))
     if "dingtalk" in used:
         dt = cfg.dingtalk
         out["dingtalk"] = DingTalkReceiver(_url("dingtalk", dt.webhook_env), os.environ.get(dt.secret_env) or None,

@@ -252,6 +252,12 @@ class ChatWebhookReceiver:
         head = escape_plain_im(title(msg))[:100]
         return fit_body(lambda t: self.markdown_body(head, t, msg), markdown_text(msg, self.escape), self.body_limit)
 
+    def has_room(self) -> bool:
+        """Whether the robot's window has room for one more message alone (a chart: it cannot be
+        summarised, so in a storm the text goes and the chart does not)."""
+        now = self.poster.clock()
+        return self.poster.budget.wait(now) == 0.0 and self.poster.budget.recent(now) < self.batcher.pace.direct
+
     def note_url(self, note: Note) -> str | None:
         """Where a note goes instead of the robot's webhook (DingTalk: the conversation's sessionWebhook)."""
         return None

@@ -46,10 +46,6 @@ class WeComReceiver(ChatWebhookReceiver):
         return {"msgtype": "markdown", "markdown": {"content": text}}
 
     async def attach(self, channel: str, ref: str, msg: Message) -> None:
-        """The chart as an image message, when it is within WeCom's 2 MB and the robot's minute has room
-        for it alone (a chart cannot be summarised: in a storm the text goes, the chart does not)."""
-        if msg.chart is None or len(msg.chart) > IMAGE_LIMIT:
-            return
-        now = self.poster.clock()
-        if self.poster.budget.wait(now) == 0.0 and self.poster.budget.recent(now) < self.batcher.pace.direct:
+        """The chart as an image message, when it is within WeCom's 2 MB and the robot has room for it."""
+        if msg.chart is not None and len(msg.chart) <= IMAGE_LIMIT and self.has_room():
             await self._send(image_body(msg.chart), "chart")

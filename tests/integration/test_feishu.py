@@ -204,3 +204,53 @@ async def wait_for_async(cond, timeout: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.05)
+
+
+def test_the_chart_is_a_signed_expiring_link_the_bot_serves(tmp_path, monkeypatch):
+    """An ERROR's card, then a card linking to the chart at the bot's GET /charts/<token>; an edited or
+    expired link is 403 with the reason."""
+    import urllib.request
+
+    from bot.chart_links import ChartLinks
+    from tests.fakes.bot_server import send
+
+    monkeypatch.setenv("FEISHU_CHART_LINK_SECRET", "link-key")
+
+    async def scenario() -> None:
+        clock = Clock()
+        bot_api = FeishuBot(clock)
+        async with bot_api.serving() as base:
+            links = ChartLinks(b"link-key", 3600.0, tmp_path / "links", "http://bot.example", clock)
+            rx = FeishuReceiver(f"{base}/open-apis/bot/v2/hook/hook-token", None, clock, links)
+            bot = ImBot(tmp_path, rx, clock, charts=True)
+            bot.ingest([event()])
+            await bot.drain(T0 + 5)
+            alert, chart = bot_api.delivered
+            md = chart.body["card"]["elements"][0]["text"]["content"]
+            url = md[md.index("(http://bot.example/charts/") + 1:-1]
+            token = url.rsplit("/", 1)[1]
+            path = links.check(token)
+            assert not isinstance(path, str) and path.read_bytes().startswith(b"\x89PNG")
+            clock.t += 3601
+            assert links.check(token).startswith("the link expired")  # type: ignore[union-attr]
+            bot.close()
+            await rx.close()
+            return token
+    token = asyncio.run(scenario())
+
+    from tests.fakes.bot_server import BotServer
+
+    server = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "served.sqlite"),
+                                "console": {"charts_dir": str(tmp_path)},
+                                "feishu": {"public_url": "http://bot.example", "chart_link_ttl": 3600}}})
+    try:
+        # the link was made at T0 (2023) with an hour to live: expired by the bot's real clock
+        status, reason = send(urllib.request.Request(f"{server.url}/charts/{token}"))
+        assert status == 403 and "expired" in str(reason)
+        fresh = ChartLinks(b"link-key", 3600.0, tmp_path / "links", "http://bot.example").publish(b"\x89PNG fresh")
+        with urllib.request.urlopen(server.url + "/charts/" + fresh.rsplit("/", 1)[1], timeout=10) as resp:
+            assert resp.read() == b"\x89PNG fresh" and resp.headers["Content-Type"] == "image/png"
+        forged = fresh.rsplit("/", 1)[1][:-4] + "0000"
+        assert send(urllib.request.Request(server.url + "/charts/" + forged))[0] == 403
+    finally:
+        server.stop()
