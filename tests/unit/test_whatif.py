@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,27 @@ def test_a_live_change_is_answered_with_its_effect_and_written_next_to_the_csv(t
     assert [(c.step, c.action, c.old_error, c.error) for c in changes] == [
         (100, "loosen_threshold", 10.0, 30.0), (101, "set_threshold", 30.0, 11.0)]
     assert changes[0].effect.startswith("over the last 100 samples")
+
+
+def test_the_end_of_a_timed_loosening_says_its_effect_too(tmp_path: Path) -> None:
+    mon = monitor(tmp_path)
+    try:
+        for s in spiky(100):
+            mon.step(s.step, grad_norm=s.grad_norm, loss=1.0, time=float(s.step))
+        control = JobControl(mon)
+        control.request("loosen_threshold", rule="grad_norm", factor=3.0, duration=0.05, undo="c7")
+        control.apply(100)
+        deadline = time.monotonic() + 5.0
+        while not control.has_pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (res,) = control.apply(101)
+        assert res.action == "restore_threshold" and res.detail == (
+            "grad_norm levels restored; over the last 100 samples (steps 1-100): 9 alerts (9 ERROR) at 5 / 10 instead "
+            "of 0 alerts at 15 / 30")
+    finally:
+        mon.close()
+    assert [c.action for c in read_level_changes(str(tmp_path / "run-42.levels.jsonl"))] == [
+        "loosen_threshold", "restore_threshold"]
 
 
 def test_read_level_changes_names_the_line(tmp_path: Path) -> None:
