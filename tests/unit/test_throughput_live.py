@@ -54,7 +54,7 @@ def test_a_sustained_drop_is_an_error_live_and_in_a_replay_alike():
     assert live_alerts == replayed
     assert live_alerts and live_alerts[-1][1] is Severity.ERROR
     first = live_alerts[0][0]
-    assert 1080 <= first <= 1120  # 5 spans of 20 steps after the drop began, judged by steps alone
+    assert 1040 <= first <= 1060  # 5 spans of 10 steps after the drop began, judged by steps alone
 
 
 def test_dips_of_3_to_20_steps_raise_nothing_and_repeated_ones_a_warning_at_most():

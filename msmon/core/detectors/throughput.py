@@ -23,7 +23,7 @@ def rate_of(s: Sample) -> tuple[float | None, str]:
     return None, ""
 
 
-UNTIMED_STEPS = 20  # steps in a span when the samples carry no time (the default min_steps then)
+UNTIMED_STEPS = 10  # steps in a span when the samples carry no time (the default min_steps then)
 
 
 @dataclasses.dataclass
@@ -31,7 +31,7 @@ class ThroughputDropParams(RuleParams):
     """Levels are the fraction lost against the rolling median: 0.3 means 30% slower than usual.
 
     Rates are pooled into spans and each span's rate is judged: a span holds at least `min_seconds` of
-    the samples' time when they carry it, and at least `min_steps` steps (by default 20 without the
+    the samples' time when they carry it, and at least `min_steps` steps (by default 10 without the
     samples' time, 1 with it). Time is the samples' own (a
     replay's timestamps, the clock of a live job that counts tokens or samples), never how fast
     `Monitor.step` is called: a rate handed in measured (`throughput=`) without `time=` is pooled by steps
