@@ -62,7 +62,11 @@ def change_levels(monitor: Monitor, step: int, rule: str, change: Callable[[], T
                   source: str = "") -> tuple[T, str]:
     """Make `change` (which moves `rule`'s levels); returns its result and the effect's sentence. The change is
     appended to `levels_path()`."""
-    before = dataclasses.replace(_main_params(monitor, rule))
+    try:
+        before = dataclasses.replace(_main_params(monitor, rule))
+    except KeyError:  # not a rule: the change itself refuses it, naming the closest rule
+        change()
+        raise
     result = change()
     after = _main_params(monitor, rule)
     try:

@@ -130,6 +130,16 @@ def test_the_end_of_a_timed_loosening_says_its_effect_too(tmp_path: Path) -> Non
         "loosen_threshold", "restore_threshold"]
 
 
+def test_a_change_of_an_unknown_rule_fails_as_before(tmp_path: Path) -> None:
+    mon = monitor(tmp_path)
+    control = JobControl(mon)
+    control.request("set_threshold", rule="grad_nrom", value=3.0)
+    (res,) = control.apply(1)
+    mon.close()
+    assert not res.ok and res.detail == "ValueError: unknown rule 'grad_nrom'; did you mean grad_norm?"
+    assert not (tmp_path / "run-42.levels.jsonl").exists()
+
+
 def test_read_level_changes_names_the_line(tmp_path: Path) -> None:
     f = tmp_path / "x.levels.jsonl"
     f.write_text('{"step": 5, "rule": "grad_norm", "error": 3}\n\n[1]\n')
