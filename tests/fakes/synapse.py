@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import secrets
 import socket
 import subprocess
@@ -76,8 +75,7 @@ class Synapse:
         cmd = [sys.executable, "-m", "synapse.app.homeserver", "--config-path", str(cfg)]
         subprocess.run([*cmd, "--generate-keys"], check=True, capture_output=True, timeout=120)
         log = (self.root / "synapse.log").open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                                     env={**os.environ, "SYNAPSE_NO_TLS": "1"})
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
         end = time.monotonic() + START_TIMEOUT
         while time.monotonic() < end:
             if self.proc.poll() is not None:
