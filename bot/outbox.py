@@ -35,6 +35,7 @@ from .pipeline import DELIVERY, flow
 from .pipeline.group import firing_key
 from .pipeline.ratelimit import RateLimiter
 from .receivers import DeliveryError, Mail, Mailer, Message, Note, Receiver, decode_note
+from .receivers.im_webhook import Held
 from .store import OutboxEntry, Store
 
 log = logging.getLogger("msmon.bot")
@@ -185,6 +186,8 @@ class Outbox:
         try:
             await self._deliver(attempt)
             outcome: Outcome = Sent()
+        except Held as exc:  # a robot keeping its platform's rate (bot/receivers/im_webhook.py): not a failed try
+            outcome = Deferred(exc.wait)
         except DeliveryError as exc:
             kind: FailureKind = "rate_limited" if exc.retry_after else "transient"
             outcome = Failed(kind, str(exc), exc.retry_after, attempt.posted)

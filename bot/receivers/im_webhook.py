@@ -146,6 +146,15 @@ def fit_body(build: Callable[[str], dict[str, Any]], text: str, limit: int) -> d
     return body
 
 
+class Held(DeliveryError):
+    """Not a failure: the message waits for its robot's next summary (Batcher). The outbox defers the
+    row by `wait` seconds without counting a try (bot/outbox.py)."""
+
+    def __init__(self, message: str, wait: float) -> None:
+        super().__init__(message)
+        self.wait = wait
+
+
 @dataclasses.dataclass(frozen=True)
 class Pace:
     """How a robot's budget is split: `direct` messages in its window go out one by one; past that,
@@ -276,14 +285,15 @@ class ChatWebhookReceiver:
         if isinstance(decision, Send):
             return await self._send(body, what, url)
         if isinstance(decision, Hold):
-            raise DeliveryError(f"{self.poster.platform} {what} held for the next summary ({len(self.batcher.held)} "
-                                f"held, about {decision.wait:.0f} s): {self.limit_text}")
+            raise Held(f"{self.poster.platform} {what} held for the next summary ({len(self.batcher.held)} held, "
+                       f"about {decision.wait:.0f} s): {self.limit_text}", decision.wait)
         items = self._fitting(decision.items)
         ref = await self._send(self._summary(items), "summary")
         self.batcher.summarised(items, ref, now)
         if item in items:
             return ref
-        raise DeliveryError(f"{self.poster.platform} {what} held: the summary was full; in the next one")
+        raise Held(f"{self.poster.platform} {what} held: the summary was full; it goes in the next one",
+                   self.batcher.pace.spacing)
 
     def _summary(self, items: Mapping[str, str]) -> dict[str, Any]:
         n = len(items)
