@@ -17,7 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 SERVER_NAME = "localhost"
 START_TIMEOUT = 90.0  # seconds: Synapse builds its SQLite schema on the first start
@@ -67,6 +67,7 @@ class Synapse:
         self.secret = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log: IO[bytes] | None = None
 
     def __enter__(self) -> Synapse:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -74,8 +75,8 @@ class Synapse:
         cfg.write_text(_config(self.root, self.port, self.secret))
         cmd = [sys.executable, "-m", "synapse.app.homeserver", "--config-path", str(cfg)]
         subprocess.run([*cmd, "--generate-keys"], check=True, capture_output=True, timeout=120)
-        log = (self.root / "synapse.log").open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
+        self.log = (self.root / "synapse.log").open("wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root)
         end = time.monotonic() + START_TIMEOUT
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -97,6 +98,8 @@ class Synapse:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self.log is not None:
+            self.log.close()
 
     def log_tail(self) -> str:
         path = self.root / "synapse.log"
