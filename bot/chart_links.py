@@ -1,5 +1,5 @@
 """Charts served by the bot behind signed, expiring links, for a chat that cannot take an image from
-msmon (a Feishu custom bot without app credentials): `GET /charts/<token>`.
+msmon (a Feishu custom bot, a DingTalk robot): `GET /charts/<token>`.
 
 `ChartLinks.publish` writes the PNG under a content-addressed name (its SHA-256, so no job text reaches
 the file system) and returns the link `<public_url>/charts/<sha>.<expires>.<hmac>`; `check` gives the
@@ -74,16 +74,16 @@ class ChartLinks:
 
 
 def chart_links(cfg: BotConfig, clock: Callable[[], float] = time.time) -> ChartLinks | None:
-    """The bot's chart links when bot.feishu.public_url and the link key are set; else None (no links)."""
-    fs = cfg.feishu
-    key = os.environ.get(fs.chart_link_secret_env, "")
-    if not fs.public_url:
+    """The bot's chart links when bot.chart_links.public_url and the link key are set; else None (no links)."""
+    cl = cfg.chart_links
+    if not cl.public_url:
         return None
+    key = os.environ.get(cl.secret_env, "")
     if not key:
-        log.warning("msmon bot: Feishu alerts go without chart links: the environment variable %s (the key that "
-                    "signs them) is empty", fs.chart_link_secret_env)
+        log.warning("msmon bot: Feishu and DingTalk alerts go without chart links: the environment variable %s (the "
+                    "key that signs them) is empty", cl.secret_env)
         return None
-    return ChartLinks(key.encode(), fs.chart_link_ttl, Path(cfg.console.charts_dir) / "links", fs.public_url, clock)
+    return ChartLinks(key.encode(), cl.ttl, Path(cfg.console.charts_dir) / "links", cl.public_url, clock)
 
 
 def add_chart_route(app: web.Application, links: ChartLinks | None) -> None:

@@ -344,6 +344,21 @@ def _url_problems(section: object, *keys: str) -> Iterator[tuple[str, str]]:
 
 
 @dataclasses.dataclass
+class ChartLinksConfig:
+    """Charts the bot serves behind signed, expiring links (bot/chart_links.py), for the robots that cannot
+    take an image from msmon: a Feishu custom bot (a link in a card), a DingTalk robot (an actionCard)."""
+
+    public_url: str | None = _f(None, "the bot's address as people reach it (null: no chart links)")
+    secret_env: str = _f("MSMON_CHART_LINK_SECRET", "environment variable with the key that signs the links")
+    ttl: float = _f(7 * DAY, "seconds a chart link works", ge=60, le=90 * DAY)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        problem = url_problem(self.public_url) if self.public_url is not None else None
+        if problem:
+            yield "public_url", problem
+
+
+@dataclasses.dataclass
 class FeishuConfig:
     """A Feishu/Lark custom bot (bot/receivers/feishu.py): its webhook URL and signing secret from the environment."""
 
@@ -354,16 +369,6 @@ class FeishuConfig:
                                      "subscription Verification Token (unset: /feishu/events refuses every request)")
     encrypt_key_env: str = _f("FEISHU_ENCRYPT_KEY", "environment variable with the app's Encrypt Key (set: events "
                               "must be encrypted and signed)")
-    public_url: str | None = _f(None, "the bot's address as people reach it, for chart links in Feishu cards "
-                                "(null: no chart links)")
-    chart_link_secret_env: str = _f("FEISHU_CHART_LINK_SECRET", "environment variable with the key that signs chart "
-                                    "links")
-    chart_link_ttl: float = _f(7 * DAY, "seconds a chart link works", ge=60, le=90 * DAY)
-
-    def check(self) -> Iterator[tuple[str, str]]:
-        problem = url_problem(self.public_url) if self.public_url is not None else None
-        if problem:
-            yield "public_url", problem
 
 
 @dataclasses.dataclass
@@ -418,6 +423,7 @@ class BotConfig:
     feishu: FeishuConfig = _f(FeishuConfig(), "Feishu/Lark custom bot receiver")
     dingtalk: DingTalkConfig = _f(DingTalkConfig(), "DingTalk custom robot receiver")
     wecom: WeComConfig = _f(WeComConfig(), "WeCom group robot receiver")
+    chart_links: ChartLinksConfig = _f(ChartLinksConfig(), "chart links for Feishu and DingTalk robots")
 
     def check(self) -> Iterator[tuple[str, str]]:
         if not self.matrix.homeserver and any(r.receiver == "matrix" for r in self.routes):

@@ -15,6 +15,7 @@ from typing import Any
 
 from msmon.contract.wire import Severity, Status
 
+from ..chart_links import ChartLinks
 from . import Message, Note
 from .im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster, signed_dingtalk_url
 from .render import escape_dingtalk
@@ -30,11 +31,21 @@ class DingTalkReceiver(ChatWebhookReceiver):
     body_limit = BODY_LIMIT
     limit_text = "DingTalk's 20 messages a minute per robot"
 
-    def __init__(self, url: str, secret: str | None, clock: Callable[[], float],
-                 at_mobiles: Sequence[str] = (), at_user_ids: Sequence[str] = ()) -> None:
-        super().__init__(url, WebhookPoster("DingTalk", Budget(RATES), clock, "errcode", THROTTLED), PACE)
+    def __init__(self, url: str, secret: str | None, clock: Callable[[], float], at_mobiles: Sequence[str] = (),
+                 at_user_ids: Sequence[str] = (), links: ChartLinks | None = None) -> None:
+        super().__init__(url, WebhookPoster("DingTalk", Budget(RATES), clock, "errcode", THROTTLED), PACE, links)
         self.secret, self.clock = secret, clock
         self.at_mobiles, self.at_user_ids = list(at_mobiles), list(at_user_ids)
+
+    async def attach(self, channel: str, ref: str, msg: Message) -> None:
+        """The chart as an actionCard whose button opens its link: a robot cannot upload an image."""
+        url = self.chart_link(msg)
+        if url is None:
+            return
+        title = f"chart of {self.escape(msg.rule)} at step {msg.lead.step}"
+        await self._send({"msgtype": "actionCard", "actionCard": {
+            "title": title, "text": f"**{title}**\n\nrun {self.escape(msg.run_id)}", "btnOrientation": "0",
+            "singleTitle": "Open the chart", "singleURL": url}}, "chart")
 
     def signed_url(self) -> str:
         return signed_dingtalk_url(self.url, self.secret, int(self.clock() * 1000)) if self.secret else self.url

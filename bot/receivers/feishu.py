@@ -44,18 +44,15 @@ class FeishuReceiver(ChatWebhookReceiver):
 
     def __init__(self, url: str, secret: str | None, clock: Callable[[], float],
                  links: ChartLinks | None = None) -> None:
-        super().__init__(url, WebhookPoster("Feishu", Budget(RATES), clock, "code", THROTTLED), PACE)
-        self.secret, self.clock, self.links = secret, clock, links
-        self.charts = links is not None
+        super().__init__(url, WebhookPoster("Feishu", Budget(RATES), clock, "code", THROTTLED), PACE, links)
+        self.secret, self.clock = secret, clock
 
     async def attach(self, channel: str, ref: str, msg: Message) -> None:
-        """The chart as a signed, expiring link to the bot (bot/chart_links.py) in a card of its own, when
-        the robot has room for it: a custom bot cannot upload an image."""
-        if msg.chart is None or self.links is None or not self.has_room():
-            return
-        url = self.links.publish(msg.chart)
-        text = f"[chart of {self.escape(msg.rule)} at step {msg.lead.step}]({url})"
-        await self._send(self.markdown_body("chart", text), "chart")
+        """The chart as its link in a card of its own: a custom bot cannot upload an image."""
+        url = self.chart_link(msg)
+        if url is not None:
+            text = f"[chart of {self.escape(msg.rule)} at step {msg.lead.step}]({url})"
+            await self._send(self.markdown_body("chart", text), "chart")
 
     def escape(self, value: str) -> str:
         return escape_feishu(value)

@@ -37,7 +37,7 @@ def im_receivers(cfg: BotConfig, clock: Callable[[], float] = time.time) -> dict
     if "dingtalk" in used:
         dt = cfg.dingtalk
         out["dingtalk"] = DingTalkReceiver(_url("dingtalk", dt.webhook_env), os.environ.get(dt.secret_env) or None,
-                                           clock, dt.at_mobiles, dt.at_user_ids)
+                                           clock, dt.at_mobiles, dt.at_user_ids, chart_links(cfg, clock))
     if "wecom" in used:
         out["wecom"] = WeComReceiver(_url("wecom", cfg.wecom.webhook_env), clock)
     return out

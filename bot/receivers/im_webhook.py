@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from ..chart_links import ChartLinks
 from . import DeliveryError, Message, Note
 from .render import Escape, escape_plain_im, num, text, title
 from .slack import retry_after
@@ -237,9 +238,10 @@ class ChatWebhookReceiver:
     body_limit = 20 * 1024
     limit_text = ""  # the platform's documented rate, for the summary's first line
 
-    def __init__(self, url: str, poster: WebhookPoster, pace: Pace) -> None:
-        self.url, self.poster = url, poster
+    def __init__(self, url: str, poster: WebhookPoster, pace: Pace, links: ChartLinks | None = None) -> None:
+        self.url, self.poster, self.links = url, poster, links
         self.batcher = Batcher(poster.budget, pace)
+        self.charts = self.charts or links is not None
         self._sent = 0
 
     def signed_url(self) -> str:
@@ -266,6 +268,13 @@ class ChatWebhookReceiver:
         summarised, so in a storm the text goes and the chart does not)."""
         now = self.poster.clock()
         return self.poster.budget.wait(now) == 0.0 and self.poster.budget.recent(now) < self.batcher.pace.direct
+
+    def chart_link(self, msg: Message) -> str | None:
+        """The signed, expiring link to `msg`'s chart (bot/chart_links.py) for a robot that cannot upload an
+        image, when there is a chart, links are configured and the robot has room for one more message."""
+        if msg.chart is None or self.links is None or not self.has_room():
+            return None
+        return self.links.publish(msg.chart)
 
     def note_url(self, note: Note) -> str | None:
         """Where a note goes instead of the robot's webhook (DingTalk: the conversation's sessionWebhook)."""

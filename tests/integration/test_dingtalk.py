@@ -183,3 +183,25 @@ def test_a_commands_later_result_goes_to_the_conversations_session_webhook(tmp_p
             assert second.path.endswith("/robot/send")  # not the robot's host: the robot's own webhook
             await rx.close()
     asyncio.run(scenario())
+
+
+def test_the_chart_goes_as_an_actioncard_opening_its_signed_link(tmp_path):
+    from bot.chart_links import ChartLinks
+
+    async def scenario() -> None:
+        clock = Clock()
+        robot = DingTalkRobot(clock, secret=SECRET)
+        async with robot.serving() as base:
+            links = ChartLinks(b"link-key", 3600.0, tmp_path / "links", "http://bot.example", clock)
+            rx = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", SECRET, clock, links=links)
+            bot = ImBot(tmp_path, rx, clock, charts=True)
+            bot.ingest([event()])
+            await bot.drain(T0 + 5)
+            alert, chart = robot.delivered
+            card = chart.body["actionCard"]
+            assert chart.body["msgtype"] == "actionCard" and card["singleURL"].startswith("http://bot.example/charts/")
+            path = links.check(card["singleURL"].rsplit("/", 1)[1])
+            assert not isinstance(path, str) and path.read_bytes().startswith(b"\x89PNG")
+            bot.close()
+            await rx.close()
+    asyncio.run(scenario())

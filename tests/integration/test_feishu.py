@@ -214,7 +214,7 @@ def test_the_chart_is_a_signed_expiring_link_the_bot_serves(tmp_path, monkeypatc
     from bot.chart_links import ChartLinks
     from tests.fakes.bot_server import send
 
-    monkeypatch.setenv("FEISHU_CHART_LINK_SECRET", "link-key")
+    monkeypatch.setenv("MSMON_CHART_LINK_SECRET", "link-key")
 
     async def scenario() -> None:
         clock = Clock()
@@ -242,7 +242,7 @@ def test_the_chart_is_a_signed_expiring_link_the_bot_serves(tmp_path, monkeypatc
 
     server = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "served.sqlite"),
                                 "console": {"charts_dir": str(tmp_path)},
-                                "feishu": {"public_url": "http://bot.example", "chart_link_ttl": 3600}}})
+                                "chart_links": {"public_url": "http://bot.example", "ttl": 3600}}})
     try:
         # the link was made at T0 (2023) with an hour to live: expired by the bot's real clock
         status, reason = send(urllib.request.Request(f"{server.url}/charts/{token}"))
