@@ -369,6 +369,9 @@ class FeishuConfig:
                                      "subscription Verification Token (unset: /feishu/events refuses every request)")
     encrypt_key_env: str = _f("FEISHU_ENCRYPT_KEY", "environment variable with the app's Encrypt Key (set: events "
                               "must be encrypted and signed)")
+    app_id: str = _f("", "the app's App ID (cli_...), to upload charts as images (empty: chart links, if any)")
+    app_secret_env: str = _f("FEISHU_APP_SECRET", "environment variable with the app's App Secret")
+    api_base: str = _f("https://open.feishu.cn", "Open API address (Lark: https://open.larksuite.com)")
 
 
 @dataclasses.dataclass

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
+
 from msmon.contract.wire import Severity, Status
 
 from ..chart_links import ChartLinks
-from . import Message
+from . import DeliveryError, Message
 from .im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster, feishu_sign
 from .render import escape_feishu, escape_plain_im, title
 
@@ -37,18 +39,66 @@ def card(body_text: str, msg: Message | None = None) -> dict[str, Any]:
     return out
 
 
+class FeishuApp:
+    """An app's credentials, for what a custom bot cannot do: upload the chart (`im/v1/images`, with a
+    `tenant_access_token` from `auth/v3/tenant_access_token/internal`, kept until 5 minutes before it
+    expires) so that the card shows it as an image. Plain JSON/multipart over the poster's session."""
+
+    def __init__(self, app_id: str, app_secret: str, api_base: str, poster: WebhookPoster) -> None:
+        self.app_id, self.app_secret, self.api_base, self.poster = app_id, app_secret, api_base.rstrip("/"), poster
+        self._token: tuple[str, float] | None = None  # (token, valid until)
+
+    async def _json(self, what: str, coro: Any) -> dict[str, Any]:
+        try:
+            async with coro as resp:
+                raw, status, retry = await resp.read(), resp.status, resp.headers.get("Retry-After")
+        except Exception as exc:  # noqa: BLE001 - aiohttp errors, timeouts: all a failed delivery
+            raise DeliveryError(f"Feishu {what} failed: {type(exc).__name__}: {exc}") from None
+        return self.poster.answer(what, status, retry, raw)
+
+    async def token(self) -> str:
+        now = self.poster.clock()
+        if self._token is None or self._token[1] <= now:
+            answer = await self._json("tenant_access_token", self.poster.session().post(
+                f"{self.api_base}/open-apis/auth/v3/tenant_access_token/internal",
+                json={"app_id": self.app_id, "app_secret": self.app_secret}))
+            self._token = (str(answer["tenant_access_token"]), now + float(answer.get("expire", 7200)) - 300.0)
+        return self._token[0]
+
+    async def upload(self, png: bytes) -> str:
+        """The image_key of `png` uploaded as a message image."""
+        form = aiohttp.FormData()
+        form.add_field("image_type", "message")
+        form.add_field("image", png, filename="chart.png", content_type="image/png")
+        answer = await self._json("im/v1/images", self.poster.session().post(
+            f"{self.api_base}/open-apis/im/v1/images", data=form,
+            headers={"Authorization": f"Bearer {await self.token()}"}))
+        return str(answer["data"]["image_key"])
+
+
 class FeishuReceiver(ChatWebhookReceiver):
     name = "feishu"
     body_limit = BODY_LIMIT
     limit_text = "Feishu's 100 messages a minute and 5 a second per bot"
 
     def __init__(self, url: str, secret: str | None, clock: Callable[[], float],
-                 links: ChartLinks | None = None) -> None:
+                 links: ChartLinks | None = None, app: tuple[str, str, str] | None = None) -> None:
         super().__init__(url, WebhookPoster("Feishu", Budget(RATES), clock, "code", THROTTLED), PACE, links)
         self.secret, self.clock = secret, clock
+        self.app = FeishuApp(*app, self.poster) if app else None  # (app_id, app_secret, api_base)
+        self.charts = self.charts or self.app is not None
 
     async def attach(self, channel: str, ref: str, msg: Message) -> None:
-        """The chart as its link in a card of its own: a custom bot cannot upload an image."""
+        """The chart in a card of its own: as an image uploaded with the app's credentials when there are
+        some, else as its signed link (a custom bot alone cannot upload an image)."""
+        if self.app is not None and msg.chart is not None and self.has_room():
+            key = await self.app.upload(msg.chart)
+            alt = f"chart of {msg.rule} at step {msg.lead.step}"
+            body = self.markdown_body("chart", "")
+            body["card"]["elements"] = [{"tag": "img", "img_key": key,
+                                         "alt": {"tag": "plain_text", "content": escape_plain_im(alt)[:200]}}]
+            await self._send(body, "chart")
+            return
         url = self.chart_link(msg)
         if url is not None:
             text = f"[chart of {self.escape(msg.rule)} at step {msg.lead.step}]({url})"

@@ -32,8 +32,10 @@ def im_receivers(cfg: BotConfig, clock: Callable[[], float] = time.time) -> dict
     out: dict[str, Receiver] = {}
     if "feishu" in used:
         fs = cfg.feishu
+        app_secret = os.environ.get(fs.app_secret_env, "")
+        app = (fs.app_id, app_secret, fs.api_base) if fs.app_id and app_secret else None
         out["feishu"] = FeishuReceiver(_url("feishu", fs.webhook_env), os.environ.get(fs.secret_env) or None, clock,
-                                       chart_links(cfg, clock))
+                                       chart_links(cfg, clock), app)
     if "dingtalk" in used:
         dt = cfg.dingtalk
         out["dingtalk"] = DingTalkReceiver(_url("dingtalk", dt.webhook_env), os.environ.get(dt.secret_env) or None,

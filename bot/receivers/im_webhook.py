@@ -93,7 +93,7 @@ class WebhookPoster:
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
 
-    def _client(self) -> aiohttp.ClientSession:
+    def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         return self._session
@@ -111,14 +111,15 @@ class WebhookPoster:
         self.budget.take(now)
         data = json.dumps(body, ensure_ascii=False).encode()
         try:
-            async with self._client().post(url, data=data, headers={"Content-Type": "application/json"}) as resp:
+            async with self.session().post(url, data=data, headers={"Content-Type": "application/json"}) as resp:
                 raw = await resp.read()
                 status, retry = resp.status, resp.headers.get("Retry-After")
         except Exception as exc:  # noqa: BLE001 - aiohttp errors, timeouts: all a failed delivery
             raise DeliveryError(f"{self.platform} {what} failed: {type(exc).__name__}: {exc}") from None
-        return self._answer(what, status, retry, raw)
+        return self.answer(what, status, retry, raw)
 
-    def _answer(self, what: str, status: int, retry: str | None, raw: bytes) -> dict[str, Any]:
+    def answer(self, what: str, status: int, retry: str | None, raw: bytes) -> dict[str, Any]:
+        """The platform's JSON answer when it says success (code 0); else a DeliveryError that names it."""
         try:
             answer = json.loads(raw)
         except ValueError:

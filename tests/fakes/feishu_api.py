@@ -15,6 +15,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from aiohttp import web
+
 from tests.fakes.im_robot import FakeRobot, RateWindow
 
 BODY_LIMIT = 20 * 1024
@@ -35,10 +37,43 @@ def expected_sign(timestamp: str, secret: str) -> str:
 class FeishuBot(FakeRobot):
     routes = ("/open-apis/bot/v2/hook/{token}",)
 
-    def __init__(self, clock: Callable[[], float], token: str = "hook-token", secret: str | None = None) -> None:
+    def __init__(self, clock: Callable[[], float], token: str = "hook-token", secret: str | None = None,
+                 app: tuple[str, str] | None = None) -> None:
         super().__init__(clock)
         self.token, self.secret = token, secret
         self.minute, self.second = RateWindow(100, 60.0, 0.0), RateWindow(5, 1.0, 0.0)
+        self.app = app
+        self.tokens: list[str] = []
+        self.images: list[bytes] = []
+
+    def more_routes(self, app: web.Application) -> None:
+        """An app's `tenant_access_token` (auth/v3/tenant_access_token/internal: app_id and app_secret, else
+        the generic code 10014) and `im/v1/images` (multipart image_type=message and image, a valid Bearer
+        token else 99991663, at most 10 MB else 234006); `app` is (app_id, app_secret)."""
+        app.router.add_post("/open-apis/auth/v3/tenant_access_token/internal", self._token)
+        app.router.add_post("/open-apis/im/v1/images", self._image)
+
+    async def _token(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.app is None or (body.get("app_id"), body.get("app_secret")) != self.app:
+            return web.json_response({"code": 10014, "msg": "app secret invalid"})
+        token = f"t-{len(self.tokens) + 1:040d}"
+        self.tokens.append(token)
+        return web.json_response({"code": 0, "msg": "ok", "tenant_access_token": token, "expire": 7200})
+
+    async def _image(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization", "").removeprefix("Bearer ") not in self.tokens:
+            return web.json_response({"code": 99991663, "msg": "Invalid access token for authorization."},
+                                     status=400)
+        form = await request.post()
+        image = form.get("image")
+        if form.get("image_type") != "message" or not isinstance(image, web.FileField):
+            return web.json_response({"code": 234001, "msg": "Invalid request param."}, status=400)
+        png = image.file.read()
+        if len(png) > 10 * 1024 * 1024:
+            return web.json_response({"code": 234006, "msg": "The image size exceeds limit."}, status=400)
+        self.images.append(png)
+        return web.json_response({"code": 0, "data": {"image_key": f"img_v2_{len(self.images)}"}, "msg": "success"})
 
     def answer(self, path: str, query: dict[str, str], raw: bytes, body: Any, now: float) -> tuple[int, dict[str, Any]]:
         if path.rsplit("/", 1)[-1] != self.token:

@@ -73,6 +73,9 @@ class FakeRobot:
         self.calls.append(Call(request.path, dict(request.query), body, raw, now, answer, status))
         return web.json_response(answer, status=status)
 
+    def more_routes(self, app: web.Application) -> None:
+        """A platform's other endpoints (Feishu: the app's token and image upload)."""
+
     @property
     def delivered(self) -> list[Call]:
         return [c for c in self.calls if c.ok]
@@ -83,6 +86,7 @@ class FakeRobot:
         app = web.Application(client_max_size=8 << 20)
         for route in self.routes:
             app.router.add_post(route, self._handle)
+        self.more_routes(app)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         try:

@@ -5,6 +5,7 @@ its schema and 20 KB, and 100 a minute / 5 a second, answering with Feishu's cod
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -254,3 +255,28 @@ def test_the_chart_is_a_signed_expiring_link_the_bot_serves(tmp_path, monkeypatc
         assert send(urllib.request.Request(server.url + "/charts/" + forged))[0] == 403
     finally:
         server.stop()
+
+
+def test_with_app_credentials_the_chart_is_uploaded_and_shown_as_an_image(tmp_path):
+    async def scenario() -> None:
+        clock = Clock()
+        bot_api = FeishuBot(clock, app=("cli_msmon", "app-secret"))
+        async with bot_api.serving() as base:
+            rx = FeishuReceiver(f"{base}/open-apis/bot/v2/hook/hook-token", None, clock,
+                                app=("cli_msmon", "app-secret", base))
+            bot = ImBot(tmp_path, rx, clock, charts=True)
+            bot.ingest([event(run="run-1"), event(run="run-1", rule="loss_spike")])
+            await bot.drain(T0 + 5)
+            cards = [c.body["card"] for c in bot_api.delivered]
+            images = [e for card in cards for e in card["elements"] if e["tag"] == "img"]
+            assert [e["img_key"] for e in images] == ["img_v2_1", "img_v2_2"]
+            assert all(png.startswith(b"\x89PNG") for png in bot_api.images)
+            assert len(bot_api.tokens) == 1  # the tenant_access_token is kept for its two hours
+            wrong = FeishuReceiver(f"{base}/open-apis/bot/v2/hook/hook-token", None, clock,
+                                   app=("cli_msmon", "not-it", base))
+            with pytest.raises(DeliveryError, match="code 10014"):
+                await wrong.attach("c", "ref", dataclasses.replace(_message(event()), chart=b"\x89PNG"))
+            bot.close()
+            await rx.close()
+            await wrong.close()
+    asyncio.run(scenario())
