@@ -29,7 +29,8 @@ DAY = 86_400.0
 add_bounds(RuleParams, warning={"ge": 0, "le": 1e12}, error={"ge": 0, "le": 1e12}, consecutive={"le": 10_000},
            window={"le": 100_000}, window_steps={"le": 10_000_000}, min_t={"le": 1_000}, jump={"le": 1_000},
            min_fluctuation={"le": 100}, epsilon={"le": 1}, min_seconds={"le": DAY}, gross={"le": 1e6},
-           long_warning={"le": 1e6}, long_error={"le": 1e6}, long_window={"le": 100_000})
+           long_warning={"le": 1e6}, long_error={"le": 1e6}, long_window={"le": 100_000},
+           min_steps={"le": 1_000_000}, repeats={"le": 10_000})
 for _ratio_rule in ("loss_spike", "grad_norm_spike", "grad_norm_creep", "step_stall", "straggler", "vanished_grad",
                     "loss_forecast"):  # multiples, counts, loss units: below a million
     add_bounds(RULES[_ratio_rule][0], warning={"le": 1e6}, error={"le": 1e6})
