@@ -8,6 +8,8 @@ cause. Job text is escaped for lark_md (render.escape_feishu); the card's header
 
 from __future__ import annotations
 
+import json
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +18,7 @@ import aiohttp
 from msmon.contract.wire import Severity, Status
 
 from ..chart_links import ChartLinks
-from . import DeliveryError, Message
+from . import DeliveryError, Message, Note
 from .im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster, feishu_sign
 from .render import escape_feishu, escape_plain_im, title
 
@@ -65,6 +67,13 @@ class FeishuApp:
             self._token = (str(answer["tenant_access_token"]), now + float(answer.get("expire", 7200)) - 300.0)
         return self._token[0]
 
+    async def reply(self, message_id: str, card: dict[str, Any]) -> None:
+        """`card` as a reply to the message `message_id` (im/v1/messages/:message_id/reply), in its thread."""
+        await self._json("im/v1/messages reply", self.poster.session().post(
+            f"{self.api_base}/open-apis/im/v1/messages/{urllib.parse.quote(message_id, safe='')}/reply",
+            json={"msg_type": "interactive", "content": json.dumps(card, ensure_ascii=False)},
+            headers={"Authorization": f"Bearer {await self.token()}"}))
+
     async def upload(self, png: bytes) -> str:
         """The image_key of `png` uploaded as a message image."""
         form = aiohttp.FormData()
@@ -106,6 +115,14 @@ class FeishuReceiver(ChatWebhookReceiver):
 
     def escape(self, value: str) -> str:
         return escape_feishu(value)
+
+    async def note(self, note: Note) -> None:
+        """With the app's credentials, a command's answer is a reply to the command message (its ReplyTo's
+        thread, from bot/feishu_inbound.py); else it goes to the group through the bot's webhook."""
+        if self.app is None or not note.reply_to.thread:
+            await super().note(note)
+            return
+        await self.app.reply(note.reply_to.thread, self.note_body(note)["card"])
 
     def markdown_body(self, head: str, text: str, msg: Message | None = None) -> dict[str, Any]:
         """An interactive card, signed when the bot has a secret (`timestamp` and `sign` in the body)."""

@@ -339,12 +339,15 @@ class ChatWebhookReceiver:
     async def reply(self, channel: str, ref: str, msg: Message) -> None:
         await self._alert(msg, "reply")
 
+    def note_body(self, note: Note) -> dict[str, Any]:
+        """A note (a command's answer, a result) as the platform's markdown message, job text escaped."""
+        text = "\n\n".join(self.escape(line) for line in note.text.splitlines())
+        return fit_body(lambda t: self.markdown_body("msmon", t), text, self.body_limit)
+
     async def note(self, note: Note) -> None:
-        lines = note.text.splitlines() or [""]
-        text = "\n\n".join(self.escape(line) for line in lines)
-        body = fit_body(lambda t: self.markdown_body("msmon", t), text, self.body_limit)
         item = "note:" + (note.command_id or hashlib.sha256(note.text.encode()).hexdigest()[:16])
-        await self._paced(item, "- " + self.escape(lines[0]), body, "note", self.note_url(note))
+        first = (note.text.splitlines() or [""])[0]
+        await self._paced(item, "- " + self.escape(first), self.note_body(note), "note", self.note_url(note))
 
 
 def markdown_text(msg: Message, esc: Escape) -> str:

@@ -45,6 +45,7 @@ class FeishuBot(FakeRobot):
         self.app = app
         self.tokens: list[str] = []
         self.images: list[bytes] = []
+        self.replies: list[tuple[str, Any]] = []  # (message replied to, its card)
 
     def more_routes(self, app: web.Application) -> None:
         """An app's `tenant_access_token` (auth/v3/tenant_access_token/internal: app_id and app_secret, else
@@ -52,6 +53,19 @@ class FeishuBot(FakeRobot):
         token else 99991663, at most 10 MB else 234006); `app` is (app_id, app_secret)."""
         app.router.add_post("/open-apis/auth/v3/tenant_access_token/internal", self._token)
         app.router.add_post("/open-apis/im/v1/images", self._image)
+        app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", self._reply)
+
+    async def _reply(self, request: web.Request) -> web.Response:
+        """im/v1/messages/:message_id/reply: a Bearer token, msg_type and content (a JSON string)."""
+        if request.headers.get("Authorization", "").removeprefix("Bearer ") not in self.tokens:
+            return web.json_response({"code": 99991663, "msg": "Invalid access token for authorization."},
+                                     status=400)
+        body = await request.json()
+        if body.get("msg_type") != "interactive" or not isinstance(body.get("content"), str):
+            return web.json_response({"code": 230001, "msg": "Your request contains an invalid request parameter."},
+                                     status=400)
+        self.replies.append((request.match_info["message_id"], json.loads(body["content"])))
+        return web.json_response({"code": 0, "msg": "success", "data": {"message_id": f"om_r{len(self.replies)}"}})
 
     async def _token(self, request: web.Request) -> web.Response:
         body = await request.json()

@@ -114,10 +114,11 @@ def _message(e: Event) -> Message:
 TOKEN, KEY = "v-token", "encrypt-key"
 
 
-def _commands_bot(tmp_path):
+def _commands_bot(tmp_path, feishu: dict | None = None):
     from tests.fakes.bot_server import BotServer
 
     return BotServer({"bot": {
+        "feishu": feishu or {},
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "routes": [{"receiver": "feishu", "channel": "oc_team"}],
@@ -279,4 +280,29 @@ def test_with_app_credentials_the_chart_is_uploaded_and_shown_as_an_image(tmp_pa
             bot.close()
             await rx.close()
             await wrong.close()
+    asyncio.run(scenario())
+
+
+def test_with_app_credentials_the_answer_is_a_reply_to_the_command_message(tmp_path, monkeypatch):
+    from tests.fakes.feishu_api import event_request, message_event
+
+    monkeypatch.setenv("FEISHU_VERIFICATION_TOKEN", TOKEN)
+    monkeypatch.setenv("FEISHU_APP_SECRET", "app-secret")
+
+    async def scenario() -> None:
+        bot_api = FeishuBot(time.time, app=("cli_msmon", "app-secret"))
+        async with bot_api.serving() as base:
+            monkeypatch.setenv("FEISHU_WEBHOOK_URL", f"{base}/open-apis/bot/v2/hook/hook-token")
+            bot = await asyncio.to_thread(_commands_bot, tmp_path, {"app_id": "cli_msmon", "api_base": base})
+            try:
+                status, _ = await asyncio.to_thread(_post, bot, *event_request(
+                    message_event("status run-42", TOKEN, message_id="om_cmd")))
+                assert status == 200
+                await wait_for_async(lambda: len(bot_api.replies) == 1)
+                message_id, card = bot_api.replies[0]
+                assert message_id == "om_cmd"
+                assert "No run \\`run-42\\` has reported to this bot" in card["elements"][0]["text"]["content"]
+                assert not bot_api.delivered  # not through the group's webhook
+            finally:
+                await asyncio.to_thread(bot.stop)
     asyncio.run(scenario())
