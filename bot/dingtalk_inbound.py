@@ -73,8 +73,8 @@ class DingTalkInbound:
         if not isinstance(msg, dict) or msg.get("msgtype") != "text" or not isinstance(msg.get("text"), dict):
             return web.json_response({})  # another message type: nothing to do
         user = str(msg.get("senderStaffId") or msg.get("senderId") or "")
-        msg_id = str(msg.get("msgId") or "")
-        if not user or not self.replays.first("dingtalk:" + msg_id, int(self.clock())):
+        once = str(msg.get("msgId") or request.headers.get("sign", ""))  # the message, else the signed request
+        if not user or not self.replays.first("dingtalk:" + once, int(self.clock())):
             return web.json_response({})
         text = str(msg["text"].get("content", "")).strip()
         text = text[len("/msmon"):].strip() if text.startswith("/msmon") else text
