@@ -454,11 +454,6 @@ def _global_norm(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any]
         rec.add(f"{SECTION}.step_interval", cfg.step_interval, f"MindFormers stops after {count} steps in a row, "
                 f"msmon samples every {cfg.step_interval}: the run can stop before msmon pages; a step_interval of "
                 f"at most {count - 1} pages first", acted=False)
-    if _given(section, "alert", "baseline_steps") is None and cfg.alert.baseline_steps:
-        rec.add(f"{SECTION}.alert.baseline_steps", 0, f"was {cfg.alert.baseline_steps}: "
-                "MindFormers acts on the global norm from the first step, so msmon alerts from the first step "
-                "too; set alert.baseline_steps for a quiet warmup")
-        cfg.alert.baseline_steps = 0
     if m.check_for_global_norm and cfg.step_interval > 1:
         rec.add(f"{SECTION}.step_interval", cfg.step_interval, "MindFormers checks the global norm every step, "
                 f"msmon every {cfg.step_interval}: a one-step spike between samples stops the run unseen by msmon; "
