@@ -11,9 +11,9 @@ from typing import Any
 from bot.app import INGEST, OUTBOX, STORE, create_app
 from bot.config import load_bot_config
 from bot.delivery import Policy
-from bot.receivers import Receiver
+from bot.receivers import Message, Receiver
 from bot.receivers.console import ConsoleReceiver
-from msmon.contract.wire import Envelope, Event
+from msmon.contract.wire import Envelope, Event, Status
 
 T0 = 1_700_000_000.0
 
@@ -61,3 +61,9 @@ class ImBot:
 
     def close(self) -> None:
         self.app[STORE].close()
+
+
+def message(e: Event) -> Message:
+    """A firing alert of one event, as the outbox hands it to a receiver."""
+    return Message(key="k", run_id=e.run_id, project="llm", rule=e.rule, severity=e.severity, status=Status.FIRING,
+                   events=[e])

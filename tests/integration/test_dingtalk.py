@@ -13,7 +13,7 @@ from bot.receivers import DeliveryError
 from bot.receivers.dingtalk import DingTalkReceiver
 from msmon.contract.wire import Severity
 from tests.fakes.dingtalk_api import DingTalkRobot
-from tests.fakes.im_harness import T0, Clock, ImBot
+from tests.fakes.im_harness import T0, Clock, ImBot, message
 from tests.fakes.records import event
 
 SECRET = "SECtest0123456789"
@@ -89,7 +89,7 @@ def test_a_bad_signature_or_a_stale_clock_is_refused_with_dingtalks_code(secret,
         async with robot.serving() as base:
             rx = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", secret, Clock(T0 - skew))
             with pytest.raises(DeliveryError, match=f"code 310000: {errmsg}"):
-                await rx.post("oncall", _message())
+                await rx.post("oncall", message(event()))
             await rx.close()
     asyncio.run(scenario())
 
@@ -102,19 +102,11 @@ def test_dingtalks_throttle_is_a_retry_after_of_ten_minutes():
         async with robot.serving() as base:
             rx = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", None, clock)
             with pytest.raises(DeliveryError, match="130101") as info:
-                await rx.post("oncall", _message())
+                await rx.post("oncall", message(event()))
             assert info.value.retry_after == 600.0
             await rx.close()
     asyncio.run(scenario())
 
-
-def _message():
-    from bot.receivers import Message
-    from msmon.contract.wire import Status
-
-    e = event()
-    return Message(key="k", run_id=e.run_id, project="llm", rule=e.rule, severity=e.severity, status=Status.FIRING,
-                   events=[e])
 
 
 # -- commands: the enterprise robot's signed message callback, through the real bot on loopback -----------

@@ -11,11 +11,10 @@ import time
 
 import pytest
 
-from bot.receivers import DeliveryError, Message, Note
+from bot.receivers import DeliveryError, Note
 from bot.receivers.feishu import FeishuReceiver
-from msmon.contract.wire import Event, Status
 from tests.fakes.feishu_api import FeishuBot
-from tests.fakes.im_harness import T0, Clock, ImBot
+from tests.fakes.im_harness import T0, Clock, ImBot, message
 from tests.fakes.records import event
 
 SECRET = "feishu-secret"
@@ -50,7 +49,7 @@ def test_a_wrong_signature_or_an_hour_old_timestamp_is_19021(secret, skew):
         async with bot_api.serving() as base:
             rx = FeishuReceiver(f"{base}/open-apis/bot/v2/hook/hook-token", secret, Clock(T0 - skew))
             with pytest.raises(DeliveryError, match="code 19021: sign match fail"):
-                await rx.post("c", _message(event()))
+                await rx.post("c", message(event()))
             await rx.close()
     asyncio.run(scenario())
 
@@ -63,7 +62,7 @@ def test_a_huge_alert_is_cut_to_feishus_20_kb_and_accepted():
             rx = FeishuReceiver(f"{base}/open-apis/bot/v2/hook/hook-token", SECRET, clock)
             e = event()
             e.hint = "<b>&" * 20_000  # 80 kB of text that escaping makes longer still
-            await rx.post("c", _message(e))
+            await rx.post("c", message(e))
             (call,) = bot_api.delivered
             assert len(call.raw) <= 20 * 1024
             assert len(json.dumps(call.body, ensure_ascii=False).encode()) <= 20 * 1024
@@ -99,14 +98,10 @@ def test_an_unknown_hook_token_is_named():
         async with bot_api.serving() as base:
             rx = FeishuReceiver(f"{base}/open-apis/bot/v2/hook/wrong", None, clock)
             with pytest.raises(DeliveryError, match="code 19001: param invalid: incoming webhook access token"):
-                await rx.post("c", _message(event()))
+                await rx.post("c", message(event()))
             await rx.close()
     asyncio.run(scenario())
 
-
-def _message(e: Event) -> Message:
-    return Message(key="k", run_id=e.run_id, project="llm", rule=e.rule, severity=e.severity, status=Status.FIRING,
-                   events=[e])
 
 
 # -- commands: the app bot's event subscription, through the real bot on loopback -----------------------
@@ -276,7 +271,7 @@ def test_with_app_credentials_the_chart_is_uploaded_and_shown_as_an_image(tmp_pa
             wrong = FeishuReceiver(f"{base}/open-apis/bot/v2/hook/hook-token", None, clock,
                                    app=("cli_msmon", "not-it", base))
             with pytest.raises(DeliveryError, match="code 10014"):
-                await wrong.attach("c", "ref", dataclasses.replace(_message(event()), chart=b"\x89PNG"))
+                await wrong.attach("c", "ref", dataclasses.replace(message(event()), chart=b"\x89PNG"))
             bot.close()
             await rx.close()
             await wrong.close()

@@ -9,10 +9,9 @@ import hashlib
 
 import pytest
 
-from bot.receivers import DeliveryError, Message
+from bot.receivers import DeliveryError
 from bot.receivers.wecom import WeComReceiver
-from msmon.contract.wire import Event, Status
-from tests.fakes.im_harness import T0, Clock, ImBot
+from tests.fakes.im_harness import T0, Clock, ImBot, message
 from tests.fakes.records import event
 from tests.fakes.wecom_api import WeComRobot
 
@@ -46,7 +45,7 @@ def test_markdown_is_cut_to_4096_bytes_of_utf8():
             rx = WeComReceiver(f"{base}/cgi-bin/webhook/send?key=robot-key", clock)
             e = event()
             e.hint = "梯度爆炸 " * 2000  # 26 kB of UTF-8
-            await rx.post("c", _message(e))
+            await rx.post("c", message(e))
             (call,) = robot.delivered
             assert len(call.body["markdown"]["content"].encode()) <= 4096
             await rx.close()
@@ -61,16 +60,12 @@ def test_wecoms_limit_45009_is_a_retry_after_and_a_bad_key_is_93000():
         async with robot.serving() as base:
             rx = WeComReceiver(f"{base}/cgi-bin/webhook/send?key=robot-key", clock)
             with pytest.raises(DeliveryError, match="code 45009") as info:
-                await rx.post("c", _message(event()))
+                await rx.post("c", message(event()))
             assert info.value.retry_after == 60.0
             bad = WeComReceiver(f"{base}/cgi-bin/webhook/send?key=nope", clock)
             with pytest.raises(DeliveryError, match="code 93000: invalid webhook url"):
-                await bad.post("c", _message(event()))
+                await bad.post("c", message(event()))
             await rx.close()
             await bad.close()
     asyncio.run(scenario())
 
-
-def _message(e: Event) -> Message:
-    return Message(key="k", run_id=e.run_id, project="llm", rule=e.rule, severity=e.severity, status=Status.FIRING,
-                   events=[e])
