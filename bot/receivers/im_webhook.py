@@ -209,7 +209,8 @@ class Batcher:
         if item in self.done:
             return Done(self.done[item])
         free = self.budget.wait(now)
-        if not self.held and free == 0.0 and self.budget.recent(now) < self.pace.direct:
+        if set(self.held) <= {item} and free == 0.0 and self.budget.recent(now) < self.pace.direct:
+            self.held.pop(item, None)  # held alone, and there is room again: it goes as itself
             return Send()
         self.held[item] = line
         spacing = self._last_summary + self.pace.spacing - now

@@ -105,3 +105,12 @@ def test_hostile_job_text_is_shown_not_acted_on(escape):
     assert "**" not in out and "\n" not in out  # no emphasis, no new line (no heading, no quote)
     assert "@13800000000" not in out and "@\u2060" in out  # no mention of a mobile or a user
     assert "&amp;amp;" in out  # an entity in job text stays text
+
+
+def test_a_message_held_alone_goes_as_itself_once_there_is_room():
+    budget = Budget(((2, 60.0),))
+    batcher = Batcher(budget, Pace(direct=1, spacing=12.0))
+    assert isinstance(batcher.decide("a", "- a", 0.0), Send)
+    budget.take(0.0)
+    assert isinstance(batcher.decide("b", "- b", 1.0), Hold)
+    assert isinstance(batcher.decide("b", "- b", 61.0), Send) and not batcher.held
