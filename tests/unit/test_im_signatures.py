@@ -112,5 +112,9 @@ def test_a_message_held_alone_goes_as_itself_once_there_is_room():
     batcher = Batcher(budget, Pace(direct=1, spacing=12.0))
     assert isinstance(batcher.decide("a", "- a", 0.0), Send)
     budget.take(0.0)
-    assert isinstance(batcher.decide("b", "- b", 1.0), Hold)
-    assert isinstance(batcher.decide("b", "- b", 61.0), Send) and not batcher.held
+    summary = batcher.decide("b", "- b", 1.0)  # past the direct share, a summary slot is free
+    assert isinstance(summary, Summarise) and list(summary.items) == ["b"]
+    budget.take(1.0)
+    batcher.summarised(summary.items, "ref2", 1.0)
+    assert isinstance(batcher.decide("c", "- c", 2.0), Hold)  # the window is full
+    assert isinstance(batcher.decide("c", "- c", 61.5), Send) and not batcher.held  # a and b are out of it
