@@ -92,7 +92,7 @@ class CommandsConfig:
 class Route:
     """First matching route wins. Empty match fields match everything."""
 
-    receiver: str = _f("console", "console or slack")
+    receiver: str = _f("console", "where its alerts go: one of RECEIVERS")
     channel: str = _f("", "Slack channel ID (C...) for slack; a label for console")
     project: str | None = _f(None, "match: project")
     severity: Literal["WARNING", "ERROR"] | None = _f(None, "match: severity (null: both)")
@@ -431,6 +431,13 @@ class BotConfig:
     def check(self) -> Iterator[tuple[str, str]]:
         if not self.matrix.homeserver and any(r.receiver == "matrix" for r in self.routes):
             yield "matrix", "routes use matrix but bot.matrix.homeserver is not set"
+        used = {r.receiver for r in self.routes}
+        needs = (("alertmanager", "alertmanager", "webhook_url", self.alertmanager.webhook_url),
+                 ("alertmanager_api", "alertmanager", "api_url", self.alertmanager.api_url),
+                 ("webhook", "webhook", "url", self.webhook.url))
+        for receiver, section, key, value in needs:
+            if receiver in used and not value:
+                yield section, f"routes use {receiver} but bot.{section}.{key} is not set"
         mails = any(lv.email for p in self.escalations.values() for lv in p.levels)
         if mails and not self.email.host:
             yield "email", "escalation levels send email but bot.email.host is not set"

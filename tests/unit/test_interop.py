@@ -72,9 +72,19 @@ def test_a_pushed_alert_ends_only_when_resolved_and_job_data_stays_data():
 
 
 def test_a_route_to_an_interop_receiver_is_valid_and_an_unknown_one_names_them():
-    load_bot_config({"bot": {"routes": [{"receiver": r} for r in ("alertmanager", "alertmanager_api", "webhook")]}})
+    load_bot_config({"bot": {"routes": [{"receiver": r} for r in ("alertmanager", "alertmanager_api", "webhook")],
+                             "alertmanager": {"webhook_url": "http://127.0.0.1:9/am", "api_url": "http://127.0.0.1:9093"},
+                             "webhook": {"url": "https://hooks.example.org/x"}}})
     with pytest.raises(ConfigError, match=r"routes\[0\]\.receiver.*alertmanager_api"):
         load_bot_config({"bot": {"routes": [{"receiver": "alertmanagr"}]}})
+
+
+@pytest.mark.parametrize(("receiver", "key"), [("alertmanager", "bot.alertmanager.webhook_url"),
+                                               ("alertmanager_api", "bot.alertmanager.api_url"),
+                                               ("webhook", "bot.webhook.url")])
+def test_a_route_to_an_interop_receiver_without_its_address_is_a_config_error(receiver, key):
+    with pytest.raises(ConfigError, match=rf"routes use {receiver} but {key} is not set"):
+        load_bot_config({"bot": {"routes": [{"receiver": receiver}]}})
 
 
 def test_an_address_that_is_not_a_url_is_a_config_error_naming_its_key():
