@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(HASH)
 DEMO   := $(VENV)/.demo-$(HASH)
 comma  := ,
 
-.PHONY: demo test lint typecheck unit slow bench clean
+.PHONY: demo test services lint typecheck unit slow bench clean
 
 # $(call install,EXTRAS,STAMP-PREFIX): a venv with msmon and those extras, redone when pyproject.toml changes
 define install
@@ -27,7 +27,10 @@ $(DEMO): pyproject.toml
 demo: $(DEMO)
 	$(BIN)/msmon demo
 
-test: lint typecheck unit
+test: services lint typecheck unit
+
+services:
+	@bash tools/test-services.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
