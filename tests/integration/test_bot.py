@@ -11,15 +11,8 @@ from msmon.contract.wire import Envelope, Event, Sample, Severity, Status, Windo
 from notifier.transport import BotTransport
 from tests.fakes.bot_server import BotServer, wait_for
 from tests.fakes.records import envelope, event
-from tests.fakes.slack_api import SlackAPIServer
 
 pytest.importorskip("aiohttp")
-
-
-@pytest.fixture
-def slack():
-    with SlackAPIServer() as s:
-        yield s
 
 
 def config(tmp_path, slack=None, **pipeline):

@@ -25,7 +25,6 @@ from msmon.contract.wire import (
     encode,
 )
 from tests.fakes.bot_server import BotServer, wait_for
-from tests.fakes.slack_api import SlackAPIServer
 from tests.fakes.slack_signing import SECRET, click, signed_post, slash
 
 pytest.importorskip("aiohttp")
@@ -37,12 +36,6 @@ EXAMPLE_BODY = (b"token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=t
                 b"response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZ"
                 b"RskXaIFfN&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c")
 EXAMPLE_SIG = "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503"
-
-
-@pytest.fixture
-def slack():
-    with SlackAPIServer() as s:
-        yield s
 
 
 def config(tmp_path, slack, **commands):

@@ -22,12 +22,6 @@ DIGEST = {"channel": "C0ALERTS", "receiver": "slack", "cron": "0 9 * * 1-5", "ti
 
 
 @pytest.fixture
-def slack() -> Iterator[SlackAPIServer]:
-    with SlackAPIServer() as s:
-        yield s
-
-
-@pytest.fixture
 def bot(tmp_path, slack, monkeypatch) -> Iterator[BotServer]:
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")

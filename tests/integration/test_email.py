@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,18 +20,6 @@ from tests.fakes.smtp import ESCALATION_ENV, Logins, SMTPServer, escalating_bot_
 pytest.importorskip("aiosmtpd")
 
 MAIL_FIRST = {"levels": [{"after": 0, "email": ["oncall@example.org"]}, {"after": 600, "mention": ["U0LEAD"]}]}
-
-
-@pytest.fixture
-def slack() -> Iterator[SlackAPIServer]:
-    with SlackAPIServer() as s:
-        yield s
-
-
-@pytest.fixture
-def smtp() -> Iterator[SMTPServer]:
-    with SMTPServer() as s:
-        yield s
 
 
 @pytest.fixture(autouse=True)

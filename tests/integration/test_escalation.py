@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,18 +20,6 @@ from tests.fakes.smtp import ESCALATION_ENV, SMTPServer, escalating_bot_config
 pytest.importorskip("aiosmtpd")
 
 TICK = 0.05  # the escalator's real period in these tests
-
-
-@pytest.fixture
-def slack() -> Iterator[SlackAPIServer]:
-    with SlackAPIServer() as s:
-        yield s
-
-
-@pytest.fixture
-def smtp() -> Iterator[SMTPServer]:
-    with SMTPServer() as s:
-        yield s
 
 
 @pytest.fixture(autouse=True)

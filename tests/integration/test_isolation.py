@@ -14,18 +14,11 @@ import pytest
 
 from msmon.contract.wire import ActionResult, Envelope, Heartbeat, Poll, PollAnswer, Sample, decode, encode
 from tests.fakes.bot_server import BotServer, send
-from tests.fakes.slack_api import SlackAPIServer
 from tests.fakes.slack_signing import SECRET, signed_post
 
 pytest.importorskip("aiohttp")
 
 A, B = "job-token", "vision-token"  # project llm's jobs, project vision's jobs
-
-
-@pytest.fixture
-def slack():
-    with SlackAPIServer() as s:
-        yield s
 
 
 def config(tmp_path, slack, socket_mode=False):

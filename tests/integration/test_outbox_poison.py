@@ -47,12 +47,6 @@ def config(tmp_path: Any, slack: SlackAPIServer | None, routes: list[dict[str, A
 
 
 @pytest.fixture
-def slack():
-    with SlackAPIServer() as s:
-        yield s
-
-
-@pytest.fixture
 def env(monkeypatch):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("MSMON_TEST_OPS", "ops-token")
