@@ -12,11 +12,14 @@ the command came in through and read only by the receiver of that name.
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from msmon.common.retry import retry_after as parse_retry_after
 from msmon.contract.wire import Event, Severity, Status, decode
 
 
@@ -148,3 +151,15 @@ class Mailer(Protocol):
     async def mail(self, m: Mail) -> None:
         """Send one mail; DeliveryError to be retried."""
         ...
+
+
+def retry_after(value: Any) -> float | None:
+    """Seconds from a Retry-After header (a list of values, a number, delta seconds or an HTTP date, read
+    as the job reads it: msmon.common.retry), for every
+    receiver; None when absent, garbage, zero or infinite."""
+    if isinstance(value, list | tuple):
+        value = value[0] if value else None
+    if value is None:
+        return None
+    seconds = parse_retry_after(str(value), time.time(), math.inf)
+    return seconds if seconds is not None and 0 < seconds < math.inf else None

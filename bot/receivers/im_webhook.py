@@ -23,9 +23,8 @@ from typing import Any
 import aiohttp
 
 from ..chart_links import ChartLinks
-from . import DeliveryError, Message, Note
+from . import DeliveryError, Message, Note, retry_after
 from .render import Escape, escape_plain_im, num, text, title
-from .slack import retry_after
 
 
 def feishu_sign(timestamp: int, secret: str) -> str:

@@ -10,8 +10,6 @@ Job data is escaped for mrkdwn (render.escape_slack): it can neither mention nor
 from __future__ import annotations
 
 import logging
-import math
-import time
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
@@ -22,11 +20,10 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from msmon.common.retry import retry_after as parse_retry_after
 from msmon.common.safenames import slug
 from msmon.contract.wire import Status
 
-from . import DeliveryError, Message, Note
+from . import DeliveryError, Message, Note, retry_after
 from .render import (
     ICON,
     chart_line,
@@ -177,17 +174,6 @@ class SlackReceiver:
     async def reply(self, channel: str, ref: str, msg: Message) -> None:
         await self._call("chat.postMessage", self.client.chat_postMessage(
             channel=channel, thread_ts=ref, text=text(msg, escape_slack), blocks=blocks(msg), unfurl_links=False))
-
-
-def retry_after(value: Any) -> float | None:
-    """Seconds from a Retry-After header (a list of values, a number, delta seconds or an HTTP date, read
-    as the job reads it: notifier.sendq.retry_after); None when absent, garbage, zero or infinite."""
-    if isinstance(value, list | tuple):
-        value = value[0] if value else None
-    if value is None:
-        return None
-    seconds = parse_retry_after(str(value), time.time(), math.inf)
-    return seconds if seconds is not None and 0 < seconds < math.inf else None
 
 
 def _reason(body: Any) -> str:

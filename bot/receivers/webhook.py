@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from . import DeliveryError, Message, Note
+from . import DeliveryError, Message, Note, retry_after
 
 SCHEMA = "msmon.webhook/1"
 REPLAY_WINDOW = 300.0  # seconds a consumer accepts a timestamp away from its own clock (docs/webhook.md)
@@ -60,9 +60,8 @@ async def post_json(url: str, body: bytes, headers: Mapping[str, str] | None = N
                 return
             text = (await resp.text(errors="replace"))[:300]
             if resp.status == 429 or resp.status >= 500:
-                after = resp.headers.get("Retry-After", "")
                 raise DeliveryError(f"{url} answered {resp.status}: {text}",
-                                    float(after) if after.isdigit() else None)
+                                    retry_after(resp.headers.get("Retry-After")))
             raise ValueError(f"{url} refused the message with {resp.status}: {text}")
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise DeliveryError(f"{url} not reached: {type(exc).__name__}: {exc}") from None
