@@ -188,6 +188,10 @@ class Envelope(msgspec.Struct, kw_only=True):
     device: Id
     sent_at: float
     project: Id = "default"
+    # Who sent it, for the bot's view across ranks (bot/ranks): the rank in the job's world (None: a
+    # single-process job, or not known) and the host it runs on.
+    rank: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None
+    host: Id = ""
     labels: Labels = msgspec.field(default_factory=dict)
     events: Annotated[list[Event], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(default_factory=list)
     samples: Annotated[list[Sample], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(default_factory=list)
