@@ -62,7 +62,10 @@ class Sample(msgspec.Struct, kw_only=True, gc=False):
     time: float  # unix seconds
     loss: float | None = None
     learning_rate: float | None = None
-    grad_norm: float | None = None
+    grad_norm: float | None = None  # the norm of the reduced (all-reduced) gradient, where the job computes it
+    # This rank's own gradient norm before the all-reduce (data-parallel runs): what tells one bad rank
+    # apart; computed from the rank's own gradients, no collective operation added.
+    local_grad_norm: float | None = None
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     step_time: float | None = None  # mean seconds per step since the previous sample

@@ -22,6 +22,8 @@ def format_log_line(s: Sample, with_device: bool = False) -> str:
         parts.append(f"lr: {_sci(s.learning_rate)}")
     if s.grad_norm is not None:
         parts.append(f"grad_norm: {s.grad_norm:.3g}")
+    if s.local_grad_norm is not None:
+        parts.append(f"local_grad_norm: {s.local_grad_norm:.3g}")
     if s.tokens_per_s is not None:
         parts.append(f"throughput: {s.tokens_per_s:.0f} tokens/s")
     elif s.samples_per_s is not None:

@@ -11,6 +11,7 @@ TAGS: tuple[tuple[str, str], ...] = (
     ("loss", "train/loss"),
     ("learning_rate", "train/learning_rate"),
     ("grad_norm", "train/grad_norm"),
+    ("local_grad_norm", "train/local_grad_norm"),
     ("tokens_per_s", "throughput/tokens_per_s"),
     ("samples_per_s", "throughput/samples_per_s"),
     ("step_time", "time/step_time_s"),
