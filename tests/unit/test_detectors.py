@@ -651,7 +651,7 @@ def test_lr_staircase_warmup_and_constant_from_the_start_are_not_settled(start_a
 
 @pytest.mark.parametrize(("drop", "level", "threshold"), [(0.4, WARNING, 0.3), (0.7, ERROR, 0.6)])
 def test_throughput_sustained_drop(drop: float, level: Severity, threshold: float) -> None:
-    p = ThroughputDropParams()
+    p = ThroughputDropParams(min_rates=1)  # one span per sample (each carries 10 steps), judged one by one
     det = ThroughputDrop(p, DetectorContext())
     trace = clean_trace()
     drop_at = 1000
@@ -692,7 +692,7 @@ def test_throughput_short_dip_does_not_alert_through_the_gate() -> None:
 
 
 def test_throughput_falls_back_to_step_time() -> None:
-    p = ThroughputDropParams()
+    p = ThroughputDropParams(min_rates=1)
     det = ThroughputDrop(p, DetectorContext())
     trace = clean_trace()
     steps = [mk(s.step, step_time=s.step_time) for s in trace[:500]]

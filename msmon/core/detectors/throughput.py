@@ -24,6 +24,7 @@ def rate_of(s: Sample) -> tuple[float | None, str]:
 
 
 UNTIMED_STEPS = 10  # steps in a span when the samples carry no time (the default min_steps then)
+UNTIMED_RATES = 3  # rates pooled in a span when the samples carry no time (the default min_rates)
 
 
 @dataclasses.dataclass
@@ -32,13 +33,19 @@ class ThroughputDropParams(RuleParams):
 
     Rates are pooled into spans and each span's rate is judged: a span holds at least `min_seconds` of
     the samples' time when they carry it, and at least `min_steps` steps (by default 10 without the
-    samples' time, 1 with it). Time is the samples' own (a
+    samples' time, 1 with it); without the samples' time it also pools at least `min_rates` rates (3), so
+    that at `step_interval: 10` one step's hiccup is a third of a span, not all of it. Time is the samples' own (a
     replay's timestamps, the clock of a live job that counts tokens or samples), never how fast
     `Monitor.step` is called: a rate handed in measured (`throughput=`) without `time=` is pooled by steps
     alone. With the default `consecutive: 5` a drop must hold for 5 spans in a row (ERROR: 5 spans at
     the ERROR loss), so a dip of a few steps is averaged out inside one span. Short dips that repeat
     (`repeats` spans over a level, none held `consecutive` in a row, within `window` spans) are a WARNING,
     never an ERROR, until they stop.
+
+    A loss must also be beyond the rate's own noise: at least `noise_sigma` robust sigmas (IQR / 1.349
+    of the rolling spans) below the median, as well as the level's fraction. A 30% dip of a rate that
+    swings by 15% from span to span on a shared machine is its noise, not a drop; on a steady rate the
+    fraction alone decides.
 
     With `expected` (samples/s per device; MindFormers' `throughput_baseline` sets it) the loss is
     judged against that rate from the first span on, for samples that carry samples/s; the rolling
@@ -55,6 +62,10 @@ class ThroughputDropParams(RuleParams):
         ge=1, doc=f"fewest steps in a span judged (null: {UNTIMED_STEPS} when the samples carry no time, else 1)"))
     repeats: int = dataclasses.field(
         default=3, metadata=spec(ge=2, doc="short dips within `window` spans that make a WARNING"))
+    min_rates: int = dataclasses.field(default=UNTIMED_RATES, metadata=spec(
+        ge=1, le=10_000, doc="fewest rates pooled in a span when the samples carry no time"))
+    noise_sigma: float = dataclasses.field(default=3.0, metadata=spec(
+        ge=0, le=100, doc="a drop must also be this many robust sigmas of the spans' rate below the median (0: off)"))
     expected: float | None = dataclasses.field(default=None,
                                                metadata=spec(gt=0, le=1e12, doc="samples/s per device expected"))
 
@@ -71,12 +82,17 @@ class ThroughputDrop(BaselineRule):
         super().__init__(p.window)
         self.min_seconds = p.min_seconds
         self.min_steps = p.min_steps
+        self.min_rates = p.min_rates
+        self.noise_sigma = p.noise_sigma
         self.span = _Span()
         self.prev_step: int | None = None
         self.dips = Dips(p.repeats, p.window, p.consecutive)
 
     def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
-        med = w.median()
+        """The fraction lost against the median; 0 when the loss is within the rate's own noise."""
+        med, sigma = w.median_sigma()
+        if med - x < self.noise_sigma * sigma:
+            return 0.0, med
         return 1.0 - x / med, med
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
@@ -88,7 +104,7 @@ class ThroughputDrop(BaselineRule):
         span = self.span
         span.add(rate, max(s.step - prev, 1) if prev is not None else 1, s.elapsed)
         need = self.min_steps if self.min_steps is not None else 1 if span.timed else UNTIMED_STEPS
-        if span.steps < need or span.timed and span.seconds < self.min_seconds:
+        if span.steps < need or (span.seconds < self.min_seconds if span.timed else span.rates < self.min_rates):
             return SKIP  # still pooling: nothing new to judge
         rate, steps, seconds = span.close()
         lasted = f"over {steps} steps" + (f" and {seconds:.3g} s" if seconds is not None else "")
@@ -112,11 +128,12 @@ class _Span:
     """Work pooled since the last judged span: the rate weighted by the samples' time when every sample
     carried it, else by steps."""
 
-    __slots__ = ("work", "steps", "seconds", "timed")
+    __slots__ = ("work", "steps", "rates", "seconds", "timed")
 
     def __init__(self) -> None:
         self.work = 0.0  # rate x weight (seconds, or steps)
         self.steps = 0
+        self.rates = 0  # rates pooled
         self.seconds = 0.0
         self.timed = True  # every sample in the span carried its time
 
@@ -126,6 +143,7 @@ class _Span:
                 self.work = self.work / self.seconds * self.steps if self.seconds else 0.0
             self.timed = False
         self.steps += steps
+        self.rates += 1
         if self.timed:
             self.seconds += elapsed or 0.0
             self.work += rate * (elapsed or 0.0)
@@ -136,7 +154,7 @@ class _Span:
         """(pooled rate, steps, seconds or None) of the span, and a fresh one begins."""
         timed = self.timed
         out = (self.work / (self.seconds if timed else self.steps), self.steps, self.seconds if timed else None)
-        self.work, self.steps, self.seconds, self.timed = 0.0, 0, 0.0, True
+        self.work, self.steps, self.rates, self.seconds, self.timed = 0.0, 0, 0, 0.0, True
         return out
 
 
