@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--lr-jump-at", type=int, default=None, help="raise the LR at this step (a fault to catch)")
     ap.add_argument("--lr-jump-to", type=float, default=0.6)
     args = ap.parse_args()
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_device("CPU")  # set_context(device_target=...) is deprecated since MindSpore 2.6
+    ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
 
     rng = np.random.default_rng(0)

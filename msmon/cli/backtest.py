@@ -6,13 +6,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from msmon.cli.common import OK, add_verbose, fail, quiet_logging
+from msmon.cli.common import OK, add_verbose, default_monitor_config, fail, quiet_logging
 from msmon.offline.backtest.engine import BacktestError, read_labels
 from msmon.offline.backtest.report import FORMATS
 from msmon.offline.backtest.sources import run_backtest
 from notifier.config import ConfigError
-
-DEFAULT_CONFIG = "config/monitor.yaml"
 
 
 def register(subparsers: Any) -> None:
@@ -23,7 +21,8 @@ def register(subparsers: Any) -> None:
         "false alarms on clean steps, and a summary. Definitions and the labels format: docs/backtest.md.")
     p.add_argument("traces_dir", metavar="TRACES_DIR", help="folder of traces; paths in the labels are relative to it")
     p.add_argument("--config", action="append", default=None, metavar="YAML",
-                   help=f"monitor config; repeat to compare several side by side (default: {DEFAULT_CONFIG})")
+                   help="monitor config; repeat to compare several side by side (default: the one shipped with msmon, "
+                   "a copy of config/monitor.yaml)")
     p.add_argument("--labels", default=None, metavar="CSV", help="labels file (default: TRACES_DIR/labels.csv)")
     p.add_argument("--format", choices=tuple(FORMATS), default="text",
                    help="text, markdown (the README tables) or json")
@@ -42,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         return fail("backtest", f"--step-interval must be at least 1, got {args.step_interval}")
     try:
         labels = read_labels(args.labels or str(root / "labels.csv"))
-        runs = run_backtest(root, labels, args.config or [DEFAULT_CONFIG], args.step_interval)
+        runs = run_backtest(root, labels, args.config or [default_monitor_config()], args.step_interval)
     except (BacktestError, ConfigError, OSError) as exc:
         return fail("backtest", exc)
     print(FORMATS[args.format](runs))

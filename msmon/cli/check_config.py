@@ -16,7 +16,7 @@ from notifier.monitor import describe
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("check-config", help="validate a training YAML's monitor_config and say what it "
                               "monitors")
-    p.add_argument("file")
+    p.add_argument("file", help="a training YAML with a top-level monitor_config, or a monitor_config file")
     p.set_defaults(func=run)
 
 

@@ -35,6 +35,23 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def operator_setup(token_env: str) -> str:
+    """What to add to the bot's bot.yaml, and where to put the token, for `msmon cmd` to be let in."""
+    return (f"Every command, help and status too, is sent with an operator token that the bot's bot.yaml lists under "
+            f"commands.operators. Add to that file (config/bot.local.yaml has it already):\n"
+            f"  commands:\n"
+            f"    operators:\n"
+            f"      - {{user: \"cli:me\", env: {token_env}}}\n"
+            f"    allow:                    # only for pause, resume, stop, scale-lr, save-checkpoint...\n"
+            f"      - {{project: \"*\", users: [\"cli:me\"]}}\n"
+            f"then start the bot with {token_env}=<a secret> in its environment (msmon serve --config bot.yaml) and "
+            f"run `export {token_env}=<the same secret>` in this shell")
+
+
+def no_token(token_env: str) -> str:
+    return f"the environment variable {token_env} holds no operator token.\n{operator_setup(token_env)}"
+
+
 def call(url: str, token: str | None, path: str, body: dict[str, Any] | None = None,
          timeout: float = 10.0) -> tuple[int, dict[str, Any]]:
     """POST `body` (GET without one) to the bot's `path`: (HTTP status, the bot's JSON answer). An error
@@ -72,15 +89,15 @@ def wait_result(url: str, token: str | None, command_id: str, timeout: float, ev
 def run(args: argparse.Namespace) -> int:
     token = os.environ.get(args.token_env)
     if not token:
-        return fail("cmd", f"the environment variable {args.token_env} holds no operator token (the bot's "
-                    "commands.operators lists who may send commands)")
+        return fail("cmd", no_token(args.token_env))
     problem = url_problem(args.bot)
     if problem is not None:
         return fail("cmd", f"the bot's URL {problem} (--bot or MSMON_BOT_URL)")
     try:
         code, answer = send(args.bot, token, " ".join(args.words))
         if "error" in answer:
-            return fail("cmd", f"the bot refused the request (HTTP {code}): {answer['error']}")
+            hint = f"\n{operator_setup(args.token_env)}" if code == 401 else ""
+            return fail("cmd", f"the bot refused the request (HTTP {code}): {answer['error']}{hint}")
         print(answer["text"])
         if answer.get("chart"):
             print(f"chart: {answer['chart']}")

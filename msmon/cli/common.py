@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import sys
+from importlib import resources
 from typing import Any, Protocol
 
 from msmon.offline import readers
@@ -19,6 +20,16 @@ USAGE = 2  # it could not run: bad input, a config error, a missing dependency, 
 COLUMNS_HELP = ("FIELD=NAME,...: the log's column names (CSV), keys (JSONL) or tags (TensorBoard) for step, loss, lr, "
                 "grad_norm, throughput, time, time_ms, device; unmapped fields are found by their usual names "
                 "(MindFormers text logs need none)")
+
+
+def default_monitor_config() -> str:
+    """The monitor_config shipped inside the package (msmon/data/monitor.yaml, the same file as the repository's
+    documented config/monitor.yaml; a test keeps them equal): what replay, demo and backtest use without --config,
+    from any working directory."""
+    return str(resources.files("msmon") / "data" / "monitor.yaml")
+
+
+DEFAULT_CONFIG_HELP = "monitor_config YAML (default: the one shipped with msmon, a copy of config/monitor.yaml)"
 
 
 class Subcommand(Protocol):

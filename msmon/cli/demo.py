@@ -9,7 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from msmon.cli.common import FAILED, OK, USAGE, add_verbose, quiet_logging
+from msmon.cli.common import DEFAULT_CONFIG_HELP, FAILED, OK, USAGE, add_verbose, default_monitor_config, quiet_logging
 from msmon.contract.wire import Event, Status
 from msmon.demo.trace import CREEP_START, SPIKE_STEP, STEP_SECONDS, make_trace
 from msmon.offline.replay import alert_line, run_replay
@@ -23,8 +23,9 @@ RUN_ID = "demo-13b"
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("demo", help="replay a built-in incident trace and print the alerts")
-    p.add_argument("--config", default="config/monitor.yaml")
-    p.add_argument("--out", default="demo-out")
+    p.add_argument("--config", default=None, help=DEFAULT_CONFIG_HELP)
+    p.add_argument("--out", default="demo-out", help="folder for the trace, the bot's state, charts and checkpoints "
+                   "(default: %(default)s)")
     add_verbose(p, "also print msmon's log lines")
     p.add_argument("--no-bot", action="store_true", help="only replay through the detectors")
     p.add_argument("--no-chatops", action="store_true", help="skip part 2 (a real MindSpore job handled from chat)")
@@ -34,14 +35,15 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     quiet_logging(args.verbose)
     trace = make_trace(os.path.join(args.out, "incident-13b.csv"))
+    config = args.config or default_monitor_config()
     print(f"msmon demo, part 1: a 13B fine-tune; the grad norm starts creeping at step {CREEP_START}, the loss "
           f"jumps from 1.82 to 6.47 at step {SPIKE_STEP} ({STEP_SECONDS:.0f} s per step).")
     bot: BotThread | None = None
     try:
         if not args.no_bot and _have_the_bot():
-            events, bot = _into_the_bot(trace, args.config, args.out)
+            events, bot = _into_the_bot(trace, config, args.out)
         else:
-            events = _through_the_detectors(trace, args.config)
+            events = _through_the_detectors(trace, config)
         if not _first_alert(events):
             return FAILED
         if bot is None or args.no_chatops:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from msmon.cli import backtest, calibrate, check_config, cmd, convert, demo, replay, serve
 from msmon.cli.common import OK, Subcommand
@@ -15,10 +16,18 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (check_config, replay, convert, calibrate,
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="msmon", description="msmon: alerting for MindSpore training jobs")
+    p.add_argument("--version", action="version", version=f"msmon {_version()}", help="print msmon's version and exit")
     subparsers = p.add_subparsers(dest="command", required=True)
     for subcommand in SUBCOMMANDS:
         subcommand.register(subparsers)
     return p
+
+
+def _version() -> str:
+    try:
+        return version("msmon")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

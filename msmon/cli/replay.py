@@ -7,7 +7,16 @@ import importlib.util
 import sys
 from typing import Any, TextIO
 
-from msmon.cli.common import OK, add_log_options, add_verbose, fail, quiet_logging, show_reader_notes
+from msmon.cli.common import (
+    DEFAULT_CONFIG_HELP,
+    OK,
+    add_log_options,
+    add_verbose,
+    default_monitor_config,
+    fail,
+    quiet_logging,
+    show_reader_notes,
+)
 from msmon.core.trend import NOT_ENOUGH
 from msmon.offline.readers import ReplayError, parse_columns
 from msmon.offline.replay import Progress, Replayed, alert_json, alert_line, run_replay
@@ -21,8 +30,8 @@ def register(subparsers: Any) -> None:
                               "alert. Writes no CSV/TensorBoard output and sends nothing to a bot.")
     p.add_argument("log", help="msmon CSV, any CSV, JSONL, a TensorBoard event file or a folder of them, a MindFormers "
                    "log (worker_N.log, info.log) or its output folder (every rank)")
-    p.add_argument("--config", default="config/monitor.yaml", help="monitor_config YAML (default: %(default)s)")
-    p.add_argument("--run-id", default="replay")
+    p.add_argument("--config", default=None, help=DEFAULT_CONFIG_HELP)
+    p.add_argument("--run-id", default="replay", help="the run id the alerts carry (default: %(default)s)")
     add_log_options(p)
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="json: one JSON object per alert per line on stdout, nothing else (summary on stderr)")
@@ -51,13 +60,16 @@ def run(args: argparse.Namespace) -> int:
         return fail("replay", "--plot needs matplotlib: pip install 'msmon[bot]' (or pip install matplotlib)")
     progress = Progress(f"replaying {args.log}") if _want_progress(args) else None
     try:
-        result = run_replay(args.log, args.config, args.run_id, columns=parse_columns(args.columns), fmt=args.format_in,
+        config = args.config or default_monitor_config()
+        result = run_replay(args.log, config, args.run_id, columns=parse_columns(args.columns), fmt=args.format_in,
                             progress=progress, levels=args.levels, find=not args.no_levels)
     except (ConfigError, ReplayError, OSError) as exc:
         if progress is not None and progress.drawn:
             print(file=sys.stderr)  # end the bar's line first
         return fail("replay", exc)
     json_mode = args.format == "json"
+    for note in missing_metrics(result):
+        print(f"msmon replay: note: {note}", file=sys.stderr)
     for e in result.events:
         print(alert_json(e) if json_mode else alert_line(e))
     summary_out = sys.stderr if json_mode else sys.stdout  # stdout stays pure JSON lines in json mode
@@ -69,10 +81,29 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from msmon.offline.plot import plot_replay  # matplotlib: only for --plot
 
-        plot_replay(result, args.plot, title=f"{args.log} through {args.config}")
+        plot_replay(result, args.plot, title=f"{args.log} through {args.config or 'the default config'}")
         print(f"plot: {args.plot}", file=summary_out)
     print(f"{result.counts()} in {result.rows:,} rows ({result.format})", file=summary_out)
     return OK
+
+
+# monitor_config.metrics name -> (the Curves field, the --columns field that maps it)
+_METRIC_FIELDS = {"loss": ("loss", "loss"), "learning_rate": ("lr", "lr"), "grad_norm": ("grad_norm", "grad_norm"),
+                  "throughput": ("throughput", "throughput")}
+
+
+def missing_metrics(result: Replayed) -> list[str]:
+    """One line per metric the config watches that no row of the log carried: its rules never ran."""
+    if not result.rows:
+        return []
+    notes = []
+    for metric in result.monitor.config.metrics:
+        attr, column = _METRIC_FIELDS[metric]
+        if all(v is None for c in result.curves.values() for v in getattr(c, attr)):
+            notes.append(f"{metric} is in the config's metrics but not in this log ({result.rows:,} rows read), so "
+                         f"the rules on it did not run; if the log names it otherwise, map it with --columns "
+                         f"{column}=NAME, or drop it from monitor_config.metrics")
+    return notes
 
 
 def _want_progress(args: argparse.Namespace) -> bool:

@@ -12,8 +12,10 @@ from msmon.cli.common import USAGE
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("serve", help="run the msmon bot service")
     p.add_argument("--config", default=None, help="bot.yaml (default: built-in defaults, console receiver)")
-    p.add_argument("--host", default=None)
-    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--host", default=None, help="address to listen on, instead of bot.host (default 127.0.0.1: this "
+                   "machine only; 0.0.0.0: every interface, for jobs on other machines)")
+    p.add_argument("--port", type=int, default=None, help="port to listen on, instead of bot.port (default 8080; "
+                   "0: any free port, printed at start)")
     p.set_defaults(func=run)
 
 
