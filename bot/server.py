@@ -1,11 +1,20 @@
-"""`msmon serve --config config/bot.yaml`: run the bot until SIGINT/SIGTERM."""
+"""`msmon serve --config config/bot.yaml`: run the bot until SIGINT/SIGTERM.
+
+It prints one line when it listens (the real port, also for `--port 0`) and one when it has stopped. On a
+signal it stops taking connections, answers the jobs' long polls at once (bot/app.py `drain`; a job polls
+again later) and gives the requests still running `SHUTDOWN_TIMEOUT` seconds, so it is gone in about a
+second, not after the longest long poll.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from aiohttp import web
@@ -28,10 +37,47 @@ def serve(config_path: str | None, host: str | None = None, port: int | None = N
     if port is not None:
         cfg.port = port
     app = create_app(cfg)
-    logging.getLogger("msmon.bot").info("msmon bot listening on http://%s:%d (state: %s)", cfg.host, cfg.port,
-                                        cfg.state_path)
-    web.run_app(app, host=cfg.host, port=cfg.port, print=None, handle_signals=True)
+    try:
+        why = asyncio.run(_serve(app, cfg))
+    except OSError as exc:  # the port is taken, the address is not this machine's
+        print(f"msmon serve: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc} (--host, --port or "
+              "bot.host, bot.port in bot.yaml)", file=sys.stderr, flush=True)
+        return 2
+    print(f"msmon bot: stopped ({why}); state kept in {cfg.state_path}", flush=True)
     return 0
+
+
+SHUTDOWN_TIMEOUT = 3.0  # s the requests still running get once the long polls are answered
+
+
+async def _serve(app: web.Application, cfg: BotConfig) -> str:
+    """Serve `app` until SIGINT or SIGTERM; what stopped it."""
+    stop = asyncio.Event()
+    why = ["stopped"]
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' event loop
+            loop.add_signal_handler(sig, lambda s=sig: (why.__setitem__(0, signal.Signals(s).name), stop.set()))
+    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, cfg.host, cfg.port)
+        await site.start()
+        print(f"msmon bot: listening on http://{cfg.host}:{_bound_port(site, cfg.port)} (state {cfg.state_path}); "
+              "Ctrl-C or SIGTERM stops it", flush=True)
+        await stop.wait()
+        started = time.monotonic()
+        print(f"msmon bot: {why[0]}: stopping (the jobs' long polls are answered now; they poll again later)",
+              flush=True)
+    finally:
+        await runner.cleanup()
+    return f"{why[0]}, in {time.monotonic() - started:.1f} s"
+
+
+def _bound_port(site: web.TCPSite, configured: int) -> int:
+    """The port `site` listens on (the one the OS chose for port 0)."""
+    sockets = getattr(site._server, "sockets", None)
+    return int(sockets[0].getsockname()[1]) if sockets else configured
 
 
 class BotThread:
@@ -58,8 +104,7 @@ class BotThread:
             self.loop.run_until_complete(self.runner.setup())
             site = web.TCPSite(self.runner, self.cfg.host, self.cfg.port)
             self.loop.run_until_complete(site.start())
-            sockets = getattr(site._server, "sockets", None)
-            self.port = int(sockets[0].getsockname()[1]) if sockets else self.cfg.port
+            self.port = _bound_port(site, self.cfg.port)
         except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
             self._error = exc
             self._ready.set()

@@ -1,0 +1,68 @@
+"""`msmon serve` as a newcomer meets it: a line when it listens and when it stops, and a prompt stop on SIGTERM
+while a job long-polls (the poll is answered at once with no commands; the job polls again later)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiohttp")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    cfg = tmp_path / "bot.yaml"
+    cfg.write_text("bot:\n  host: 127.0.0.1\n  port: 0\n  state_path: " + str(tmp_path / "bot.sqlite") +
+                   "\n  tokens:\n    - {project: \"*\", env: T_JOB}\n  commands:\n    long_poll: 30\n")
+    p = subprocess.Popen([sys.executable, "-m", "msmon.cli.main", "serve", "--config", str(cfg)], cwd=tmp_path,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()  # the first line says where it listens
+    assert line.startswith("msmon bot: listening on http://127.0.0.1:"), (line, p.stderr.read() if p.poll() else "")
+    return p, line.split("listening on ", 1)[1].split(" ", 1)[0]
+
+
+def test_serve_says_when_it_listens_and_stops_promptly_during_a_long_poll(tmp_path: Path) -> None:
+    env = {**os.environ, "T_JOB": "job-token-1234567890", "PYTHONPATH": str(ROOT)}
+    proc, url = _start(tmp_path, env)
+    try:
+        answer: dict[str, object] = {}
+
+        def long_poll() -> None:
+            req = urllib.request.Request(url + "/v1/commands/poll", method="POST",
+                                         data=json.dumps({"run_id": "r1", "device": "0", "wait": 30}).encode(),
+                                         headers={"Authorization": "Bearer job-token-1234567890",
+                                                  "Content-Type": "application/json"})
+            started = time.monotonic()
+            with urllib.request.urlopen(req, timeout=60) as r:
+                answer.update(status=r.status, body=json.loads(r.read()), took=time.monotonic() - started)
+
+        poller = threading.Thread(target=long_poll)
+        poller.start()
+        time.sleep(1.0)  # the poll is now waiting in the bot (up to 30 s)
+        assert poller.is_alive()
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        stopped = time.monotonic() - sent
+        poller.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(f"msmon serve stopped {stopped:.2f} s after SIGTERM; the long poll was answered after {answer.get('took')}")
+    assert proc.returncode == 0, err
+    assert answer["status"] == 200 and answer["body"] == {"commands": [], "cursor": 0}, answer
+    assert stopped < 10  # the long poll would have held it 30 s (and aiohttp's default grace is 60 s)
+    assert "msmon bot: SIGTERM: stopping" in out and "msmon bot: stopped (SIGTERM, in" in out, out
+    assert "1 job long poll(s) answered" in err, err
