@@ -39,6 +39,7 @@ from .ingest import Ingest
 from .metrics import BotMetrics
 from .outbox import Lane, Outbox
 from .pipeline.ratelimit import RateLimiter
+from .ranks.watch import RankWatch
 from .receivers import Receiver
 from .receivers.alertmanager import interop_receivers
 from .receivers.console import ConsoleReceiver, save_status_chart
@@ -429,6 +430,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     watchdog = Watchdog(cfg, store, app[INGEST], clock)
+    ranks = RankWatch(state.ranks, cfg.ranks, app[INGEST].event, store.run, clock, state.wake_outbox)  # bot/ranks
 
     async def background(app: web.Application) -> Any:
         bridge = None
@@ -457,6 +459,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                  asyncio.create_task(_every(1.0, lambda: jobs.expire(state), stop))]
         if mailbox is not None:
             tasks.append(asyncio.create_task(mailbox.run(stop)))
+        if cfg.ranks.enable:
+            tasks.append(asyncio.create_task(_every(cfg.ranks.period, ranks.check, stop)))
         yield
         if bridge is not None:
             await bridge.stop()  # first: no command arrives while the rest shuts down

@@ -344,6 +344,40 @@ def _url_problems(section: object, *keys: str) -> Iterator[tuple[str, str]]:
 
 
 @dataclasses.dataclass
+class RanksConfig:
+    """The view across the ranks of a multi-rank run, and the rules that compare them (bot/ranks)."""
+
+    enable: bool = _f(True, "keep the view across ranks and run the cross-rank rules")
+    period: float = _f(5.0, "seconds between two checks of the cross-rank rules", ge=0.1, le=3600)
+    max_runs: int = _f(200, "multi-rank runs kept in the view; the least recently seen are forgotten first", ge=1,
+                       le=100_000)
+    max_ranks: int = _f(4096, "ranks kept per run (a rank past this is counted, not kept)", ge=2, le=1_000_000)
+    history: int = _f(8, "a rank's recent step times whose median is its pace", ge=1, le=10_000)
+    straggler_ratio: float = _f(1.3, "straggler: its pace over the others' median step time by this factor",
+                                gt=1, le=1000)
+    straggler_sigmas: float = _f(4.0, "straggler: and by this many robust sigmas (MAD) of the others", ge=0,
+                                 le=1000)
+    straggler_checks: int = _f(3, "straggler: checks in a row before its WARNING", ge=1, le=10_000)
+    outlier_sigmas: float = _f(6.0, "outlier: loss or grad norm this many robust sigmas (MAD) from the others",
+                               ge=0, le=1000)
+    outlier_rel: float = _f(0.2, "outlier: and at least this fraction of the others' median away", ge=0,
+                            le=1000)
+    outlier_checks: int = _f(3, "outlier: checks in a row before its WARNING", ge=1, le=10_000)
+    outlier_error_checks: int = _f(12, "outlier: checks in a row before it is an ERROR", ge=1, le=100_000)
+    missing_after: float = _f(30.0, "missing: seconds a rank is silent while the others report", ge=0.1,
+                              le=7 * DAY)
+    skew_steps: int = _f(100, "step skew: steps between the most and the least advanced rank", ge=1,
+                         le=2**53 - 1)
+    skew_checks: int = _f(2, "step skew: checks in a row before its WARNING", ge=1, le=10_000)
+    min_ranks: int = _f(2, "ranks a run needs before its ranks are compared", ge=2, le=1_000_000)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if self.outlier_error_checks < self.outlier_checks:
+            yield "outlier_error_checks", (f"{self.outlier_error_checks} is fewer than outlier_checks "
+                                           f"{self.outlier_checks}: an outlier is a WARNING before it is an ERROR")
+
+
+@dataclasses.dataclass
 class ChartLinksConfig:
     """Charts the bot serves behind signed, expiring links (bot/chart_links.py), for the robots that cannot
     take an image from msmon: a Feishu custom bot (a link in a card), a DingTalk robot (an actionCard)."""
@@ -427,6 +461,7 @@ class BotConfig:
     dingtalk: DingTalkConfig = _f(DingTalkConfig(), "DingTalk custom robot receiver")
     wecom: WeComConfig = _f(WeComConfig(), "WeCom group robot receiver")
     chart_links: ChartLinksConfig = _f(ChartLinksConfig(), "chart links for Feishu and DingTalk robots")
+    ranks: RanksConfig = _f(RanksConfig(), "the view across a run's ranks and the cross-rank rules")
 
     def check(self) -> Iterator[tuple[str, str]]:
         if not self.matrix.homeserver and any(r.receiver == "matrix" for r in self.routes):

@@ -63,7 +63,8 @@ class Ingest:
             queued = jobs.record_results(state, env.actions)
             if env.events:
                 queued += self._events(env.events, self._context(env.run_id, env.project, env.labels, now),
-                                       Payloads(env.project, env.labels, body))
+                                       Payloads(env.project, env.labels, body, env.rank,
+                                                self.state.ranks.known(env.run_id)))
         state.metrics.samples_in.inc(len(env.samples))
         if queued:
             state.wake_outbox()
@@ -75,14 +76,18 @@ class Ingest:
         """A heartbeat on its own: the run's plan and liveness (a run it creates belongs to `project`)."""
         store = self.state.store
         self.state.windows.add_plan(hb)
+        if self.state.cfg.ranks.enable:
+            self.state.ranks.heartbeat(hb, self.state.clock())
         known = store.run(hb.run_id)
         store.touch_run(hb.run_id, known["project"] if known else project, known["labels"] if known else {},
                         hb.device, hb.step, self.state.clock(), heartbeat=True, paused=hb.paused)
 
-    def event(self, ev: Event, project: str, labels: dict[str, str], now: float) -> int:
-        """One event (the watchdog's) through the same path, in a transaction of its own; 1 if it was queued."""
+    def event(self, ev: Event, project: str, labels: dict[str, str], now: float, rank: int | None = None) -> int:
+        """One event (the watchdog's, the cross-rank rules') through the same path, in a transaction of its
+        own; 1 if it was queued. `rank`: the rank it is about (bot/ranks), for the message's count of ranks."""
         with self.state.tx():
-            return self._events([ev], self._context(ev.run_id, project, labels, now), Payloads(project, labels))
+            return self._events([ev], self._context(ev.run_id, project, labels, now),
+                                Payloads(project, labels, rank=rank, ranks=self.state.ranks.known(ev.run_id)))
 
     def _record(self, env: Envelope, now: float) -> None:
         """The envelope's run (its devices, last step, heartbeat), samples, plans and job actions."""
@@ -91,6 +96,8 @@ class Ingest:
         self.state.store.touch_run(env.run_id, env.project, env.labels, env.device, max(steps) if steps else None,
                                    now, heartbeat=bool(env.heartbeats),
                                    paused=env.heartbeats[-1].paused if env.heartbeats else None)
+        if self.state.cfg.ranks.enable:
+            self.state.ranks.envelope(env, now)  # the view across the run's ranks (bot/ranks)
         windows = self.state.windows
         for s in env.samples:
             windows.add(s)

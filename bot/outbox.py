@@ -55,7 +55,9 @@ def _message(key: str, payloads: list[Payload], repeat: bool = False) -> Message
     events = _events(payloads)
     lead = events[0]
     return Message(key=key, run_id=lead.run_id, project=payloads[0].project, rule=lead.rule,
-                   severity=lead.severity, status=lead.status, events=events, repeat=repeat)
+                   severity=lead.severity, status=lead.status, events=events, repeat=repeat,
+                   ranks={p.event.device: p.rank for p in payloads if p.rank is not None},
+                   known_ranks=max(p.ranks for p in payloads))
 
 
 def _first_line(exc: BaseException) -> str:

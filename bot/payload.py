@@ -1,6 +1,10 @@
 """The payload of an alert's outbox row: written by ingest, read by the delivery worker.
 
-    {"project": ..., "labels": {...}, "received_at": t, "thread": true|false, "event": <the event's JSON>}
+    {"project": ..., "labels": {...}, "rank": r, "ranks": n, "received_at": t, "thread": true|false,
+     "event": <the event's JSON>}
+
+`rank`: the sender's rank in its job (null: not known); `ranks`: how many ranks the bot knew in the run
+when the event came (bot/ranks), for a storm's "on 64/64 ranks".
 
 The event's JSON is the job's own, cut out of the request body as received and never re-encoded
 (most events of a storm are suppressed, and the ones that are not would pay for encoding a window
@@ -20,6 +24,8 @@ class Payload(msgspec.Struct):
     event: Event
     project: str = "default"
     labels: dict[str, str] = msgspec.field(default_factory=dict)
+    rank: int | None = None
+    ranks: int = 0
     received_at: float | None = None
     thread: bool = False
 
@@ -36,8 +42,11 @@ class Payloads:
 
     __slots__ = ("head", "body", "_raws")
 
-    def __init__(self, project: str, labels: dict[str, str], body: bytes | None = None) -> None:
+    def __init__(self, project: str, labels: dict[str, str], body: bytes | None = None, rank: int | None = None,
+                 ranks: int = 0) -> None:
         self.head = b'{"project":%s,"labels":%s' % (encode(project), encode(labels))
+        if rank is not None or ranks:
+            self.head += b',"rank":%s,"ranks":%d' % (encode(rank), ranks)
         self.body = body
         self._raws: list[msgspec.Raw] | None = None
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from .alertindex import AlertIndex
 from .config import BotConfig
 from .metrics import BotMetrics
+from .ranks import RankViews
 from .store import Store
 from .windows import Windows
 
@@ -43,6 +44,7 @@ class BotState:
                  clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.store, self.metrics, self.clock = cfg, store, metrics, clock
         self.windows = Windows(cfg.window_samples, cfg.max_runs)
+        self.ranks = RankViews(cfg.ranks.max_runs, cfg.ranks.max_ranks, cfg.ranks.history)  # across ranks (bot/ranks)
         self.index = AlertIndex(store)
         # Runs that may have open commands: every job post asks, and almost always the answer is none.
         self.open_runs: set[str] = {c["run_id"] for c in store.commands.open_all()}

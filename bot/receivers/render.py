@@ -139,11 +139,30 @@ def devices_text(msg: Message, esc: Escape = escape_none) -> str:
     return ", ".join(devs[:16]) + f" and {len(devs) - 16} more"
 
 
+def ranks_text(msg: Message, esc: Escape = escape_none) -> str | None:
+    """"on 64/64 ranks (first: rank 17 at step 12,400)": where a message of a run with several ranks
+    (bot/ranks) happened, counted out of the ranks the bot knows in the run; None for a single process."""
+    n = len(msg.devices)
+    known = max(msg.known_ranks, n)
+    if known < 2 and not msg.ranks:
+        return None
+    lead = msg.lead
+    r = msg.ranks.get(lead.device)
+    unit = "ranks" if msg.ranks else "devices"
+    first = f"rank {r}" if r is not None else f"device {esc(lead.device)}"
+    if n == 1:
+        return f"on {first} (1/{known} {unit}) at step {lead.step:,}"
+    return f"on {n}/{known} {unit} (first: {first} at step {lead.step:,})"
+
+
 def title(msg: Message, esc: Escape = escape_none) -> str:
     state = "RESOLVED" if msg.status is Status.RESOLVED else msg.severity.value
     n = len(msg.devices)
-    where = f"device {esc(msg.devices[0])}" if n == 1 else f"{n} devices"
     again = " (still firing)" if msg.repeat else ""
+    ranks = ranks_text(msg, esc)
+    if ranks is not None:
+        return f"{state} {esc(msg.rule)}{again}: run {esc(msg.run_id)}, {ranks}"
+    where = f"device {esc(msg.devices[0])}" if n == 1 else f"{n} devices"
     return f"{state} {esc(msg.rule)}{again}: run {esc(msg.run_id)}, {where}, step {msg.lead.step}"
 
 

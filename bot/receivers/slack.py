@@ -32,6 +32,7 @@ from .render import (
     escape_slack_code,
     escape_slack_plain,
     metric_lines,
+    ranks_text,
     slack_mention,
     text,
     title,
@@ -58,7 +59,7 @@ def blocks(msg: Message) -> list[dict[str, Any]]:
         {"type": "mrkdwn", "text": f"*Rule*\n`{code(msg.rule)}` ({esc(ev.phase)} phase)"[:2000]},
         {"type": "mrkdwn", "text": f"*Step*\n{ev.step}"},
         {"type": "mrkdwn", "text": f"*Value / threshold*\n{ev.value:.4g} / {ev.threshold:.4g}"},
-        {"type": "mrkdwn", "text": f"*Devices*\n{devices_text(msg, esc)}"[:2000]},
+        {"type": "mrkdwn", "text": f"*Devices*\n{_where(msg)}"[:2000]},
         {"type": "mrkdwn", "text": f"*Severity*\n{msg.severity.value}"},
     ]})
     metrics = metric_lines(ev)
@@ -70,6 +71,12 @@ def blocks(msg: Message) -> list[dict[str, Any]]:
         out.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*What to do:* {esc(ev.hint)}"[:3000]}})
     out.append(buttons(msg))
     return out
+
+
+def _where(msg: Message) -> str:
+    """The devices, and for a run with several ranks how many of them: "12/64 ranks (first: rank 17 ...)"."""
+    ranks = ranks_text(msg, escape_slack)
+    return f"{ranks}: {devices_text(msg, escape_slack)}" if ranks else devices_text(msg, escape_slack)
 
 
 BUTTONS = (  # label, command template, style: what a tired engineer may want to do from the alert itself

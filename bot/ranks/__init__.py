@@ -1,0 +1,67 @@
+"""The view across a run's ranks and the rules that compare them, declared here in order.
+
+    ranks' envelopes ─► RankViews (view.py: latest per rank, spread) ─► every `ranks.period` s:
+        each run ─► RULES, each `Rule(name, judge, level, hint)` (rule.py) ─► track: streaks, severities
+                 ─► wire Events (firing / resolved) ─► bot/ingest.py's STAGES like any job's event
+
+Pure and clock-injected like bot/pipeline: the view is fed by the ingest, the time arrives in the
+`Check`, and the events leave through `watch.RankWatch`, the edge that bot/app.py runs on its periodic
+task. Nothing is asked of the job: no collective, no extra work in its step; the ranks' own reports
+(samples, heartbeats) are aggregated here. A storm (one rule on many ranks) is one message: the events
+share a group key (bot/pipeline/group.py) and the message says how many of the run's ranks (render.py).
+"""
+
+from __future__ import annotations
+
+from msmon.contract.wire import Event
+
+from ..config import RanksConfig
+from . import missing, outlier, skew, straggler
+from .rule import Check, Finding, Rule, error_at_once, track, warning_after, warning_then_error
+from .view import RankState, RankViews, RunRanks
+
+HINTS = {
+    "rank_straggler": "One rank holds every other back at each collective. Look at that host: thermal throttling, "
+                      "a noisy neighbour, a slow data loader or disk on that rank (py-spy dump it); drain the node "
+                      "if it persists.",
+    "rank_outlier": "One rank's numbers leave the others': a bad data shard, or a failing card computing wrong "
+                    "values. Check that rank's input files and its device's health (ECC errors) before the "
+                    "reduced gradient spreads it.",
+    "rank_missing": "That rank's process died or hangs while the others wait for it in the next collective. Check "
+                    "its log and node; the job will not progress until it is restarted from a checkpoint.",
+    "step_skew": "Ranks disagree on the step: one was restarted or is held back. Compare the ranks' logs; a "
+                 "data-parallel job must step together.",
+}
+
+RULES: tuple[Rule, ...] = (
+    Rule("rank_missing", missing.judge, error_at_once, HINTS["rank_missing"]),  # silent while the others go on
+    Rule("rank_straggler", straggler.judge, warning_after(lambda c: c.straggler_checks),
+         HINTS["rank_straggler"]),  # behind the others' pace, sustained
+    Rule("rank_outlier", outlier.judge,
+         warning_then_error(lambda c: c.outlier_checks, lambda c: c.outlier_error_checks),
+         HINTS["rank_outlier"]),  # loss / grad norm away from the others
+    Rule("step_skew", skew.judge, warning_after(lambda c: c.skew_checks), HINTS["step_skew"]),
+)
+
+
+def check(views: RankViews, settings: RanksConfig, now: float) -> list[Event]:
+    """One check of every run's ranks: the events to raise (usually none)."""
+    ctx = Check(now, settings)
+    out: list[Event] = []
+    for run in list(views.runs.values()):
+        if len(run.members) >= settings.min_ranks or run.firing:
+            out += track(RULES, ctx, run)
+    return out
+
+
+def marks(run: RunRanks, settings: RanksConfig, now: float) -> dict[str, list[Finding]]:
+    """Which ranks the rules find something about now (no streak moved): for `status`'s table."""
+    ctx = Check(now, settings)
+    out: dict[str, list[Finding]] = {}
+    for rule in RULES:
+        for f in rule.judge(ctx, run):
+            out.setdefault(f.member.key, []).append(f)
+    return out
+
+
+__all__ = ["RULES", "Check", "Finding", "RankState", "RankViews", "Rule", "RunRanks", "check", "marks"]

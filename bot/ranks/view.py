@@ -1,0 +1,221 @@
+"""The bot's view of a run across its ranks: the latest of each rank, and their spread.
+
+Fed by the ingest (bot/ingest.py) with what each rank's envelope carries, read by the cross-rank rules
+(bot/ranks/__init__.py) and by `status`. Nothing here asks a job for anything: the ranks' own reports,
+aggregated in the bot, are the whole input, so monitoring adds no collective and no work to a job.
+
+Bounded: `max_runs` runs (the least recently seen forgotten first), `max_ranks` ranks a run (a rank
+beyond that is counted in `refused`, not kept), `history` recent step times a rank. Time is the bot's
+clock (when a rank was last heard from), passed in; the job's clock is only shown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+
+from msmon.contract.wire import Envelope, Heartbeat, Sample, Severity
+
+from .stats import Spread, median_of_sorted
+
+
+def member_key(rank: int | None, device: str) -> str:
+    """How the bot names one rank of a run: its rank in the job's world when the job says it, else its
+    device (a single process reporting several devices, or a notifier that does not send its rank)."""
+    return str(rank) if rank is not None else device
+
+
+@dataclasses.dataclass
+class RankState:
+    """The latest report of one rank (None: not reported), and its own recent step times."""
+
+    key: str
+    rank: int | None
+    device: str
+    host: str = ""
+    step: int | None = None  # the newest step it reported (a sample's or a heartbeat's)
+    sample_step: int | None = None  # the step of its latest sample, whose metrics these are
+    loss: float | None = None
+    grad_norm: float | None = None  # the reduced gradient's norm, as the job reports it
+    local_grad_norm: float | None = None  # this rank's own norm, before the all-reduce
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    step_time: float | None = None
+    time: float | None = None  # the job's clock at its latest sample
+    last_seen: float = 0.0  # the bot's clock at its latest envelope or heartbeat
+    ended: bool = False  # its final heartbeat came: it finished normally
+    paused: bool = False
+    history: deque[float] = dataclasses.field(default_factory=deque)  # recent step times (or 1/throughput)
+
+    def name(self) -> str:
+        """"rank 3 (device 3 on node-2)": how a message names it (job data: the receiver escapes it)."""
+        where = [f"device {self.device}"] if self.rank is None or self.device != str(self.rank) else []
+        if self.host:
+            where.append(f"on {self.host}")
+        who = f"rank {self.rank}" if self.rank is not None else f"device {self.device}"
+        if self.rank is None:
+            where = where[1:]
+        return f"{who} ({' '.join(where)})" if where else who
+
+    def seconds_per_step(self) -> float | None:
+        """Its step time, or the inverse of its throughput when that is all it reports."""
+        if self.step_time is not None and self.step_time > 0 and math.isfinite(self.step_time):
+            return self.step_time
+        return None
+
+    def pace(self) -> float | None:
+        """The median of its recent step times: its own usual pace, which one slow step (a checkpoint, a
+        compile) does not move."""
+        xs = sorted(self.history)
+        return median_of_sorted(xs) if xs else None
+
+    def norm(self) -> float | None:
+        """The grad norm to compare across ranks: its own (local) norm when reported; the reduced norm is
+        the same on every rank of a data-parallel job and says nothing about one rank."""
+        return self.local_grad_norm if self.local_grad_norm is not None else self.grad_norm
+
+
+@dataclasses.dataclass
+class Firing:
+    """What the rules last said about one rank (the tracker's memory): how many checks in a row a rule's
+    condition held, and the severity it is firing at (None: not firing)."""
+
+    streak: int = 0
+    severity: Severity | None = None
+
+
+class RunRanks:
+    """One run's ranks, and the rules' memory for it."""
+
+    def __init__(self, run_id: str, max_ranks: int, history: int) -> None:
+        self.run_id, self.max_ranks, self.history = run_id, max_ranks, history
+        self.members: dict[str, RankState] = {}
+        self.refused = 0  # samples of ranks past max_ranks
+        self.firing: dict[tuple[str, str], Firing] = {}  # (rule, rank key) -> its state
+        self.by_device: dict[str, str] = {}  # device -> rank key (heartbeats on their own name a device)
+
+    def member(self, rank: int | None, device: str, host: str) -> RankState | None:
+        key = member_key(rank, device)
+        m = self.members.get(key)
+        if m is None:
+            if len(self.members) >= self.max_ranks:
+                self.refused += 1
+                return None
+            m = self.members[key] = RankState(key, rank, device, host, history=deque(maxlen=self.history))
+            self.by_device.setdefault(device, key)
+        elif host and m.host != host:
+            m.host = host
+        return m
+
+    def add(self, m: RankState, s: Sample) -> None:
+        if m.sample_step is not None and s.step < m.sample_step:
+            return  # an older sample (a retried envelope arriving late): the latest stays
+        m.sample_step, m.time = s.step, s.time
+        m.step = s.step if m.step is None else max(m.step, s.step)
+        m.loss, m.grad_norm, m.local_grad_norm = s.loss, s.grad_norm, s.local_grad_norm
+        m.samples_per_s, m.tokens_per_s, m.step_time = s.samples_per_s, s.tokens_per_s, s.step_time
+        spp = m.seconds_per_step()
+        if spp is not None:
+            m.history.append(spp)
+
+    def live(self) -> list[RankState]:
+        """The ranks that are part of the run now: every one but those that finished normally."""
+        return [m for m in self.members.values() if not m.ended]
+
+    def spread(self, what: str) -> Spread | None:
+        """The spread across live ranks of one of: step, loss, norm (the ranks' own grad norms), grad_norm
+        (the reduced one), step_time, tokens_per_s, samples_per_s."""
+        return Spread.of(_value(m, what) for m in self.live())
+
+    def mean_local_norm(self) -> float | None:
+        """The mean of the ranks' own grad norms: the global view's "grad norm, one way" (the other is the
+        reduced gradient's norm, `spread('grad_norm')`, where the job reports it)."""
+        xs = [m.local_grad_norm for m in self.live() if m.local_grad_norm is not None
+              and math.isfinite(m.local_grad_norm)]
+        return sum(xs) / len(xs) if xs else None
+
+
+def _value(m: RankState, what: str) -> float | None:
+    if what == "norm":
+        return m.norm()
+    if what == "step":
+        return None if m.step is None else float(m.step)
+    v = getattr(m, what)
+    return None if v is None else float(v)
+
+
+class RankViews:
+    """Every run's ranks (bot/state.py's `BotState.ranks`)."""
+
+    def __init__(self, max_runs: int, max_ranks: int, history: int) -> None:
+        self.max_runs, self.max_ranks, self.history = max_runs, max_ranks, history
+        self.runs: OrderedDict[str, RunRanks] = OrderedDict()
+
+    def run(self, run_id: str, create: bool = False) -> RunRanks | None:
+        r = self.runs.get(run_id)
+        if r is None and create:
+            r = self.runs[run_id] = RunRanks(run_id, self.max_ranks, self.history)
+            while len(self.runs) > self.max_runs:
+                self.runs.popitem(last=False)
+        elif r is not None:
+            self.runs.move_to_end(run_id)
+        return r
+
+    def envelope(self, env: Envelope, now: float) -> None:
+        """What one envelope says of its ranks: its samples (each device of it a rank; the envelope's own
+        device is the rank it names), heartbeats, and that they were heard from now."""
+        run = self.run(env.run_id, create=True)
+        assert run is not None
+        seen: set[str] = set()
+        for s in env.samples:
+            m = run.member(env.rank if s.device == env.device else None, s.device, env.host)
+            if m is not None:
+                run.add(m, s)
+                m.last_seen = now
+                m.ended = False
+                seen.add(m.key)
+        self._beats(run, env.rank, env.device, env.host, env.heartbeats, now, seen)
+        if env.events or env.actions:
+            m = run.member(env.rank, env.device, env.host)
+            if m is not None:
+                m.last_seen = now
+
+    def heartbeat(self, hb: Heartbeat, now: float) -> None:
+        """A heartbeat posted on its own (POST /v1/heartbeat): liveness of the rank of that device."""
+        run = self.run(hb.run_id, create=True)
+        assert run is not None
+        key = run.by_device.get(hb.device)
+        m = run.members.get(key) if key is not None else run.member(None, hb.device, hb.host)
+        if m is not None:
+            self._beat(m, hb, now)
+
+    def _beats(self, run: RunRanks, rank: int | None, device: str, host: str, hbs: Iterable[Heartbeat],
+               now: float, seen: set[str]) -> None:
+        for hb in hbs:
+            m = run.member(rank if hb.device == device else None, hb.device, hb.host or host)
+            if m is not None:
+                self._beat(m, hb, now)
+
+    @staticmethod
+    def _beat(m: RankState, hb: Heartbeat, now: float) -> None:
+        m.last_seen = now
+        m.ended, m.paused = hb.final, hb.paused
+        if hb.step is not None and (m.step is None or hb.step > m.step):
+            m.step = hb.step
+
+    def known(self, run_id: str) -> int:
+        """How many ranks the bot knows in a run (0: none)."""
+        r = self.runs.get(run_id)
+        return len(r.members) if r is not None else 0
+
+    def rank_of(self, run_id: str, device: str) -> int | None:
+        r = self.runs.get(run_id)
+        if r is None:
+            return None
+        m = r.members.get(device)
+        if m is None:
+            key = r.by_device.get(device)
+            m = r.members.get(key) if key is not None else None
+        return None if m is None else m.rank

@@ -1,0 +1,209 @@
+"""The cross-rank view and rules (bot/ranks): pure, fed envelopes and a clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bot.config import RanksConfig, load_bot_config
+from bot.ranks import RULES, check, marks
+from bot.ranks.stats import Spread, others
+from bot.ranks.view import RankViews
+from bot.receivers import Message
+from bot.receivers.render import escape_slack, ranks_text, title
+from msmon.config.errors import ConfigError
+from msmon.contract.wire import Envelope, Event, Heartbeat, Sample, Severity, Status
+
+
+def env(rank: int, step: int, now: float, *, step_time: float = 0.1, loss: float = 1.0,
+        local: float | None = 2.0, host: str = "node-a", run: str = "r") -> Envelope:
+    return Envelope(run_id=run, device=str(rank), sent_at=now, rank=rank, host=host, samples=[Sample(
+        run_id=run, device=str(rank), step=step, time=now, loss=loss, grad_norm=5.0, local_grad_norm=local,
+        step_time=step_time, tokens_per_s=1000.0 / step_time)])
+
+
+class Sim:
+    """Ranks reporting to a view every second; `check` runs the rules at that time."""
+
+    def __init__(self, n: int, cfg: RanksConfig | None = None) -> None:
+        self.cfg = cfg or RanksConfig()
+        self.views = RankViews(self.cfg.max_runs, self.cfg.max_ranks, self.cfg.history)
+        self.n, self.now, self.step = n, 1000.0, 0
+
+    def tick(self, skip: frozenset[int] = frozenset(), **per_rank: dict[int, float]) -> list[Event]:
+        self.now += 1.0
+        self.step += 10
+        for r in range(self.n):
+            if r in skip:
+                continue
+            kw = {k: v[r] for k, v in per_rank.items() if r in v}
+            self.views.envelope(env(r, self.step - kw.pop("lag", 0), self.now, **kw), self.now)
+        return check(self.views, self.cfg, self.now)
+
+
+def fired(events: list[Event], rule: str) -> list[tuple[str, str, str]]:
+    return [(e.device, e.severity.value, e.status.value) for e in events if e.rule == rule]
+
+
+def test_spread_is_median_mad_min_max_and_others_leave_one_out():
+    s = Spread.of([1.0, 2.0, 3.0, 100.0, None, math.nan])
+    assert s is not None and (s.n, s.median, s.low, s.high) == (4, 2.5, 1.0, 100.0)
+    assert s.sigma == pytest.approx(1.4826 * 1.0)
+    o = others({"0": 0.1, "1": 0.3})
+    assert o["0"].median == 0.3 and o["1"].median == 0.1  # each against its only peer
+    many = others({str(i): float(i) for i in range(32)})
+    assert len({id(v) for v in many.values()}) == 1  # one sort for all
+
+
+def test_rules_are_declared_in_order_with_one_shape():
+    assert [r.name for r in RULES] == ["rank_missing", "rank_straggler", "rank_outlier", "step_skew"]
+
+
+def test_a_slow_rank_is_a_straggler_after_the_checks_and_only_it():
+    sim = Sim(3)
+    out: list[Event] = []
+    for _ in range(6):
+        out += sim.tick(step_time={2: 0.35})
+    assert fired(out, "rank_straggler") == [("2", "WARNING", "firing")]
+    ev = next(e for e in out if e.rule == "rank_straggler")
+    assert "rank 2" in ev.message and "node-a" in ev.message and ev.hint
+    assert not fired(out, "rank_outlier") and not fired(out, "rank_missing")
+    # it recovers: resolved once its own pace (median of its recent steps) is back
+    back: list[Event] = []
+    for _ in range(sim.cfg.history + 1):
+        back += sim.tick()
+    assert fired(back, "rank_straggler") == [("2", "WARNING", "resolved")]
+
+
+def test_one_slow_step_is_not_a_straggler():
+    sim = Sim(4)
+    out = sim.tick(step_time={1: 5.0})
+    for _ in range(8):
+        out += sim.tick()
+    assert not fired(out, "rank_straggler")
+
+
+def test_two_ranks_the_slower_is_named():
+    sim = Sim(2)
+    out: list[Event] = []
+    for _ in range(5):
+        out += sim.tick(step_time={1: 0.2})
+    assert fired(out, "rank_straggler") == [("1", "WARNING", "firing")]
+
+
+def test_an_outlier_loss_is_a_warning_then_an_error_when_it_persists():
+    cfg = RanksConfig(outlier_checks=2, outlier_error_checks=4)
+    sim = Sim(8, cfg)
+    out: list[Event] = []
+    for i in range(5):
+        out += sim.tick(loss={r: 1.0 + 0.01 * r for r in range(8)} | {5: 3.0 + i})
+    assert fired(out, "rank_outlier") == [("5", "WARNING", "firing"), ("5", "ERROR", "firing")]
+    assert "loss" in next(e for e in out if e.rule == "rank_outlier").message
+    assert fired(sim.tick(), "rank_outlier") == [("5", "ERROR", "resolved")]
+
+
+def test_the_ranks_own_grad_norm_is_compared_not_the_reduced_one():
+    sim = Sim(4, RanksConfig(outlier_checks=1))
+    out = sim.tick(local={3: 40.0})
+    assert fired(out, "rank_outlier") == [("3", "WARNING", "firing")]
+    assert "grad norm" in out[0].message
+
+
+def test_nan_is_left_to_the_jobs_rules():
+    sim = Sim(4, RanksConfig(outlier_checks=1))
+    assert not fired(sim.tick(loss={0: math.nan}), "rank_outlier")
+
+
+def test_a_silent_rank_is_missing_while_the_others_go_on_and_not_when_all_stop():
+    cfg = RanksConfig(missing_after=5.0)
+    sim = Sim(3, cfg)
+    sim.tick()
+    out: list[Event] = []
+    for _ in range(7):
+        out += sim.tick(skip=frozenset({1}))
+    assert fired(out, "rank_missing") == [("1", "ERROR", "firing")]
+    assert "stopped reporting" in next(e for e in out if e.rule == "rank_missing").message
+    # everyone falls silent (job_gone is the watchdog's): still missing, nothing new, nothing resolved
+    sim.now += 60
+    assert check(sim.views, cfg, sim.now) == []
+    assert fired(sim.tick(), "rank_missing") == [("1", "ERROR", "resolved")]  # it came back
+
+
+def test_a_rank_that_finished_is_not_missing():
+    sim = Sim(2, RanksConfig(missing_after=5.0))
+    sim.tick()
+    sim.views.envelope(Envelope(run_id="r", device="1", sent_at=sim.now, rank=1, heartbeats=[
+        Heartbeat(run_id="r", device="1", time=sim.now, step=sim.step, final=True)]), sim.now)
+    out: list[Event] = []
+    for _ in range(8):
+        out += sim.tick(skip=frozenset({1}))
+    assert not fired(out, "rank_missing")
+
+
+def test_step_skew_beyond_the_bound_warns_on_the_rank_behind():
+    sim = Sim(3, RanksConfig(skew_steps=50, skew_checks=2))
+    out: list[Event] = []
+    for _ in range(3):
+        out += sim.tick(lag={0: 80})
+    assert fired(out, "step_skew") == [("0", "WARNING", "firing")]
+    assert "80 steps behind" in next(e for e in out if e.rule == "step_skew").message
+
+
+def test_memory_is_bounded_by_ranks_and_runs():
+    views = RankViews(max_runs=2, max_ranks=3, history=4)
+    for run in ("a", "b", "c"):
+        for r in range(5):
+            views.envelope(env(r, 1, 1.0, run=run), 1.0)
+    assert list(views.runs) == ["b", "c"]
+    assert views.known("c") == 3 and views.runs["c"].refused == 2
+    for step in range(2, 20):
+        views.envelope(env(0, step, 1.0, run="c"), 1.0)
+    assert len(views.runs["c"].members["0"].history) == 4
+
+
+def test_marks_say_what_is_off_now_without_moving_a_streak():
+    sim = Sim(4, RanksConfig(outlier_checks=1))
+    sim.tick()
+    sim.views.envelope(env(2, sim.step, sim.now, loss=9.0), sim.now)
+    found = marks(sim.views.runs["r"], sim.cfg, sim.now)
+    assert list(found) == ["2"] and found["2"][0].metric == "loss"
+    assert sim.views.runs["r"].firing == {}
+
+
+def test_the_global_view_has_both_grad_norms():
+    sim = Sim(4)
+    sim.tick(local={0: 1.0, 1: 2.0, 2: 3.0, 3: 6.0})
+    run = sim.views.runs["r"]
+    assert run.mean_local_norm() == 3.0
+    reduced = run.spread("grad_norm")
+    assert reduced is not None and reduced.median == 5.0
+    loss = run.spread("loss")
+    assert loss is not None and loss.n == 4
+
+
+def _msg(n: int, known: int, rule: str = "loss_nan") -> Message:
+    order = [17] + [d for d in range(64) if d != 17]
+    evs = [Event(run_id="run-<1>", device=str(d), step=12_400, time=0.0, rule=rule, severity=Severity.ERROR,
+                 status=Status.FIRING, value=math.nan, threshold=0.0, message="NaN") for d in order[:n]]
+    return Message(key="k", run_id="run-<1>", project="p", rule=rule, severity=Severity.ERROR,
+                   status=Status.FIRING, events=evs, ranks={e.device: int(e.device) for e in evs}, known_ranks=known)
+
+
+def test_a_storm_says_how_many_of_the_runs_ranks_and_the_first():
+    msg = _msg(64, 64)
+    assert ranks_text(msg) == "on 64/64 ranks (first: rank 17 at step 12,400)"
+    assert "run run-&lt;1&gt;, on 64/64 ranks" in title(msg, escape_slack)
+    assert ranks_text(_msg(1, 8)) == "on rank 17 (1/8 ranks) at step 12,400"
+    single = Message(key="k", run_id="r", project="p", rule="x", severity=Severity.ERROR, status=Status.FIRING,
+                     events=_msg(1, 0).events)
+    assert ranks_text(single) is None and "device 17" in title(single)
+
+
+def test_settings_are_bounded_and_checked():
+    cfg = load_bot_config({"bot": {"ranks": {"period": 1, "straggler_ratio": 2.0}}})
+    assert cfg.ranks.period == 1 and cfg.ranks.straggler_ratio == 2.0
+    with pytest.raises(ConfigError, match="ranks.max_ranks"):
+        load_bot_config({"bot": {"ranks": {"max_ranks": 10**9}}})
+    with pytest.raises(ConfigError, match="outlier_error_checks"):
+        load_bot_config({"bot": {"ranks": {"outlier_checks": 5, "outlier_error_checks": 2}}})
