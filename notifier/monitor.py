@@ -366,6 +366,13 @@ class Monitor:
         r.update = _off
 
     def _check_missing(self, s: Sample) -> None:
+        if self._n_samples > 1:  # a rule's one-off notice from the first sample (grad_norm out of scale)
+            for d in self._devices.values():
+                for r in d.rules:
+                    note = getattr(r.detector, "notice", None)
+                    if note:
+                        r.detector.notice = None
+                        log.warning("msmon: run %s device %s: %s", self.run_id, d.name, note)
         for metric, present in (("loss", s.loss), ("learning_rate", s.learning_rate), ("grad_norm", s.grad_norm)):
             if present is not None:
                 self._seen.add(metric)

@@ -425,6 +425,7 @@ def _global_norm(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any]
                                                                                    "grad_norm_threshold")
     if own_error is None:
         rule.error = threshold
+        rule.out_of_scale = None  # MindFormers acts at it whatever the run's scale: so does msmon
         level = (f"ERROR level of msmon's grad_norm rule ({threshold:g}; WARNING at {rule.warning_level():g}), "
                  "so msmon pages when MindFormers acts")
     else:

@@ -203,7 +203,7 @@ class EarlyBaselineRule(BaselineRule):
 
     __slots__ = ("warmup", "hits", "held")
 
-    GROSS_AFTER: ClassVar[int] = 5
+    GROSS_AFTER: ClassVar[int] = 1
     YOUNG: ClassVar[float] = 1.0
     WARMUP: ClassVar[float] = 1.5
     RETURN: ClassVar[float] = 0.5

@@ -17,13 +17,25 @@ _HINT = ("A growing grad norm comes before loss divergence. Save a checkpoint no
 
 @dataclasses.dataclass
 class GradNormParams(RuleParams):
-    """Absolute global grad norm (L2 over all gradients, before clipping)."""
+    """Absolute global grad norm (L2 over all gradients, before clipping).
+
+    An absolute level means something only at the model's own scale. A run whose first sampled grad norm
+    is already `out_of_scale` times the ERROR level or more (an fp16 run of a 100B model logs 10^4 to
+    10^6 on healthy steps; the example's level is 10) was not what the level was set for: the rule stands
+    down for this run, the job's log says so once with the numbers, and `grad_norm_spike` (the grad norm
+    against its own median) still judges. A level set live (`set_threshold`, `loosen-threshold`) is judged
+    again. A level exceeded less than that at the first sample (llm.c GPT-2 starts at 15 against 10)
+    alerts from the first sample, as the level says.
+    """
 
     warning: float | None = dataclasses.field(
         default=None, metadata=spec(gt=0, doc="WARNING level; null: half the ERROR level"))
     error: float | None = dataclasses.field(
         default=None, metadata=spec(gt=0, doc="ERROR level (= alert.grad_norm_threshold); null: rule off"))
     consecutive: int = dataclasses.field(default=2, metadata=spec(ge=1, doc="samples in a row"))
+    out_of_scale: float | None = dataclasses.field(default=100.0, metadata=spec(
+        gt=1, le=1e12, doc="the run's first grad norm this many x the ERROR level: the level is not at this "
+                           "model's scale and the rule stands down for the run (null: never)"))
 
     def warning_level(self) -> float | None:
         if self.warning is not None:
@@ -39,12 +51,29 @@ class GradNormThreshold:
     hint: ClassVar[str] = _HINT
 
     def __init__(self, p: GradNormParams, ctx: DetectorContext) -> None:
-        pass
+        self.out_of_scale = p.out_of_scale
+        self.first = True  # no grad norm seen yet
+        self.down_at: float | None = None  # the ERROR level found out of this run's scale
+        self.notice: str | None = None  # why it stood down, for the job's log (taken by the Monitor)
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
         if g is None or not math.isfinite(g):
             return SKIP
+        err = p.levels[1]
+        if self.first:
+            self.first = False
+            k = self.out_of_scale
+            if k is not None and err is not None and g >= k * err:
+                self.down_at = err
+                self.notice = (f"grad_norm stands down for this run: its first grad norm {g:.4g} (step {s.step}) "
+                               f"is {g / err:.3g}x the ERROR level {err:g}, so that level is not at this model's "
+                               f"scale (out_of_scale: {k:g}x). grad_norm_spike still judges the grad norm against "
+                               f"its own median; set grad_norm_threshold to this model's scale to use it.")
+        if self.down_at is not None:
+            if err == self.down_at:
+                return None
+            self.down_at = None  # a new level was set: judged as given
         level, thr = classify(g, p)
         if level is None:
             return None
