@@ -1,0 +1,364 @@
+"""The console's HTTP edge: its routes under /console on the bot's own port, the login, CSRF, the
+security headers, the command box and the live stream.
+
+Nothing here is reachable without a login (or an operator's bearer token): a page redirects to the
+login form, an API call or a POST gets 401. Every POST made with the login cookie must carry the
+login's CSRF token. A command goes through the one `CommandService.submit` (bot/commands/service.py)
+exactly as `msmon cmd` and the chats do, so the console has the same language, permissions and audit
+log: an operator not in `commands.allow` reads, but cannot pause.
+
+The live stream is Server-Sent Events, one coroutine per open page that reads the bot's state every
+`console.web.stream_interval` seconds and writes what changed: no queue per client, so a browser that
+stops reading holds one pending write, and is dropped after `stream_write_timeout`. At shutdown every
+stream ends within one interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from yarl import URL
+
+from ..commands.origin import Origin
+from ..commands.service import CommandService
+from ..config import BotConfig
+from ..state import BotState
+from . import pages, views
+from .session import COOKIE, CSRF_HEADER, LOGIN_COOKIE, Sessions, Viewer, new_token, same_secret
+
+log = logging.getLogger("msmon.bot")
+
+BASE = pages.BASE
+STATIC = Path(__file__).parent / "static"
+_STATIC_TYPES = {"uPlot.iife.min.js": "text/javascript", "uPlot.min.css": "text/css",
+                 "console.js": "text/javascript", "console.css": "text/css"}
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+            "Referrer-Policy": "same-origin", "Cross-Origin-Opener-Policy": "same-origin"}
+_PING = 15.0  # seconds of silence after which a stream sends a comment (proxies keep it; a gone client shows)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+VIEWER = web.RequestKey("console_viewer", Viewer)
+
+
+def _html(body: str, status: int = 200) -> web.Response:
+    return web.Response(text=body, status=status, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, headers={"Cache-Control": "no-store"})
+
+
+def _redirect(location: str, status: int = 303) -> web.Response:
+    return web.Response(status=status, headers={"Location": location, "Cache-Control": "no-store"})
+
+
+def _safe_next(path: str | None) -> str:
+    """Where to go after the login: a console path of this bot, never another site."""
+    if path and (path == BASE or path.startswith(BASE + "/")) and "//" not in path and "\\" not in path:
+        return path
+    return BASE + "/"
+
+
+def _back(request: web.Request) -> str:
+    """The console page a form was sent from (its same-origin Referer), else the runs page."""
+    try:
+        ref = URL(request.headers.get("Referer", ""))
+    except ValueError:
+        return BASE + "/"
+    return _safe_next(ref.raw_path if ref.host == request.url.host and ref.port == request.url.port else None)
+
+
+class Console:
+    def __init__(self, cfg: BotConfig, state: BotState, svc: CommandService,
+                 tokens: Sequence[tuple[str, str, bytes]]) -> None:
+        wc = cfg.console.web
+        self.cfg, self.state, self.svc, self.wc = cfg, state, svc, wc
+        self.sessions = Sessions(tokens, wc.session_ttl, wc.max_sessions, state.clock)
+        self.secure = (wc.public_url or "").startswith("https://")
+        self.streams: set[asyncio.Task[Any]] = set()
+        self.closing = asyncio.Event()
+        self.static = {name: (STATIC / name).read_bytes() for name in _STATIC_TYPES}
+        if not self.sessions.tokens:
+            log.warning("msmon bot: the web console at %s/ has no operator to log in: add one to commands.operators "
+                        "in bot.yaml (user and env or file of the token)", BASE)
+
+    # -- who is asking ---------------------------------------------------------------------------------
+
+    def viewer(self, request: web.Request) -> tuple[Viewer | None, bool]:
+        """(the viewer, whether they came with a bearer token rather than the login cookie)."""
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Bearer "):
+            return self.sessions.check_token(header[7:]), True
+        return self.sessions.get(request.cookies.get(COOKIE)), False
+
+    def page(self, handler: Handler) -> Handler:
+        """A page: without a login, to the login form (and back here after it)."""
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            v, _ = self.viewer(request)
+            if v is None:
+                return _redirect(f"{BASE}/login?next={request.rel_url.raw_path}", 302)
+            request[VIEWER] = v
+            return await handler(request)
+        return wrapped
+
+    def api(self, handler: Handler) -> Handler:
+        """JSON or a POST: 401 without a login; a POST by cookie without its CSRF token: 403."""
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            v, bearer = self.viewer(request)
+            if v is None:
+                return _json({"error": "log in at /console/login, or send an operator's token (Authorization: Bearer "
+                                       "...)"}, 401)
+            if request.method == "POST" and not bearer:
+                given = request.headers.get(CSRF_HEADER)
+                if given is None and request.content_type in ("application/x-www-form-urlencoded",
+                                                              "multipart/form-data"):
+                    given = str((await request.post()).get("csrf", ""))
+                if not same_secret(given, v.csrf):
+                    log.warning("msmon bot: console %s %s from %s refused: no valid CSRF token", request.method,
+                                request.path, request.remote)
+                    return _json({"error": "missing or wrong CSRF token: reload the page and try again"}, 403)
+            request[VIEWER] = v
+            return await handler(request)
+        return wrapped
+
+    # -- login -----------------------------------------------------------------------------------------
+
+    async def login_form(self, request: web.Request) -> web.StreamResponse:
+        return self._login(request.query.get("next"), "", 200)
+
+    def _login(self, next_path: str | None, problem: str, status: int) -> web.Response:
+        token = new_token()
+        resp = _html(pages.login(token, _safe_next(next_path), problem), status)
+        resp.set_cookie(LOGIN_COOKIE, token, path=f"{BASE}/login", httponly=True, samesite="Strict",
+                        secure=self.secure, max_age=3600)
+        return resp
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        next_path = str(form.get("next", ""))
+        if not same_secret(str(form.get("csrf", "")), request.cookies.get(LOGIN_COOKIE, "")):
+            return self._login(next_path, "The login form expired: please try again.", 403)
+        v = self.sessions.check_token(str(form.get("token", "")))
+        if v is None:
+            log.warning("msmon bot: console login refused from %s: not an operator's token", request.remote)
+            return self._login(next_path, "That is not an operator's token (commands.operators in bot.yaml).", 401)
+        self.sessions.forget_expired()
+        sid = self.sessions.login(v)
+        log.info("msmon bot: %s logged in to the console from %s", v.user, request.remote)
+        resp = _redirect(_safe_next(next_path))
+        resp.set_cookie(COOKIE, sid, path=BASE, httponly=True, samesite="Strict", secure=self.secure,
+                        max_age=int(self.wc.session_ttl))
+        resp.del_cookie(LOGIN_COOKIE, path=f"{BASE}/login")
+        return resp
+
+    async def logout(self, request: web.Request) -> web.StreamResponse:
+        self.sessions.logout(request.cookies.get(COOKIE))
+        resp = _redirect(f"{BASE}/login")
+        resp.del_cookie(COOKIE, path=BASE)
+        return resp
+
+    # -- pages -----------------------------------------------------------------------------------------
+
+    async def runs_page(self, request: web.Request) -> web.StreamResponse:
+        v = request[VIEWER]
+        return _html(pages.runs_page(views.runs(self.state, v.project), v.user, v.csrf))
+
+    async def alerts_page(self, request: web.Request) -> web.StreamResponse:
+        v = request[VIEWER]
+        return _html(pages.alerts_page(views.alerts(self.state, v.project), v.user, v.csrf))
+
+    def _run(self, request: web.Request) -> dict[str, Any] | None:
+        run = self.state.store.run(request.match_info["run_id"])
+        return run if run is not None and views.visible(request[VIEWER].project, run) else None
+
+    async def run_page(self, request: web.Request) -> web.StreamResponse:
+        v = request[VIEWER]
+        run = self._run(request)
+        if run is None:
+            return _html(pages.not_found(f"No run {request.match_info['run_id']!r} has reported to this bot.", v.user,
+                                         v.csrf), 404)
+        self.state.flush()
+        return _html(pages.run_page(views.run_detail(self.state, run), v.user, v.csrf))
+
+    # -- JSON ------------------------------------------------------------------------------------------
+
+    async def api_runs(self, request: web.Request) -> web.StreamResponse:
+        return _json({"runs": views.runs(self.state, request[VIEWER].project)})
+
+    async def api_run(self, request: web.Request) -> web.StreamResponse:
+        run = self._run(request)
+        if run is None:
+            return _json({"error": f"no run {request.match_info['run_id']!r}"}, 404)
+        self.state.flush()
+        return _json({**views.run_detail(self.state, run), "series": views.series(self.state, run["run_id"])})
+
+    async def api_alerts(self, request: web.Request) -> web.StreamResponse:
+        firing = request.query.get("firing", "") in ("1", "true")
+        return _json({"alerts": views.alerts(self.state, request[VIEWER].project, firing_only=firing)})
+
+    async def command(self, request: web.Request) -> web.StreamResponse:
+        """The command box (JSON {"text": ...}) and the ack / silence buttons (a form): one command through
+        the command service, under the operator's name, source "console"."""
+        v = request[VIEWER]
+        as_json = request.content_type == "application/json"
+        if as_json:
+            try:
+                body = await request.json()
+            except ValueError:
+                return _json({"error": "body is not valid JSON"}, 400)
+            text = body.get("text") if isinstance(body, dict) else None
+        else:
+            form = await request.post()
+            text = form.get("text")
+            if not text and form.get("verb") == "silence":
+                text = " ".join(str(form.get(k, "")) for k in ("run", "rule", "duration"))
+                text = f"silence {text}"
+        if not isinstance(text, str):
+            return _json({"error": "give the command as text, e.g. {\"text\": \"status run-42\"}"}, 422)
+        answer = self.svc.submit(text, Origin(source="console", user=v.user))
+        if as_json:
+            return _json({**answer.to_json(), "status": answer.status}, answer.status)
+        return _html(pages.answer_page(answer.text, answer.ok, _back(request), v.user, v.csrf), answer.status)
+
+    # -- live updates ----------------------------------------------------------------------------------
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        v = request[VIEWER]
+        run_id = request.query.get("run")
+        if run_id is not None:
+            run = self.state.store.run(run_id)
+            if run is None or not views.visible(v.project, run):
+                return _json({"error": f"no run {run_id!r}"}, 404)
+        if len(self.streams) >= self.wc.max_streams:
+            return _json({"error": f"too many live pages open ({self.wc.max_streams}, console.web.max_streams); "
+                                   "close some"}, 503)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
+                                           "X-Accel-Buffering": "no"})
+        task = asyncio.current_task()
+        assert task is not None
+        self.streams.add(task)
+        try:
+            await resp.prepare(request)
+            await self._feed(resp, v, run_id)
+        except (asyncio.TimeoutError, ConnectionError) as exc:
+            log.info("msmon bot: console stream to %s closed (%s)", request.remote,
+                     "it stopped reading" if isinstance(exc, asyncio.TimeoutError) else "connection lost")
+        finally:
+            self.streams.discard(task)
+        return resp
+
+    async def _feed(self, resp: web.StreamResponse, v: Viewer, run_id: str | None) -> None:
+        sent: dict[str, Any] = {}
+        cursor: dict[str, int] = {}
+        quiet = 0.0
+        interval = self.wc.stream_interval
+        while not self.closing.is_set():
+            out: list[tuple[str, Any]] = []
+            if run_id is not None:
+                run = self.state.store.run(run_id)
+                if run is None:
+                    return
+                self.state.flush()
+                latest = {d: s.step for d, s in self.state.windows.latest(run_id).items()}
+                if any(step < cursor.get(d, -1) for d, step in latest.items()):
+                    cursor = {}  # the run went back (resumed from a checkpoint): start its curves again
+                    out.append(("reset", {}))
+                fresh = views.series(self.state, run_id, cursor) if any(
+                    step > cursor.get(d, -1) for d, step in latest.items()) else {}
+                if fresh:
+                    out.append(("samples", fresh))
+                    cursor.update({d: cols["steps"][-1] for d, cols in fresh.items()})
+                detail = views.run_detail(self.state, run)
+                for key in ("run", "alerts", "commands"):
+                    if sent.get(key) != detail[key]:
+                        sent[key] = detail[key]
+                        out.append((key, detail[key]))
+            else:
+                for key, value in (("runs", views.runs(self.state, v.project)),
+                                   ("alerts", views.alerts(self.state, v.project))):
+                    if sent.get(key) != value:
+                        sent[key] = value
+                        out.append((key, value))
+            if out:
+                quiet = 0.0
+                await asyncio.wait_for(resp.write(b"".join(_event(name, data) for name, data in out)),
+                                       self.wc.stream_write_timeout)
+            elif quiet >= _PING:
+                quiet = 0.0
+                await asyncio.wait_for(resp.write(b": ping\n\n"), self.wc.stream_write_timeout)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.closing.wait(), interval)
+            quiet += interval
+
+    async def close_streams(self, app: web.Application) -> None:
+        """At shutdown: every stream's loop ends now (its page reconnects to whichever bot comes up)."""
+        self.closing.set()
+        if self.streams:
+            await asyncio.wait(list(self.streams), timeout=max(self.wc.stream_interval, 1.0) + 1.0)
+
+    # -- the rest --------------------------------------------------------------------------------------
+
+    async def static_file(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name not in self.static:
+            return _json({"error": f"no static file {name!r}"}, 404)
+        return web.Response(body=self.static[name], content_type=_STATIC_TYPES[name],
+                            headers={"Cache-Control": "private, max-age=3600"})
+
+    async def headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        if request.path == BASE or request.path.startswith(BASE + "/"):
+            for k, val in _HEADERS.items():
+                response.headers.setdefault(k, val)
+
+
+def _event(name: str, data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(_finite(data), separators=(',', ':'))}\n\n".encode()
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(x) for k, x in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(x) for x in obj]
+    return obj
+
+
+async def _to_runs(request: web.Request) -> web.StreamResponse:
+    return _redirect(BASE + "/", 302)
+
+
+def add_console_routes(app: web.Application, cfg: BotConfig, state: BotState, svc: CommandService,
+                       tokens: Sequence[tuple[str, str, bytes]]) -> Console | None:
+    """The console's routes on `app` (none when console.web.enabled is false)."""
+    if not cfg.console.web.enabled:
+        return None
+    c = Console(cfg, state, svc, tokens)
+    r = app.router
+    r.add_get(BASE, _to_runs)
+    r.add_get(BASE + "/", c.page(c.runs_page))
+    r.add_get(BASE + "/alerts", c.page(c.alerts_page))
+    r.add_get(BASE + "/runs/{run_id:.+}", c.page(c.run_page))
+    r.add_get(BASE + "/login", c.login_form)
+    r.add_post(BASE + "/login", c.login)
+    r.add_post(BASE + "/logout", c.api(c.logout))
+    r.add_post(BASE + "/commands", c.api(c.command))
+    r.add_get(BASE + "/api/runs", c.api(c.api_runs))
+    r.add_get(BASE + "/api/runs/{run_id:.+}", c.api(c.api_run))
+    r.add_get(BASE + "/api/alerts", c.api(c.api_alerts))
+    r.add_get(BASE + "/api/stream", c.api(c.stream))
+    r.add_get(BASE + "/static/{name}", c.static_file)
+    app.on_response_prepare.append(c.headers)
+    app.on_shutdown.append(c.close_streams)
+    return c
