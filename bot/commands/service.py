@@ -20,6 +20,7 @@ from msmon.contract.wire import Event, Severity, Status, Window
 from msmon.core.trend import summarize
 
 from ..pipeline.silence import Silence
+from ..ranks.table import lines as rank_lines
 from ..receivers.render import median, num
 from ..state import BotState
 from . import auth
@@ -205,6 +206,9 @@ class CommandService:
                 lines += trend.describe()[:4]
         else:
             lines.append("no metrics received yet")
+        ranks = self.state.ranks.runs.get(run_id)
+        if ranks is not None:
+            lines += rank_lines(ranks, self.state.cfg.ranks, self.state.clock())  # per-rank table (bot/ranks)
         firing = self.store.alerts(run_id, "firing")
         for a in firing:
             acked = f", acknowledged by {a['acked_by']}" if a["acked_by"] else ""
