@@ -1,12 +1,12 @@
 """A live threshold change, said with its effect and kept for the next replay (JobControl's set/loosen/restore).
 
 `change_levels(monitor, step, rule, change, action)` copies the rule's levels, makes the change, and runs
-`msmon.core.whatif.effect` on every device's recent samples (the Monitor's chart window) with the run's own
-alert gate: the answer reads "over the last 120 samples (steps 1,010-2,200): 0 alerts at 15 instead of 14 at
-10", and goes back to chat in the ActionResult's detail. The change is one JSON line (`whatif.LevelChange`) in
-`levels_path()`, next to the run's CSV (`./msmon_logs/run-42.levels.jsonl` beside `run-42.csv`), which
-`msmon replay` finds and applies at the same step. Never raises for its own work: a failure to judge or to
-write is logged and said in the detail; the change itself stands.
+`msmon.core.whatif.effect` on every device's last 600 samples (`whatif.Recent`, kept compact beside the chart's
+120) with the run's own alert gate: the answer reads "over the last 600 samples (steps 10-6,000): 0 alerts at 15
+instead of 14 at 10", and goes back to chat in the ActionResult's detail. The change is one JSON line
+(`whatif.LevelChange`) in `levels_path()`, next to the run's CSV (`./msmon_logs/run-42.levels.jsonl` beside
+`run-42.csv`), which `msmon replay` finds and applies at the same step. Never raises for its own work: a
+failure to judge or to write is logged and said in the detail; the change itself stands.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _effect_text(monitor: Monitor, rule: str, old: RuleParams, new: RuleParams) 
     for name, dev in list(monitor._devices.items()):  # noqa: SLF001
         ctx = DetectorContext(device=name, total_steps=cfg.total_steps, warmup_steps=cfg.warmup_steps,
                               target_loss=cfg.target_loss)
-        effects.append(effect(list(dev.recent), rule, old, new, ctx=ctx, gate=monitor._gate))  # noqa: SLF001
+        effects.append(effect(dev.whatif.samples(), rule, old, new, ctx=ctx, gate=monitor._gate))  # noqa: SLF001
     total = combine(effects)
     return total.describe() if total is not None else "no recent samples to judge the change on"
 

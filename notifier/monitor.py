@@ -29,6 +29,7 @@ from msmon.core.detectors.base import SKIP
 from msmon.core.gate import AlertGate, GateState, Verdict
 from msmon.core.levels import Levels, PhaseSpec
 from msmon.core.state import StateError, decode, dump_attrs, encode, load_attrs
+from msmon.core.whatif import Recent
 
 from .config import MonitorConfig, load_config
 from .config.model import ActionConfig
@@ -68,7 +69,7 @@ class _Device:
     """Everything the Monitor keeps for one device; bounded whatever the length of the run."""
 
     __slots__ = ("name", "rules", "prev_t", "prev_step", "max_dt", "last_t", "last_step",
-                 "tokens", "samples", "acc_loss", "acc_n", "recent")
+                 "tokens", "samples", "acc_loss", "acc_n", "recent", "whatif")
 
     def __init__(self, name: str, rules: list[_Rule]) -> None:
         self.name = name
@@ -83,6 +84,7 @@ class _Device:
         self.acc_loss = 0.0  # gradient accumulation: sum of micro-step losses
         self.acc_n = 0
         self.recent: deque[Sample] = deque(maxlen=WINDOW_SAMPLES)
+        self.whatif = Recent()  # the last WHATIF_SAMPLES samples, compact: what a threshold change is judged on
 
 
 class Monitor:
@@ -317,6 +319,7 @@ class Monitor:
             elapsed=elapsed,
         )
         d.recent.append(s)
+        d.whatif.add(s)
         if self._writer is not None:
             self._writer.put(s)
         tr = self.transport

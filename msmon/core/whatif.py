@@ -3,8 +3,9 @@
 Pure: `effect(samples, rule, old, new, ...)` replays the samples through a fresh detector and a fresh alert
 gate twice, once with each rule parameters, and counts the alerts that would have gone out (new episodes and
 rises to ERROR; reminders are not counted). The job runs it where the data is (`notifier.levels_effect`), so
-the answer to a `loosen-threshold` or `set_threshold` says "over the last 120 samples: 0 alerts at 15
-instead of 14 at 10", and `LevelChange` is the record of the change the bot keeps and a replay applies.
+the answer to a `loosen-threshold` or `set_threshold` says "over the last 600 samples: 0 alerts at 15
+instead of 14 at 10" (`Recent`: the run's last `WHATIF_SAMPLES` samples per device, kept as bare tuples),
+and `LevelChange` is the record of the change the bot keeps and a replay applies.
 
 A fresh detector starts without the run's history, so a rule with a long rolling baseline judges only the part
 of the window after its own warm-up: the counts are for the window as a stretch of its own, said as such.
@@ -13,13 +14,46 @@ of the window after its own warm-up: the counts are for the window as a stretch 
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import Any
+from operator import attrgetter
+from typing import Any, ClassVar
 
 from msmon.contract.wire import Sample, Severity, Status
 from msmon.core.detectors import RULES, DetectorContext, RuleParams
 from msmon.core.detectors.base import SKIP
 from msmon.core.gate import AlertGate, GateState
+
+WHATIF_SAMPLES = 600  # samples per device a threshold change is judged on
+
+
+class Recent:
+    """A device's last `size` samples for the what-if, bounded and compact: each a bare tuple of its numbers
+    (no Sample objects, no run or device strings), rebuilt as Samples only when a change is judged. About
+    100 bytes a sample: 600 samples are some 60 KB per device."""
+
+    __slots__ = ("ring", "run_id", "device")
+
+    FIELDS: ClassVar[tuple[str, ...]] = tuple(f for f in Sample.__struct_fields__ if f not in ("run_id", "device"))
+    _get: ClassVar[Any] = attrgetter(*FIELDS)
+
+    def __init__(self, size: int = WHATIF_SAMPLES) -> None:
+        self.ring: deque[tuple[Any, ...]] = deque(maxlen=size)
+        self.run_id = ""
+        self.device = ""
+
+    def __len__(self) -> int:
+        return len(self.ring)
+
+    def add(self, s: Sample) -> None:
+        if not self.ring:
+            self.run_id, self.device = s.run_id, s.device
+        self.ring.append(self._get(s))
+
+    def samples(self) -> list[Sample]:
+        """The kept samples, oldest first."""
+        names = self.FIELDS
+        return [Sample(run_id=self.run_id, device=self.device, **dict(zip(names, t, strict=True))) for t in self.ring]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,4 +198,5 @@ class LevelChange:
         return cls(**{k: d[k] for k in d})
 
 
-__all__ = ["Alerts", "Effect", "LevelChange", "combine", "count_alerts", "effect", "levels_text"]
+__all__ = ["WHATIF_SAMPLES", "Alerts", "Effect", "LevelChange", "Recent", "combine", "count_alerts", "effect",
+           "levels_text"]
