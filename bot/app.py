@@ -50,7 +50,6 @@ from .state import BotState
 from .store import Store
 from .watchdog import Watchdog
 from .web import add_console_routes
-from .web import add_console_routes
 
 log = logging.getLogger("msmon.bot")
 
@@ -426,7 +425,6 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     add_feishu_routes(app, cfg, svc, clock)  # POST /feishu/events (bot/feishu_inbound.py)
     add_dingtalk_routes(app, cfg, svc, clock)  # POST /dingtalk/callback (bot/dingtalk_inbound.py)
     add_chart_route(app, chart_links(cfg, clock))  # GET /charts/<signed token> (bot/chart_links.py)
-    add_console_routes(app, cfg, state, svc, app[TOKENS])  # the web console at /console (bot/web/)
     add_console_routes(app, cfg, state, svc, app[TOKENS])  # the web console at /console (bot/web/)
     add_alertmanager_route(app, cfg, state, clock)
     app.router.add_get("/ack/{token}", ack_page)

@@ -272,31 +272,9 @@ class WebConsoleConfig:
 
 
 @dataclasses.dataclass
-class WebConsoleConfig:
-    """The web console (bot/web/): pages at /console on the bot's own port, behind an operator's login."""
-
-    enabled: bool = _f(True, "serve the web console at /console (operators log in with their commands.operators "
-                             "token)")
-    public_url: str | None = _f(None, "the bot's address as people reach it: chat messages link to the run's "
-                                      "console page (null: no links)")
-    session_ttl: float = _f(43_200.0, "seconds a console login lasts", ge=60, le=30 * DAY)
-    max_sessions: int = _f(1000, "console logins kept at once (the oldest is logged out first)", ge=1, le=100_000)
-    max_streams: int = _f(64, "live-update streams open at once (more get 503)", ge=1, le=10_000)
-    stream_interval: float = _f(1.0, "seconds between a page's live updates", ge=0.05, le=60)
-    stream_write_timeout: float = _f(10.0, "seconds a browser may take to read an update before its stream is "
-                                           "closed (a stalled client holds no memory)", ge=0.1, le=600)
-
-    def check(self) -> Iterator[tuple[str, str]]:
-        problem = url_problem(self.public_url) if self.public_url is not None else None
-        if problem:
-            yield "public_url", problem
-
-
-@dataclasses.dataclass
 class ConsoleConfig:
     charts_dir: str = _f("./msmon-charts", "where chart PNGs are written")
     charts: bool = _f(True, "render a chart for each ERROR")
-    web: WebConsoleConfig = _f(WebConsoleConfig(), "the web console (bot/web/) and the links to it")
     web: WebConsoleConfig = _f(WebConsoleConfig(), "the web console (bot/web/) and the links to it")
 
 
