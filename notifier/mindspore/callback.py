@@ -12,9 +12,12 @@ outputs are kept and read at the end of step N+1 (or at train end, or before an 
 the device has moved on: the Sample still says step N and carries step N's end time.
 
 Every checkpoint the callback writes (a `save_checkpoint` or `stop` action) gets the monitor's state next to
-it, `<ckpt>.msmon.json` (written atomically). A run resumed from a checkpoint passes it as `resume_from=`:
-the detectors, the warmup they inferred and the alerts' state carry on (no new baseline period; an alert
-firing at the checkpoint is not raised again as new).
+it, `<ckpt>.msmon.json` (written atomically). A run resumed from a checkpoint carries on from that state: the
+detectors, the warmup they inferred and the alerts' state (no new baseline period; an alert firing at the
+checkpoint is not raised again as new). The state is found by itself: MindFormers' `load_checkpoint` with
+`resume_training` in the training YAML (a checkpoint file, or a folder: its `rank_N/` when there is one, then the
+checkpoint `resume_training` names, else the newest state in it); plain MindSpore: `resume_from=` the checkpoint
+that was loaded, or `resume_from=True` for the newest `*.msmon.json` in `checkpoint_dir`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 from mindspore import nn
 from mindspore.train import Callback
 
+from msmon.config.yamlio import load_yaml
 from msmon.contract.wire import ActionResult, Event
 
 from ..config import MonitorConfig
@@ -107,6 +111,39 @@ def state_path(checkpoint: str | os.PathLike[str]) -> str:
     return path if path.endswith(STATE_SUFFIX) else path + STATE_SUFFIX
 
 
+def newest_state(directory: str | os.PathLike[str]) -> str | None:
+    """The newest `*.msmon.json` in `directory` (by modification time, then name); None when there is none."""
+    try:
+        with os.scandir(directory) as it:
+            found = [(e.stat().st_mtime, e.name, e.path) for e in it if e.name.endswith(STATE_SUFFIX) and e.is_file()]
+    except OSError:
+        return None
+    return max(found)[2] if found else None
+
+
+def mindformers_resume(config: Any, rank: str) -> str | None:
+    """The state a MindFormers run resumes from: its training YAML's `load_checkpoint` when `resume_training` is
+    on (True, or the name of the checkpoint to resume); None when the config does not resume (or is no YAML)."""
+    top: Any = config
+    if isinstance(config, (str, os.PathLike)):
+        try:
+            top = load_yaml(os.fspath(config))
+        except (OSError, ValueError):
+            return None  # the Monitor reports a config it cannot read
+    if not isinstance(top, Mapping):
+        return None
+    load, resume = top.get("load_checkpoint"), top.get("resume_training")
+    if not resume or not isinstance(load, str) or not load:
+        return None
+    if not os.path.isdir(load):
+        return state_path(load)
+    mine = os.path.join(load, f"rank_{rank}")
+    folder = mine if os.path.isdir(mine) else load
+    if isinstance(resume, str):
+        return state_path(os.path.join(folder, os.path.basename(resume)))
+    return newest_state(folder)
+
+
 def _rank() -> str:
     for var in ("RANK_ID", "RANK", "MS_NODE_ID"):
         if os.environ.get(var, "").isdigit():
@@ -124,8 +161,10 @@ class MonitorCallback(Callback):  # type: ignore[misc]
     on_event / on_action: hooks called with each Event / ActionResult (the bot transport uses them).
     deferred_read: read step N's outputs at step N+1 (None: the config's `deferred_read`).
     reads: the counter every device-to-host read of a step goes through (`reads.count`).
-    resume_from: the checkpoint this run resumed from (or its `.msmon.json`): the monitor carries on from the
-    state saved with it; a missing or unusable state is logged and the monitor starts afresh.
+    resume_from: the checkpoint this run resumed from (or its `.msmon.json`), or True: the newest `.msmon.json`
+    in `checkpoint_dir`; the monitor carries on from the state saved with it. None: MindFormers' `load_checkpoint`
+    and `resume_training` in the training YAML say it, else the run starts afresh. A missing or unusable state is
+    logged and the monitor starts afresh.
     """
 
     def __init__(
@@ -142,7 +181,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         monitor: Monitor | None = None,
         deferred_read: bool | None = None,
         reads: HostReads | None = None,
-        resume_from: str | os.PathLike[str] | None = None,
+        resume_from: str | os.PathLike[str] | bool | None = None,
     ) -> None:
         super().__init__()
         self.monitor = monitor if monitor is not None else Monitor(
@@ -160,8 +199,9 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         self._resumed_at: int | None = None  # the step of the state loaded (resume_from)
         self._offset = 0  # added to MindSpore's step numbers when they restart from 0 on a resume
         self.backend.on_saved = self.save_state
-        if resume_from is not None:
-            self.load_state(resume_from)
+        found = self._resume_state(resume_from, config, checkpoint_dir)
+        if found is not None:
+            self.load_state(found)
         if self.monitor.config.training.grad_accumulation_steps > 1:
             log.info("msmon: MonitorCallback reports the steps MindSpore counts; training.grad_accumulation_steps "
                      "treats them as micro-steps, which is right only if your train cell returns one loss per "
@@ -291,6 +331,22 @@ class MonitorCallback(Callback):  # type: ignore[misc]
                         os.fspath(checkpoint), type(e).__name__, e)
             return None
         return path
+
+    def _resume_state(self, resume_from: str | os.PathLike[str] | bool | None, config: Any,
+                      checkpoint_dir: str) -> str | os.PathLike[str] | None:
+        """The checkpoint (or state file) this run resumes from, or None: see `resume_from`."""
+        if resume_from is False:
+            return None
+        if resume_from is True:
+            found = newest_state(checkpoint_dir)
+            if found is None:
+                log.warning("msmon: run %s was asked to resume (resume_from=True) but %s holds no saved monitor "
+                            "state (*%s); the rules learn afresh, with a new baseline period", self.monitor.run_id,
+                            checkpoint_dir, STATE_SUFFIX)
+            return found
+        if resume_from is not None:
+            return resume_from
+        return mindformers_resume(config, str(self.monitor.default_device))
 
     def load_state(self, checkpoint: str | os.PathLike[str]) -> bool:
         """Carry on from the state saved with `checkpoint` (or a `.msmon.json` itself); whether it loaded. A
