@@ -300,6 +300,12 @@ class Console:
                 await asyncio.wait_for(self.closing.wait(), interval)
             quiet += interval
 
+    async def started(self, app: web.Application) -> None:
+        where = (self.wc.public_url or "").rstrip("/") + BASE + "/" if self.wc.public_url else \
+            f"http://{self.cfg.host}:<port>{BASE}/" if self.cfg.host not in ("0.0.0.0", "::") else f"<this host>{BASE}/"
+        who = ", ".join(u for _, u, _ in self.sessions.tokens) or "nobody yet (add commands.operators)"
+        log.info("msmon bot: web console at %s (log in with an operator's token: %s)", where, who)
+
     async def close_streams(self, app: web.Application) -> None:
         """At shutdown: every stream's loop ends now (its page reconnects to whichever bot comes up)."""
         self.closing.set()
@@ -340,7 +346,7 @@ async def _to_runs(request: web.Request) -> web.StreamResponse:
 
 
 def add_console_routes(app: web.Application, cfg: BotConfig, state: BotState, svc: CommandService,
-                       tokens: Sequence[tuple[str, str, bytes]]) -> Console | None:
+                       tokens: list[tuple[str, str, bytes]]) -> Console | None:
     """The console's routes on `app` (none when console.web.enabled is false)."""
     if not cfg.console.web.enabled:
         return None
@@ -360,5 +366,6 @@ def add_console_routes(app: web.Application, cfg: BotConfig, state: BotState, sv
     r.add_get(BASE + "/api/stream", c.api(c.stream))
     r.add_get(BASE + "/static/{name}", c.static_file)
     app.on_response_prepare.append(c.headers)
+    app.on_startup.append(c.started)
     app.on_shutdown.append(c.close_streams)
     return c
