@@ -39,6 +39,7 @@ from msmon.common.retry import retry_after
 from msmon.common.safenames import inside, slug
 from msmon.common.urls import redacted, url_problem
 from msmon.contract.wire import (
+    ActionRequest,
     ActionResult,
     Command,
     Envelope,
@@ -224,6 +225,7 @@ def _close_at_exit(ref: weakref.ReferenceType[BotTransport]) -> None:
 
 _INBOX = 256  # items the training thread appends before it moves them into the queue itself
 _AGAIN = 0.25  # the least time between two command polls that brought nothing
+_ASKS = 64  # configured actions waiting for the bot at most (a rule's actions fire once per alert)
 
 
 class BotTransport:
@@ -249,6 +251,8 @@ class BotTransport:
         timeout: float = 5.0,
         backoff: tuple[float, float] = (0.5, 30.0),
         probe_interval: float = 1.0,
+        rank: int | None = None,
+        host: str | None = None,
         on_commands: Callable[[list[Command]], None] | None = None,
         poll_wait: float = 20.0,
         clock: Callable[[], float] = time.time,
@@ -260,6 +264,10 @@ class BotTransport:
         self.run_id, self.device = run_id, str(device)
         self._token = token
         self.project, self.labels = project, dict(labels or {})
+        # Who sends, in every envelope and heartbeat (the bot's view across ranks): the rank in the job's world
+        # (notifier.world; None for a single process) and the host.
+        self.rank = rank if rank is None or 0 <= rank <= 2**31 - 1 else None
+        self.host = (socket.gethostname() if host is None else host)[:256]
         # Every wait a thread makes is bounded here, whoever built the transport: Event.wait(1e12) raises
         # OverflowError in the thread, and a poll wait the bot refuses would end chat commands.
         heartbeat_interval = _bounded("heartbeat_interval", heartbeat_interval, 0.05, 3600.0, 5.0)
@@ -296,6 +304,10 @@ class BotTransport:
         self._sender = threading.Thread(target=self._send_loop, name="msmon-sender", daemon=True)
         self._beater = threading.Thread(target=self._beat_loop, name="msmon-heartbeat", daemon=True)
         self._poller: threading.Thread | None = None
+        self._asks: deque[ActionRequest] = deque()  # configured actions for the bot to apply on every rank
+        self._asked = threading.Event()
+        self._asker: threading.Thread | None = None
+        self.asks_lost = 0  # requests refused by the bot, or still unsent at close (each logged)
         self._sender.start()
         self._beater.start()
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -339,6 +351,65 @@ class BotTransport:
 
     def action(self, r: ActionResult) -> None:
         self._put(r)
+
+    def ask(self, req: ActionRequest) -> None:
+        """Ask the bot to have every rank of the run apply a configured action (a multi-rank run's rule
+        fired here). O(1) on the training thread; a thread of its own sends it, retrying with backoff
+        until the bot answers; what it answers is the command every rank then polls."""
+        if len(self._asks) >= _ASKS:
+            self.asks_lost += 1
+            self._complain("asks-full", f"msmon: run {self.run_id} device {self.device}: {_ASKS} configured actions "
+                                        "wait for the bot already; newer ones are dropped (is the bot down?)")
+            return
+        self._asks.append(req)
+        if self._asker is None:
+            self._asker = threading.Thread(target=self._ask_loop, name="msmon-asks", daemon=True)
+            self._asker.start()
+        self._asked.set()
+
+    def _ask_loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            if not self._asks:
+                self._asked.wait(1.0)
+                self._asked.clear()
+                continue
+            try:
+                wait = self._ask_once(self._asks[0])
+            except Exception:  # noqa: BLE001 - a bug must not end the requests
+                self._complain("ask-bug", "msmon: the action request thread hit a bug (please report it); it goes on")
+                wait = None
+            if wait == 0.0:
+                failures = 0
+                continue
+            failures += 1
+            lo, hi = self.backoff
+            delay = min(hi, lo * 2.0 ** min(failures - 1, 64)) * (0.5 + self._rng.random())
+            self._stop.wait(min(wait if wait is not None else delay, hi * 2))
+
+    def _ask_once(self, req: ActionRequest) -> float | None:
+        """Send the oldest request; 0.0 once the bot answered it (taken, or refused and logged)."""
+        reply = self._exchange("/v1/actions/request", encode(req), self.timeout)
+        where = f"run {self.run_id} step {req.step} device {self.device}"
+        if reply.fault is None:
+            self._asks.popleft()
+            try:
+                answer = msgspec.json.decode(reply.body)
+                cmd = answer["command"]
+                log.warning("msmon: [%s] %s (rule %s %s): the bot queued it as %s; every rank applies it at step %s",
+                            where, req.action, req.rule, req.severity.value, cmd["id"], cmd["apply_step"])
+            except (msgspec.DecodeError, KeyError, TypeError):
+                log.warning("msmon: [%s] %s (rule %s): the bot took the request", where, req.action, req.rule)
+            return 0.0
+        if reply.fault.refuses_data or reply.fault is Fault.AUTH:  # an older bot without the route: 404, rejected
+            self._asks.popleft()
+            self.asks_lost += 1
+            log.error("msmon: [%s] the bot at %s refused the configured action %s of rule %s (HTTP %s: %s); it is NOT "
+                      "applied on any rank. %s", where, self._public_url, req.action, req.rule, reply.status,
+                      reply.detail, _ADVICE[reply.fault])
+            return 0.0
+        self._note("action request", reply)
+        return retry_after(reply.retry_after, self._clock(), self.backoff[1])
 
     def progress(self, step: int, paused: bool = False) -> None:
         self.last_step = step
@@ -432,7 +503,7 @@ class BotTransport:
 
     def _envelope(self, batch: Batch) -> Envelope:
         env = Envelope(run_id=self.run_id, device=self.device, sent_at=self._clock(), project=self.project,
-                       labels=self.labels, dropped=dict(batch.dropped))
+                       rank=self.rank, host=self.host, labels=self.labels, dropped=dict(batch.dropped))
         for e in batch.entries:
             if isinstance(e.item, Event):
                 env.events.append(e.item)
@@ -552,7 +623,7 @@ class BotTransport:
 
     def _heartbeat(self) -> Heartbeat:
         return Heartbeat(run_id=self.run_id, device=self.device, time=self._clock(), step=self.last_step,
-                         paused=self.paused, host=socket.gethostname(), pid=os.getpid(),
+                         paused=self.paused, host=self.host, pid=os.getpid(),
                          total_steps=self.total_steps, target_loss=self.target_loss)
 
     def _beat_loop(self) -> None:
@@ -651,6 +722,11 @@ class BotTransport:
 
         self._sender.join(timeout=left())
         self._beater.join(timeout=min(left(), 1.0))
+        if self._asks:
+            self.asks_lost += len(self._asks)
+            log.error("msmon: run %s device %s: %d configured action(s) never reached the bot at %s (%s) and are not "
+                      "applied", self.run_id, self.device, len(self._asks), self._public_url,
+                      ", ".join(f"{r.action} of rule {r.rule} at step {r.step}" for r in self._asks))
         with self._spool_lock:
             with self._lock:
                 items = self._q.snapshot()

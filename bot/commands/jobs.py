@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
-from msmon.contract.wire import ActionResult, Command, encode
+from msmon.contract.actions import ACTIONS, AUTOMATIC
+from msmon.contract.wire import ActionRequest, ActionResult, Command, encode
 
 from ..receivers import Note
 from ..state import BotState
@@ -63,6 +65,51 @@ def _wire(c: dict[str, Any]) -> Command:
     return Command(id=c["id"], run_id=c["run_id"], action=c["action"], params=c["params"],
                    apply_step=c["apply_step"], issued_by=Origin.from_stored(c["origin"]).user_name or c["user"],
                    issued_at=c["created_at"], expires_at=c["expires_at"])
+
+
+class RuleRequestError(Exception):
+    """A rank's request for a configured action that the bot will not queue: `status` for the HTTP answer."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def rule_request(state: BotState, apply_step: Callable[[dict[str, Any], float], int], req: ActionRequest,
+                 project: str) -> tuple[dict[str, Any], bool]:
+    """A configured action that a rule fired on one rank of a multi-rank run (`ActionRequest`), as a command
+    every rank of the run applies at the same step, like a chat command (`apply_step`: the command service's).
+    Recorded in the commands table (the audit) with source and user "rule R on rank N". While one such
+    command for the same action and parameters waits, ranks asking again get it (a NaN on 64 ranks is one
+    pause): (the command, whether it is new). RuleRequestError when it cannot be queued."""
+    if not state.cfg.commands.enable:
+        raise RuleRequestError(403, "commands are switched off on this bot (commands.enable in its bot.yaml), so "
+                                    "no configured action can reach the ranks of a multi-rank run")
+    if req.action not in AUTOMATIC:
+        raise RuleRequestError(422, f"{req.action!r} is not an action a rule may run; those are {', '.join(AUTOMATIC)}")
+    run = state.store.run(req.run_id)
+    if run is None:
+        raise RuleRequestError(503, f"run {req.run_id!r} has not reported yet; ask again in a moment")
+    waiting = state.store.commands.open_for(req.run_id)
+    for c in waiting:
+        if c["action"] == req.action and c["params"] == req.params and c["source"].startswith("rule "):
+            return c, False
+    rank = req.rank if req.rank is not None else req.device
+    who = f"rule {req.rule} on rank {rank}"
+    now = state.clock()
+    step = max([apply_step(run, now), *(int(c["apply_step"] or 0) for c in waiting)])
+    extra = "".join(f" {k}={v}" for k, v in sorted(req.params.items()))
+    text = (f"{ACTIONS[req.action].verb} {req.run_id}{extra} ({req.rule} {req.severity.value} on rank {rank} at step "
+            f"{req.step:,})")
+    with state.store.tx():
+        cmd = state.store.commands.add(
+            created_at=now, user=who, source=who, project=project, run_id=req.run_id, text=text,
+            verb=ACTIONS[req.action].verb, action=req.action, params=dict(req.params), apply_step=step,
+            status="pending", detail="", origin=Origin(source=who, user=who).to_stored(),
+            expires_at=now + state.cfg.commands.expire_after)
+    state.open_runs.add(req.run_id)
+    state.waiters.wake(req.run_id)
+    return cmd, True
 
 
 LEVEL_ACTIONS = ("set_threshold", "loosen_threshold", "restore_threshold")

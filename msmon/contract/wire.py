@@ -154,6 +154,24 @@ class Command(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA_VERSION
 
 
+class ActionRequest(msgspec.Struct, kw_only=True):
+    """A configured action (monitor_config `actions:`) that a rule fired on one rank of a multi-rank run,
+    sent to the bot instead of applied there: the bot makes it a Command that every rank of the run applies
+    at the same step (one command for the same action asked by several ranks while it waits)."""
+
+    run_id: RunId
+    device: Id
+    step: Step  # the step the rule fired at
+    time: float
+    rule: Id
+    severity: Severity
+    action: Id  # an automatic action of msmon/contract/actions.py: pause, save_checkpoint, scale_lr, stop
+    params: Params = msgspec.field(default_factory=dict)
+    rank: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None
+    host: Id = ""
+    schema: Version = SCHEMA_VERSION
+
+
 class Poll(msgspec.Struct, kw_only=True):
     """A job's long poll for commands: those of its run issued after `after` (a cursor the bot hands
     back), waiting up to `wait` seconds for one."""
