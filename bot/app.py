@@ -21,7 +21,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
-from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
+from msmon.contract.wire import ActionRequest, Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
 
 from .alertmanager_inbound import ROUTE as ALERTMANAGER_ROUTE
 from .alertmanager_inbound import add_alertmanager_route
@@ -272,6 +272,25 @@ async def poll_commands(request: web.Request) -> web.Response:
     return web.Response(body=encode(PollAnswer(commands=cmds, cursor=cursor)), content_type="application/json")
 
 
+async def rule_action(request: web.Request) -> web.Response:
+    """A rank of a multi-rank run asks for the configured action its rule fired (monitor_config `actions:`):
+    queued as a command that every rank applies at the same step (bot/commands/jobs.py `rule_request`)."""
+    _job_only(request)
+    req: ActionRequest = await _body(request, ActionRequest)
+    project = _own(request, req.run_id)
+    try:
+        cmd, new = jobs.rule_request(request.app[STATE], request.app[COMMANDS].apply_step, req, project)
+    except jobs.RuleRequestError as exc:
+        answer = _error(exc.status, exc.reason)
+        if exc.status == 503:  # the run's first report is on its way: the job asks again
+            answer.headers["Retry-After"] = "1"
+        return answer
+    if new:
+        log.warning("msmon bot: run %s: %s asks for %s: queued as %s, every rank applies it at step %d", req.run_id,
+                    cmd["source"], req.action, cmd["id"], cmd["apply_step"])
+    return web.json_response({"command": view(cmd), "new": new}, status=202 if new else 200)
+
+
 class _CommandText(msgspec.Struct):
     text: str
 
@@ -420,6 +439,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/commands", post_command)
     app.router.add_get("/v1/commands/{command_id}", get_command)
     app.router.add_post("/v1/commands/poll", poll_commands)
+    app.router.add_post("/v1/actions/request", rule_action)
     app.router.add_get("/v1/outbox/dead", dead_letters)
     inbound = add_slack_routes(app, cfg, svc, clock)
     add_feishu_routes(app, cfg, svc, clock)  # POST /feishu/events (bot/feishu_inbound.py)
