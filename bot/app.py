@@ -304,7 +304,8 @@ async def post_command(request: web.Request) -> web.Response:
     out = answer.to_json()
     if answer.chart is not None:  # a status: its chart's path (null when charts are off or it failed)
         console = request.app[CONFIG].console
-        out["chart"] = await save_status_chart(console.charts_dir, answer.chart) if console.charts else None
+        out["chart"] = await save_status_chart(console.charts_dir, answer.chart, request.app[STATE].windows) \
+            if console.charts else None
     return web.json_response(tag_nonfinite(out), status=answer.status)
 
 

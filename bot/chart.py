@@ -13,8 +13,14 @@ What is drawn follows the README's rule table:
   (`step_time` has no panel, so nothing is framed for its rules);
 - horizontal lines only where they are in the metric's own units: `grad_norm`'s absolute threshold;
   the rolling median (`baseline`) of `loss_spike`, `grad_norm_spike` and `throughput_drop`, plus the
-  level it implies for the last two (baseline x threshold, baseline x (1 - threshold)). The other
-  rules' thresholds are in units of their own (sigmas, fractions, sample counts) and are not drawn.
+  level it implies (baseline x threshold for a spike or a gross jump; for `loss_spike` in sigmas,
+  baseline + threshold x sigma, the sigma being the one the alert measured; baseline x (1 - threshold)
+  for a drop). The other rules' thresholds are in units of their own (fractions of a fit, sample counts)
+  and are not drawn;
+- the throughput panel draws tokens/s, or samples/s when the job reports no tokens/s (its label says
+  which); with `ranks` (a run's per-device rings, `rank_throughput`) one line per rank;
+- a log scale (the grad norm over more than `LOG_SPAN`x) says so in its panel's label;
+- a `status` chart (`rule == "status"`) is titled with the highest severity firing, or "no alert firing".
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import asyncio
 import io
 import math
 import textwrap
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -31,6 +38,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FixedLocator, Formatter, FuncFormatter, MaxNLocator, NullLocator
 
 from msmon.contract.wire import Event, Severity, Status, Window
+
+if TYPE_CHECKING:
+    from .windows import Windows
 
 SEVERITY_COLOURS = {Severity.ERROR: "#d62728", Severity.WARNING: "#ff7f0e"}
 RESOLVED_COLOUR = "#2ca02c"
@@ -45,6 +55,10 @@ ASPECT = 0.75  # height / width of the full chart (1200 x 900 at the default wid
 EMPTY_ASPECT = 0.25  # height / width of the "no recent metrics" image
 LOG_SPAN = 20.0  # grad norm on a log scale when its finite range spans more than this factor
 MESSAGE_LINES = 3  # the message is wrapped to at most this many lines
+MAX_RANK_LINES = 8  # ranks drawn one line each in the throughput panel; more: the 8 slowest at the end
+RANK_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+RankSeries = tuple[Sequence[int], Sequence[float | None]]  # one rank's (steps, throughput)
 
 # (event.metric, Window field, panel label)
 PANELS = (
@@ -61,17 +75,43 @@ def chart_size(event: Event, width_px: int = 1200) -> tuple[int, int]:
     return width_px, max(1, round(width_px * aspect))
 
 
-async def render_chart_off_loop(event: Event) -> bytes:
+async def render_chart_off_loop(event: Event, ranks: Mapping[str, RankSeries] | None = None) -> bytes:
     """`render_chart` in the default executor: a chart takes tens of milliseconds the event loop must not."""
-    return await asyncio.get_running_loop().run_in_executor(None, render_chart, event)
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: render_chart(event, ranks=ranks))
 
 
-def render_chart(event: Event, *, width_px: int = 1200) -> bytes:
-    """PNG bytes of the metric snapshot for `event` (1200 x 900 px at the default width)."""
+def throughput_field(window: Window) -> tuple[str, str]:
+    """(Window field, label) of the throughput panel: tokens/s when the job reports it, else samples/s."""
+    if not any(v is not None for v in window.tokens_per_s) and any(v is not None for v in window.samples_per_s):
+        return "samples_per_s", "samples/s"
+    return "tokens_per_s", "tokens/s"
+
+
+def rank_throughput(windows: Windows, run_id: str) -> dict[str, RankSeries]:
+    """Each device's (steps, throughput) from the bot's per-device rings, for `render_chart(ranks=...)`: tokens/s
+    when any device reports it, else samples/s. Empty for a run of one device (the window draws it)."""
+    rings = windows.runs.get(run_id, {})
+    if len(rings) < 2:
+        return {}
+    samples = {dev: ring.samples() for dev, ring in sorted(rings.items())}
+    tokens = any(x.tokens_per_s is not None for ss in samples.values() for x in ss)
+    return {dev: ([x.step for x in ss], [x.tokens_per_s if tokens else x.samples_per_s for x in ss])
+            for dev, ss in samples.items()}
+
+
+def render_chart(event: Event, *, width_px: int = 1200, ranks: Mapping[str, RankSeries] | None = None) -> bytes:
+    """PNG bytes of the metric snapshot for `event` (1200 x 900 px at the default width). `ranks`: the run's
+    throughput per rank (`rank_throughput`), drawn in the throughput panel one line each when there are two
+    or more."""
+    return _png(chart_figure(event, width_px=width_px, ranks=ranks).canvas)
+
+
+def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, RankSeries] | None = None) -> Any:
+    """The matplotlib `Figure` that `render_chart` saves (with its Agg canvas): what the tests look into."""
     width, height = chart_size(event, width_px)
     # A hair over the exact size: Agg truncates width_in * dpi to whole pixels.
     fig = Figure(figsize=((width + 0.01) / DPI, (height + 0.01) / DPI), dpi=DPI, facecolor="white")
-    canvas = FigureCanvasAgg(fig)
+    FigureCanvasAgg(fig)
     g = _Geometry(width, height)
     colour = _status_colour(event)
 
@@ -92,7 +132,7 @@ def render_chart(event: Event, *, width_px: int = 1200) -> bytes:
     if not _has_points(window):
         fig.text(0.5, g.fy((y + height) / 2), "no recent metrics", ha="center", va="center", fontsize=g.pt(15),
                  color=MUTED_COLOUR, style="italic")
-        return _png(canvas)
+        return fig
     assert window is not None
 
     legend_top = y + g.px(10)
@@ -105,6 +145,8 @@ def render_chart(event: Event, *, width_px: int = 1200) -> bytes:
     n = len(steps)
     axes: list[Any] = []
     for i, (metric, field, label) in enumerate(PANELS):
+        if metric == "throughput":
+            field, label = throughput_field(window)
         panel_top = top + i * (panel_h + gap)
         ax = fig.add_axes((left / width, 1 - (panel_top + panel_h) / height, panel_w / width, panel_h / height),
                           sharex=axes[0] if axes else None)
@@ -112,6 +154,8 @@ def render_chart(event: Event, *, width_px: int = 1200) -> bytes:
         raw = list(getattr(window, field))[:n]
         raw += [None] * (n - len(raw))
         _panel(ax, event, steps, raw, label, metric, metric == event.metric, colour, g)
+        if metric == "throughput" and ranks and len(ranks) > 1:
+            _rank_lines(ax, ranks, label, g)
         ax.yaxis.set_label_coords(-(left - g.px(28)) / panel_w, 0.5)  # labels aligned whatever the ticks
         ax.axvline(event.step, color=colour, linewidth=g.pt(1.5), linestyle=":", zorder=3,
                    label=f"alert at step {event.step}")
@@ -128,7 +172,7 @@ def render_chart(event: Event, *, width_px: int = 1200) -> bytes:
     fig.legend(list(handles.values()), list(handles.keys()), loc="upper left", frameon=False,
                bbox_to_anchor=(left / width, g.fy(legend_top)), borderaxespad=0, borderpad=0,
                ncol=len(handles), fontsize=g.pt(10.5), handlelength=2.2, columnspacing=2.0)
-    return _png(canvas)
+    return fig
 
 
 class _Geometry:
@@ -174,8 +218,11 @@ def _status_colour(event: Event) -> str:
 
 
 def _title(event: Event) -> str:
-    state = " resolved" if event.status is Status.RESOLVED else (" (reminder)" if event.repeat else "")
     run = event.run_id if len(event.run_id) <= 48 else event.run_id[:45] + "..."
+    if event.rule == "status":  # a run's status: what fires now, not an alert's own state
+        says = f"{event.severity.value} firing" if event.status is Status.FIRING else "no alert firing"
+        return f"status  |  run {run}  |  step {event.step}  |  {says}"
+    state = " resolved" if event.status is Status.RESOLVED else (" (reminder)" if event.repeat else "")
     return f"{event.severity.value} {event.rule}{state}  |  run {run}  |  device {event.device}  |  step {event.step}"
 
 
@@ -232,6 +279,8 @@ def _panel(ax: Any, event: Event, steps: list[float], raw: list[float | None], l
         pos = finite[finite > 0]
         if len(pos) and pos.max() / pos.min() > LOG_SPAN:
             log = True
+            ax.set_ylabel(f"{label}\n(log scale)", fontsize=g.pt(12), fontweight="bold" if watched else "normal",
+                          color=colour if watched else TEXT_COLOUR)
             zeros = len(pos) < len(finite)
             if zeros:  # vanished gradients: linear between 0 and the smallest value, log above
                 ax.set_yscale("symlog", linthresh=float(pos.min()))
@@ -312,6 +361,47 @@ def _human(v: float, metric: str) -> str:
     return EngFormatter(sep="", places=None)(v) if metric == "throughput" else f"{v:.4g}"
 
 
+def _rank_lines(ax: Any, ranks: Mapping[str, RankSeries], label: str, g: _Geometry) -> None:
+    """One thin line per rank over the panel's own line (the slowest `MAX_RANK_LINES` at their last value)."""
+    def last(series: RankSeries) -> float:
+        vals = [v for v in series[1] if v is not None and math.isfinite(v)]
+        return vals[-1] if vals else math.inf
+
+    shown = sorted(ranks, key=lambda dev: last(ranks[dev]))[:MAX_RANK_LINES]
+    for i, dev in enumerate(sorted(shown)):
+        xs, vs = ranks[dev]
+        y = np.array([v if _finite(v) else np.nan for v in vs], dtype=float)
+        ax.plot(np.asarray(xs, dtype=float), y, color=RANK_COLOURS[i % len(RANK_COLOURS)], linewidth=g.pt(1.0),
+                alpha=0.9, zorder=2, label=f"rank {dev} {label}")
+    if len(ranks) > len(shown):
+        ax.text(0.99, 0.04, f"{len(shown)} slowest of {len(ranks)} ranks", transform=ax.transAxes, ha="right",
+                va="bottom", fontsize=g.pt(9), color=MUTED_COLOUR)
+
+
+def _at_step(event: Event, values: Sequence[float | None]) -> float | None:
+    """The metric's value at the alert's step in its window (the newest at or before it)."""
+    if event.window is None:
+        return None
+    best = None
+    for s, v in zip(event.window.steps, values, strict=False):
+        if s <= event.step and _finite(v):
+            best = v
+    return best
+
+
+def _spike_level(event: Event, base: float, thr: float) -> tuple[float, str] | None:
+    """(level, how) that `loss_spike` or `grad_norm_spike` alerted above, in the metric's units."""
+    if event.rule == "grad_norm_spike" or "gross jump" in event.message:
+        return base * thr, f"{thr:.3g}x baseline"
+    if event.rule != "loss_spike" or "long horizon" in event.message or not _finite(event.value) or event.value <= 0:
+        return None
+    x = _at_step(event, event.window.loss) if event.window is not None else None
+    if x is None or x <= base:
+        return None
+    sigma = (x - base) / event.value  # the value is (loss - baseline) / sigma: the alert's own sigma
+    return base + thr * sigma, f"{thr:.3g} sigma above baseline"
+
+
 def _rule_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
     """Threshold / baseline lines, only where they are in the panel's metric units."""
     rule, thr, base = event.rule, event.threshold, event.baseline
@@ -325,10 +415,12 @@ def _rule_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
                label=f"baseline (rolling median) {_human(base, event.metric)}")
     if not _finite(thr):
         return
-    if rule == "grad_norm_spike":
-        level = base * thr
-        ax.axhline(level, color=colour, linewidth=lw, linestyle="-.", zorder=3,
-                   label=f"threshold {thr:.3g}x baseline = {_human(level, event.metric)}")
+    if rule in ("grad_norm_spike", "loss_spike"):
+        found = _spike_level(event, base, thr)
+        if found is not None:
+            level, how = found
+            ax.axhline(level, color=colour, linewidth=lw, linestyle="-.", zorder=3,
+                       label=f"threshold {how} = {_human(level, event.metric)}")
     elif rule == "throughput_drop":
         level = base * (1.0 - thr)
         ax.axhline(level, color=colour, linewidth=lw, linestyle="-.", zorder=3,

@@ -10,13 +10,16 @@ import itertools
 import logging
 import os
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from msmon.common.safenames import inside, slug
-from msmon.contract.wire import Event
+from msmon.contract.wire import Event, Status
 
 from . import Message, Note
 from .render import escape_console, text
+
+if TYPE_CHECKING:
+    from ..windows import Windows
 
 log = logging.getLogger("msmon.bot")
 
@@ -32,13 +35,16 @@ def save_png(directory: str, name: str, png: bytes) -> str:
     return path
 
 
-async def save_status_chart(directory: str, event: Event) -> str | None:
+async def save_status_chart(directory: str, event: Event, windows: Windows | None = None) -> str | None:
     """`msmon cmd status`'s chart, drawn off the event loop into the charts folder; its path, or None when
-    matplotlib or the disk refuses (logged: a chart never fails the command)."""
-    from ..chart import render_chart_off_loop  # matplotlib only when a chart is drawn
+    matplotlib or the disk refuses (logged: a chart never fails the command). `windows`: the bot's per-device
+    rings, for one throughput line per rank."""
+    from ..chart import rank_throughput, render_chart_off_loop  # matplotlib only when a chart is drawn
 
+    ranks = rank_throughput(windows, event.run_id) if windows is not None else None
     try:  # the file is a slug of the run id inside the folder (save_png)
-        return save_png(directory, f"status-{event.run_id}-step{event.step}.png", await render_chart_off_loop(event))
+        png = await render_chart_off_loop(event, ranks)
+        return save_png(directory, f"status-{event.run_id}-step{event.step}.png", png)
     except Exception as exc:  # noqa: BLE001 - matplotlib or the disk: the answer goes without its chart
         log.warning("msmon bot: status chart of run %r step %d not drawn or written to %s: %s: %s", event.run_id,
                     event.step, directory, type(exc).__name__, str(exc).strip().splitlines()[:1])
@@ -85,6 +91,10 @@ class ConsoleReceiver:
         """Nothing: the chart was written with the post (a local file, no second step to fail)."""
 
     async def update(self, channel: str, ref: str, msg: Message) -> None:
+        """A chat message is edited in place; a terminal cannot edit a line it printed. So a resolution's update
+        (the firing message marked resolved) is not printed again: the reply before it said RESOLVED."""
+        if msg.status is Status.RESOLVED:
+            return
         self._write(f"(update of {ref}) ", text(msg, escape_console).split("\n"))
 
     async def reply(self, channel: str, ref: str, msg: Message) -> None:

@@ -81,6 +81,9 @@ class Window(msgspec.Struct, kw_only=True):
     learning_rate: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)]
     grad_norm: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)]
     tokens_per_s: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)]
+    # samples/s, for the chart when the job reports no tokens/s (an older job sends none: empty)
+    samples_per_s: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(
+        default_factory=list)
 
     @classmethod
     def of(cls, samples: Iterable[Sample]) -> Window:
@@ -88,7 +91,7 @@ class Window(msgspec.Struct, kw_only=True):
         recent = list(samples)
         return cls(steps=[s.step for s in recent], loss=[s.loss for s in recent],
                    learning_rate=[s.learning_rate for s in recent], grad_norm=[s.grad_norm for s in recent],
-                   tokens_per_s=[s.tokens_per_s for s in recent])
+                   tokens_per_s=[s.tokens_per_s for s in recent], samples_per_s=[s.samples_per_s for s in recent])
 
 
 class Event(msgspec.Struct, kw_only=True):

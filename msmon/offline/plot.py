@@ -19,6 +19,8 @@ SEVERITY_COLOURS = {Severity.ERROR: "#d62728", Severity.WARNING: "#ff7f0e"}
 LINE_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 LOG_SPAN = 20.0  # the grad norm panel goes to a log scale when its values span more than this factor
 MAX_LABELS = 25  # rule names written beside the alert lines; more would be unreadable
+LABEL_ROWS = 3  # alert labels close together are staggered down over this many rows ...
+LABEL_GAP = 0.025  # ... when nearer than this fraction of the x range; a label with no free row is left out
 
 # (Curves attribute, panel label, Event.metric values marked on this panel)
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -61,15 +63,33 @@ def _draw_panel(ax: Any, attr: str, label: str, curves: dict[str, Curves]) -> No
         ax.set_yticks([])
     elif attr == "grad_norm" and positive and max(positive) / min(positive) > LOG_SPAN:
         ax.set_yscale("log")
+        ax.set_ylabel(f"{label}\n(log scale)")
 
 
-def _mark(ax: Any, events: list[Event], labelled: bool) -> None:
-    for e in events:
+def label_rows(steps: Sequence[int], span: float, rows: int = LABEL_ROWS, gap: float = LABEL_GAP) -> list[int | None]:
+    """For alert labels at `steps` (in order): the row each is written in (0: the top), so that labels nearer
+    than `gap` x `span` go down a row instead of over each other; None where every row is taken nearby."""
+    last: list[float] = [-math.inf] * rows
+    out: list[int | None] = []
+    for s in steps:
+        row = next((r for r in range(rows) if s - last[r] >= gap * span), None)
+        if row is not None:
+            last[row] = s
+        out.append(row)
+    return out
+
+
+def _mark(ax: Any, events: list[Event], labelled: bool, span: float) -> int:
+    """The alert lines, and their rule names staggered (`label_rows`); how many names were left out."""
+    events = sorted(events, key=lambda e: e.step)
+    rows = label_rows([e.step for e in events], span) if labelled else [None] * len(events)
+    for e, row in zip(events, rows, strict=True):
         ax.axvline(e.step, color=SEVERITY_COLOURS[e.severity], linewidth=1.2, alpha=0.8,
                    linestyle="-" if e.severity is Severity.ERROR else "--")
-        if labelled:
-            ax.text(e.step, 1.0, f" {e.rule}", transform=ax.get_xaxis_transform(), rotation=90, va="top",
-                    ha="right", fontsize=7, color=SEVERITY_COLOURS[e.severity])
+        if row is not None:
+            ax.text(e.step, 1.0 - row / LABEL_ROWS, f" {e.rule}", transform=ax.get_xaxis_transform(), rotation=90,
+                    va="top", ha="right", fontsize=7, color=SEVERITY_COLOURS[e.severity])
+    return sum(r is None for r in rows) if labelled else 0
 
 
 def plot_replay(result: Replayed, path: str, *, title: str = "", width_px: int = 1400) -> None:
@@ -82,14 +102,19 @@ def plot_replay(result: Replayed, path: str, *, title: str = "", width_px: int =
     axes = fig.subplots(len(PANELS), 1, sharex=True)
     firing = [e for e in result.events if e.status is Status.FIRING and not e.repeat]
     labelled = len(firing) <= MAX_LABELS
+    steps = [s for c in result.curves.values() for s in c.steps]
+    span = float(max(steps) - min(steps)) if steps else 1.0
+    left_out = 0
     for ax, (attr, label, metrics) in zip(axes, PANELS, strict=True):
         _draw_panel(ax, attr, label, result.curves)
-        _mark(ax, [e for e in firing if e.metric in metrics], labelled)
+        left_out += _mark(ax, [e for e in firing if e.metric in metrics], labelled, span or 1.0)
+    unlabelled = ("" if labelled else f"; {len(firing)} alerts: too many to name") + \
+        (f"; {left_out} names left out where alerts crowd" if left_out else "")
     axes[-1].set_xlabel("step")
     if len(result.curves) > 1:
         axes[0].legend(loc="upper right", fontsize=8)
     counts = {s: sum(e.severity is s for e in firing) for s in (Severity.ERROR, Severity.WARNING)}
     fig.suptitle(f"{title}\n{counts[Severity.ERROR]} ERROR (red, solid), {counts[Severity.WARNING]} WARNING "
-                 "(orange, dashed)", fontsize=10)
+                 f"(orange, dashed){unlabelled}", fontsize=10)
     fig.subplots_adjust(left=0.07, right=0.98, top=0.92, bottom=0.06, hspace=0.08)
     fig.savefig(path, dpi=dpi)
