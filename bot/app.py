@@ -98,8 +98,13 @@ def _authenticate(request: web.Request) -> tuple[str, str] | None:
         given = header[7:].strip().encode()
     except UnicodeEncodeError:  # raw bytes that are not UTF-8: no token of ours
         return None
+    return token_holder(request.app[TOKENS], given)
+
+
+def token_holder(tokens: list[tuple[str, str, bytes]], given: bytes) -> tuple[str, str] | None:
+    """(project, operator) of the token `given` (HTTP's bearer token, NATS's Msmon-Token header), or None."""
     found = None
-    for project, operator, token in request.app[TOKENS]:
+    for project, operator, token in tokens:
         if hmac.compare_digest(given, token) and found is None:
             found = (project, operator)
     return found
@@ -164,10 +169,8 @@ def _own(request: web.Request, run_id: str, claimed: str | None = None) -> str:
     project of the token that created it, and a job token reaches only its own project's runs. A refusal
     is a 403, logged (no secret) and counted (msmon_cross_project_refused_total)."""
     token = request[PROJECT]
-    run = request.app[STORE].run(run_id)
-    owner = run["project"] if run is not None else claimed if claimed is not None else \
-        token if token != "*" else "default"
-    if token in ("*", owner) and claimed in (None, owner):
+    owner, refusal = run_owner(request.app[STORE], token, run_id, claimed)
+    if refusal is None:
         return owner
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else request.path
     request.app[REFUSED].labels(route).inc()
@@ -175,9 +178,20 @@ def _own(request: web.Request, run_id: str, claimed: str | None = None) -> str:
     log.warning("msmon bot: REFUSED %s from %s: a token of project %r sent for run %r, which belongs to project "
                 "%r%s. A job token reaches only its own project's runs: check the job's bot.token and bot.project "
                 "(and run ids shared between projects).", route, request.remote, token, run_id, owner, says)
+    raise web.HTTPForbidden(reason=refusal)
+
+
+def run_owner(store: Store, token: str, run_id: str, claimed: str | None = None) -> tuple[str, str | None]:
+    """(the project of `run_id`, None) when a token of project `token` may act on it, else (that project, why
+    not). A new run belongs to `claimed`, else to the token's project (HTTP's `_own`, NATS's ingest)."""
+    run = store.run(run_id)
+    owner = run["project"] if run is not None else claimed if claimed is not None else \
+        token if token != "*" else "default"
+    if token in ("*", owner) and claimed in (None, owner):
+        return owner, None
     if token not in ("*", owner):
-        raise web.HTTPForbidden(reason=f"this token is for project {token!r}, not {owner!r} (run {run_id!r})")
-    raise web.HTTPForbidden(reason=f"run {run_id!r} belongs to project {owner!r}, not {claimed!r}")
+        return owner, f"this token is for project {token!r}, not {owner!r} (run {run_id!r})"
+    return owner, f"run {run_id!r} belongs to project {owner!r}, not {claimed!r}"
 
 
 async def ingest(request: web.Request) -> web.Response:
@@ -205,10 +219,14 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 def _ended(request: web.Request, beats: list[Heartbeat]) -> None:
     """A final heartbeat: the run ended normally (the watchdog raises nothing for it after this)."""
+    runs_ended(request.app[STATE], beats)
+
+
+def runs_ended(state: BotState, beats: list[Heartbeat]) -> None:
+    """`_ended` for any edge (bot/nats_ingest.py too)."""
     final = [hb for hb in beats if hb.final]
     if final:
-        store = request.app[STORE]
-        store.escalations.end_run(final[-1].run_id, request.app[STATE].clock(), final[-1].step)
+        state.store.escalations.end_run(final[-1].run_id, state.clock(), final[-1].step)
         log.info("msmon bot: run %s ended normally at step %s", final[-1].run_id, final[-1].step)
 
 
@@ -474,6 +492,14 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
 
             matrix = MatrixInbound(cfg.matrix, os.environ.get(cfg.matrix.token_env, ""), svc)
             await matrix.start()
+        nats_in = None
+        if cfg.nats.url:  # jobs' envelopes over NATS JetStream too (bot/nats_ingest.py)
+            from .nats_ingest import NatsIngest
+
+            nats_in = NatsIngest(cfg.nats, state, app[INGEST], lambda given: token_holder(app[TOKENS], given),
+                                 lambda token, run, claimed: run_owner(store, token, run, claimed),
+                                 lambda beats: runs_ended(state, beats))
+            await nats_in.start()
         stop = asyncio.Event()
         escalator.start()
         digests.start(escalator.scheduler)
@@ -489,6 +515,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
             await bridge.stop()  # first: no command arrives while the rest shuts down
         if matrix is not None:
             await matrix.stop()
+        if nats_in is not None:
+            await nats_in.stop()  # what it took and did not commit goes to another replica after ack_wait
         escalator.stop()
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)

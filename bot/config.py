@@ -457,6 +457,40 @@ class WeComConfig:
 
 
 @dataclasses.dataclass
+class NatsConfig:
+    """Jobs' envelopes from NATS JetStream (bot/nats_ingest.py), beside HTTP: every replica consumes the one
+    durable consumer, so each envelope is ingested by one of them; command polls on the runs' subjects."""
+
+    url: str | None = _f(None, "NATS server(s), e.g. nats://127.0.0.1:4222 (null: HTTP only)")
+    prefix: str = _f("msmon", "first token(s) of the subjects (the jobs' bot.nats_prefix)")
+    stream: str = _f("MSMON", "the JetStream stream of envelopes and heartbeats (created or updated on start)")
+    durable: str = _f("msmon-bot", "the durable consumer all replicas share")
+    batch: int = _f(256, "messages one fetch takes", ge=1, le=10_000)
+    ack_wait: float = _f(30.0, "seconds before a message a replica took and did not ack goes to another", ge=1,
+                         le=3600)
+    max_deliver: int = _f(10, "deliveries of one message before it is given up as a dead letter (logged)", ge=1,
+                          le=1000)
+    max_ack_pending: int = _f(20_000, "messages out and not yet acked, over all replicas", ge=1, le=1_000_000)
+    duplicate_window: float = _f(600.0, "seconds JetStream remembers a message id (a job's retries within it are "
+                                 "stored once)", ge=1, le=DAY)
+    max_age: float = _f(7 * DAY, "seconds an envelope waits for a bot before JetStream drops it", ge=60,
+                        le=365 * DAY)
+    max_mb: float = _f(10_240.0, "the stream's size cap; a full stream refuses publishes (jobs spool)", ge=1,
+                       le=1e8)
+    memory: bool = _f(False, "keep the stream in memory instead of on disk (lost if NATS restarts)")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        from msmon.contract.subjects import name_problem, nats_url_problem, prefix_problem
+
+        problems = [("url", nats_url_problem(self.url) if self.url is not None else None),
+                    ("prefix", prefix_problem(self.prefix)), ("stream", name_problem(self.stream)),
+                    ("durable", name_problem(self.durable))]
+        for key, problem in problems:
+            if problem:
+                yield key, problem
+
+
+@dataclasses.dataclass
 class BotConfig:
     host: str = _f("127.0.0.1", "listen address")
     port: int = _f(8080, "listen port (0: any free port)", ge=0, le=65535)
@@ -483,6 +517,7 @@ class BotConfig:
     dingtalk: DingTalkConfig = _f(DingTalkConfig(), "DingTalk custom robot receiver")
     wecom: WeComConfig = _f(WeComConfig(), "WeCom group robot receiver")
     chart_links: ChartLinksConfig = _f(ChartLinksConfig(), "chart links for Feishu and DingTalk robots")
+    nats: NatsConfig = _f(NatsConfig(), "jobs' envelopes over NATS JetStream (optional; HTTP stays on)")
     ranks: RanksConfig = _f(RanksConfig(), "the view across a run's ranks and the cross-rank rules")
 
     def check(self) -> Iterator[tuple[str, str]]:

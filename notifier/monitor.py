@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from msmon.contract.subjects import is_nats_url
 from msmon.contract.wire import MAX_ID, Event, Sample, Severity, Status, Window
 from msmon.core.detectors import RULES, DetectorContext, Finding, RuleParams
 from msmon.core.detectors.base import SKIP
@@ -183,8 +184,13 @@ class Monitor:
             log.warning("msmon: bot.url is set but the environment variable %s (bot.token_env) is empty: the bot "
                         "will refuse run %s until the job has its token", b.token_env, self.run_id)
         log.info("msmon: sending run %s to the bot at %s (spool: %s)", self.run_id, b.url, b.spool_dir)
+        backend = None  # bot.url nats://...: through NATS JetStream instead of HTTP (notifier/nats_transport.py)
+        if is_nats_url(b.url):
+            from .nats_transport import NatsBackend
+
+            backend = NatsBackend(b.url, b.project, self.run_id, self.default_device, token, prefix=b.nats_prefix)
         return BotTransport(b.url, self.run_id, self.default_device, token, project=b.project, labels=b.labels,
-                            spool_dir=b.spool_dir, spool_max_bytes=int(b.spool_max_mb * (1 << 20)),
+                            backend=backend, spool_dir=b.spool_dir, spool_max_bytes=int(b.spool_max_mb * (1 << 20)),
                             heartbeat_interval=b.heartbeat_interval, rank=self.world.rank, host=self.world.host)
 
     @staticmethod

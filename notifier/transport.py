@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import logging
 import math
 import os
@@ -31,7 +32,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -199,6 +200,25 @@ class Reply:
     detail: str = ""
 
 
+class Backend(Protocol):
+    """Where the threads' requests go instead of HTTP (notifier/nats_transport.py): the same paths and
+    bodies, the same `Reply`s; it never raises. `key`: an ingest batch's dedup key (`batch_key`)."""
+
+    def exchange(self, path: str, body: bytes, timeout: float, key: str | None) -> Reply: ...
+
+    def close(self, timeout: float) -> None: ...
+
+
+def batch_key(run_id: str, device: str, batch: Batch) -> str:
+    """The dedup key of one batch: a digest of the run, the device and what the batch carries, so the same
+    items sent again (a retry after a lost answer, a restart from the spool) get the same key."""
+    h = hashlib.blake2b(f"{run_id}\0{device}\0".encode(), digest_size=16)
+    h.update(encode(sorted(batch.dropped.items())))
+    for e in batch.entries:
+        h.update(b"\0" + encode(SpoolRecord.of(e.item)))
+    return h.hexdigest()
+
+
 _ADVICE = {
     Fault.UNREACHABLE: "is the bot running and is bot.url right?",
     Fault.TIMEOUT: "the bot or the network is overloaded; delivery goes on when it answers",
@@ -258,8 +278,11 @@ class BotTransport:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        backend: Backend | None = None,
     ) -> None:
-        self.url = check_url(url)
+        # `backend`: where requests go instead of HTTP to `url` (notifier/nats_transport.py); it checks its URL
+        self._backend = backend
+        self.url = check_url(url) if backend is None else url
         self._public_url = redacted(self.url)
         self.run_id, self.device = run_id, str(device)
         self._token = token
@@ -482,7 +505,8 @@ class BotTransport:
                 self._persist()
             idle = 1.0 if self._q.connected is False else self.limits.flush_interval
             return min(idle, max(due - now, 0.01)) if due is not None else idle
-        reply = self._exchange("/v1/ingest", encode(self._envelope(batch)), self.timeout)
+        key = batch_key(self.run_id, self.device, batch) if self._backend is not None else None
+        reply = self._exchange("/v1/ingest", encode(self._envelope(batch)), self.timeout, key)
         with self._changed:
             if self._closed:
                 return 1.0
@@ -577,7 +601,12 @@ class BotTransport:
 
     # -- HTTP: every outcome is a Reply, nothing raises ---------------------------------------------
 
-    def _exchange(self, path: str, body: bytes, timeout: float) -> Reply:
+    def _exchange(self, path: str, body: bytes, timeout: float, key: str | None = None) -> Reply:
+        if self._backend is not None:
+            try:
+                return self._backend.exchange(path, body, timeout, key)
+            except Exception as exc:  # noqa: BLE001 - a backend's bug is a fault like any other
+                return Reply(Fault.BUG, detail=f"{type(exc).__name__}: {exc}"[:300])
         try:
             answer = request(self.url + path, body, token=self._token, timeout=timeout)
         except HTTPFailure as exc:
@@ -727,6 +756,8 @@ class BotTransport:
             log.error("msmon: run %s device %s: %d configured action(s) never reached the bot at %s (%s) and are not "
                       "applied", self.run_id, self.device, len(self._asks), self._public_url,
                       ", ".join(f"{r.action} of rule {r.rule} at step {r.step}" for r in self._asks))
+        if self._backend is not None:
+            self._backend.close(min(left(), 1.0))
         with self._spool_lock:
             with self._lock:
                 items = self._q.snapshot()
@@ -742,4 +773,4 @@ class BotTransport:
                         self._public_url, len(items), self.spool.path)
 
 
-__all__ = ["BotTransport", "Reply", "Spool", "SpoolRecord", "check_url"]
+__all__ = ["Backend", "BotTransport", "Reply", "Spool", "SpoolRecord", "batch_key", "check_url"]

@@ -190,7 +190,9 @@ class ActionConfig:
 class BotConfig:
     """Where the job sends its events (used once the bot is running)."""
 
-    url: str | None = _field(None, "bot base URL, e.g. http://msmon-bot:8080")
+    url: str | None = _field(None, "bot base URL, e.g. http://msmon-bot:8080; or NATS JetStream servers, e.g. "
+                                   "nats://nats:4222 (the bot's bot.nats.url)")
+    nats_prefix: str = _field("msmon", "NATS subject prefix (the bot's bot.nats.prefix), when bot.url is nats://")
     run_id: str | None = _field(None, "run id; overrides the one given in code")
     token_env: str = _field("MSMON_TOKEN", "environment variable holding the job's bearer token")
     project: str = _field("default", "project name, for routing")
@@ -202,9 +204,15 @@ class BotConfig:
     commands: bool = _field(True, "take chat commands from the bot (pause, save-checkpoint, ...; MonitorCallback)")
 
     def check(self) -> Iterator[tuple[str, str]]:
-        problem = url_problem(self.url) if self.url is not None else None
+        from msmon.contract.subjects import is_nats_url, nats_url_problem, prefix_problem
+
+        nats = is_nats_url(self.url)
+        problem = (nats_url_problem(self.url) if nats else url_problem(self.url)) if self.url is not None else None
         if problem:
             yield "url", problem
+        problem = prefix_problem(self.nats_prefix)
+        if problem:
+            yield "nats_prefix", problem
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,253 @@
+"""Jobs over NATS JetStream: the real bot consuming the real NATS (the machine's on 127.0.0.1:4222, each
+test with its own stream and subject prefix, deleted after; or a private nats-server that the test
+restarts), the local Slack API receiving the posts, and the job's real transport (a Monitor job, or
+BotTransport itself) publishing. Skipped, with the reason, where NATS is absent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+pytest.importorskip("nats")
+pytest.importorskip("aiohttp")
+
+from bot.app import METRICS  # noqa: E402
+from msmon.contract.subjects import COMMANDS, ENVELOPE, POLL, STATUS_HEADER, TOKEN_HEADER, subject, token  # noqa: E402
+from msmon.contract.wire import Envelope, Poll, encode  # noqa: E402
+from notifier import JobControl, Monitor  # noqa: E402
+from notifier.nats_transport import nats_transport  # noqa: E402
+from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
+from tests.fakes.nats_server import SHARED, NatsServer, delete_streams, private_problem, shared_problem  # noqa: E402
+from tests.fakes.records import event  # noqa: E402
+
+_SHARED_PROBLEM = shared_problem()
+needs_shared = pytest.mark.skipif(_SHARED_PROBLEM is not None, reason=str(_SHARED_PROBLEM))
+needs_private = pytest.mark.skipif(private_problem() is not None, reason=str(private_problem()))
+
+
+def test_subject_tokens_are_one_to_one_and_never_hold_what_nats_forbids():
+    names = ["run-1", "run.1", "run_1", "run_2E1", "a b", "*", ">", "", "ünï", "x" * 3]
+    tokens = [token(n) for n in names]
+    assert len(set(tokens)) == len(names)  # one-to-one: no two runs share a subject
+    for t in tokens:
+        assert t and not any(c in t for c in ".*> \t")
+    assert subject("msmon", "llm", "run.1", COMMANDS, "0") == "msmon.llm.run_2E1.cmd.0"
+
+
+def _bot_config(tmp_path, slack, nats_url: str, prefix: str, stream: str, **nats: Any) -> dict[str, Any]:
+    return {"bot": {
+        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+        "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}, {"project": "other", "env": "MSMON_OTHER_TOKEN"}],
+        "routes": [{"receiver": "slack", "channel": "C0ALERTS"}],
+        "slack": {"base_url": slack.base_url, "max_retries": 3},
+        "pipeline": {"group_wait": 0.2, "heartbeat_timeout": 60},
+        "rate_limit": {"per_channel": 100, "per_run": 100, "burst": 50},
+        "console": {"charts_dir": str(tmp_path / "charts"), "charts": False},
+        "commands": {"allow": [{"project": "llm", "users": ["cli:carol"]}],
+                     "operators": [{"user": "cli:carol", "env": "MSMON_OPERATOR"}]},
+        "nats": {"url": nats_url, "prefix": prefix, "stream": stream, "durable": f"bot-{prefix}", "ack_wait": 5,
+                 **nats}}}
+
+
+@pytest.fixture
+def names(monkeypatch):
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("MSMON_OTHER_TOKEN", "other-token")
+    monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
+    tag = uuid.uuid4().hex[:8]
+    return f"t{tag}", f"T{tag}"
+
+
+def _outcomes(bot: BotServer) -> dict[str, float]:
+    out = {}
+    for metric in bot.app[METRICS].registry.collect():
+        if metric.name == "msmon_nats_messages":
+            for s in metric.samples:
+                if s.name.endswith("_total"):
+                    out[s.labels["outcome"]] = s.value
+    return out
+
+
+def _consumer(url: str, stream: str, durable: str) -> Any:
+    async def run() -> Any:
+        import nats
+
+        nc = await nats.connect(url, allow_reconnect=False)
+        try:
+            return await nc.jetstream().consumer_info(stream, durable)
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+def _error_posts(slack) -> list[str]:
+    return [m["text"] for m in slack.messages() if m["text"].startswith("ERROR")]
+
+
+@needs_shared
+def test_a_monitor_job_over_nats_pages_once_and_a_command_reaches_it_over_nats(tmp_path, slack, names):
+    prefix, stream = names
+    bot = BotServer(_bot_config(tmp_path, slack, SHARED, prefix, stream))
+    stop = threading.Event()
+    applied: list[str] = []
+    try:
+        assert wait_for(lambda: _consumer_ready(SHARED, stream, f"bot-{prefix}"), timeout=20)
+        cfg = {"monitor_config": {
+            "monitor_on": True, "step_interval": 1, "log_interval": 0,
+            "alert": {"grad_norm_threshold": 10.0, "alert_interval": 100_000,
+                      "rules": {"grad_norm_spike": {"enable": False}, "loss_spike": {"enable": False},
+                                "grad_norm_creep": {"enable": False}, "convergence": {"enable": False}}},
+            "bot": {"url": SHARED, "nats_prefix": prefix, "token_env": "MSMON_TEST_TOKEN", "project": "llm",
+                    "heartbeat_interval": 0.2, "spool_dir": str(tmp_path / "spool")}}}
+
+        def job() -> None:
+            with Monitor(cfg, run_id="run.n-1") as mon:  # a run id with a dot: encoded in the subjects
+                control = JobControl(mon)
+                control.listen()
+                step = 0
+                while not stop.is_set() and step < 20_000:
+                    step += 1
+                    mon.step(step, loss=2.0, grad_norm=12.0 if 40 <= step < 60 else 1.0)
+                    if control.has_pending:
+                        applied.extend(r.action for r in control.apply(step))
+                    time.sleep(0.005)
+
+        trainer = threading.Thread(target=job, name="test-job")
+        trainer.start()
+        assert wait_for(lambda: len(_error_posts(slack)) == 1, timeout=30), slack.messages()
+        assert _error_posts(slack)[0].startswith("ERROR grad_norm: run run.n-1")
+
+        code, body = bot.request("POST", "/v1/commands", json.dumps({"text": "loosen-threshold run.n-1 grad_norm 15"})
+                                 .encode(), token="operator-token")
+        assert code == 200, body
+        cid = body["command"]["id"]
+        assert wait_for(lambda: bot.store.commands.get(cid)["status"] in ("done", "failed"), timeout=30), \
+            bot.store.commands.get(cid)
+        assert bot.store.commands.get(cid)["status"] == "done"
+        assert applied == ["loosen_threshold"]  # the job applied it once, at a step boundary
+
+        stop.set()
+        trainer.join(30)
+        assert not trainer.is_alive()
+        time.sleep(1.0)
+        assert len(_error_posts(slack)) == 1  # and nothing twice
+        outcomes = _outcomes(bot)
+        assert outcomes.get("ingested", 0) >= 2 and set(outcomes) == {"ingested"}, outcomes  # envelopes, heartbeats
+        http = bot.app[METRICS].registry.get_sample_value("msmon_requests_total", {"endpoint": "/v1/ingest",
+                                                                                   "status": "202"})
+        assert http is None  # nothing came over HTTP
+        assert bot.store.run("run.n-1")["project"] == "llm"
+    finally:
+        stop.set()
+        bot.stop()
+        delete_streams(SHARED, stream)
+
+
+def _consumer_ready(url: str, stream: str, durable: str) -> bool:
+    try:
+        _consumer(url, stream, durable)
+        return True
+    except Exception:  # noqa: BLE001 - not there yet
+        return False
+
+
+@needs_private
+@pytest.mark.slow
+def test_nats_restarted_mid_run_the_job_spools_nothing_is_lost_nothing_is_posted_twice(tmp_path, slack, names):
+    prefix, stream = names
+    with NatsServer(tmp_path / "nats") as server:
+        bot = BotServer(_bot_config(tmp_path, slack, server.url, prefix, stream))
+        t = nats_transport(server.url, "run-r", "0", "job-token", project="llm", prefix=prefix,
+                           spool_dir=str(tmp_path / "spool"), backoff=(0.05, 0.5), probe_interval=0.1,
+                           heartbeat_interval=0.5, timeout=2.0)
+        try:
+            assert wait_for(lambda: _consumer_ready(server.url, stream, f"bot-{prefix}"), timeout=20)
+            for k in range(10):
+                t.event(event(run="run-r", rule=f"rule{k}", step=100 + k))
+            assert wait_for(lambda: len(_error_posts(slack)) == 10, timeout=30), _error_posts(slack)
+
+            server.stop()  # NATS goes away in the middle of the run
+            for k in range(10, 20):
+                t.event(event(run="run-r", rule=f"rule{k}", step=100 + k))
+            assert wait_for(lambda: t.connected is False and not t.spool.empty(), timeout=20), t.stats()
+            time.sleep(1.0)
+            assert len(_error_posts(slack)) == 10  # nothing arrives while NATS is down
+
+            server.start()  # the same port and store: the stream and the durable consumer are still there
+            assert wait_for(lambda: len(_error_posts(slack)) == 20, timeout=60), _error_posts(slack)
+            assert t.flush(20)
+            time.sleep(2.0)
+            posts = _error_posts(slack)
+            assert len(posts) == 20 and len(set(posts)) == 20  # every alert once, none twice
+            assert {p.split(":")[0] for p in posts} == {f"ERROR rule{k}" for k in range(20)}
+            assert t.spool.empty()
+            info = _consumer(server.url, stream, f"bot-{prefix}")
+            assert info.num_ack_pending == 0 and info.num_pending == 0
+        finally:
+            t.close(timeout=3)
+            bot.stop()
+
+
+@needs_shared
+def test_poison_messages_are_refused_once_counted_and_never_redelivered(tmp_path, slack, names):
+    prefix, stream = names
+    bot = BotServer(_bot_config(tmp_path, slack, SHARED, prefix, stream))
+    good = Envelope(run_id="run-p", device="0", sent_at=time.time(), project="llm", events=[event(run="run-p")])
+
+    async def publish() -> dict[str, Any]:
+        import nats
+
+        nc = await nats.connect(SHARED)
+        js = nc.jetstream()
+        env_subject = subject(prefix, "llm", "run-p", ENVELOPE)
+        ok = {TOKEN_HEADER: "job-token"}
+        await js.publish(env_subject, b"{not json", headers=ok)
+        await js.publish(env_subject, encode(good), headers={TOKEN_HEADER: "stolen"})
+        await js.publish(env_subject, b'{"run_id": "run-p"}', headers=ok)  # not the schema
+        await js.publish(subject(prefix, "other", "run-p", ENVELOPE), encode(good), headers=ok)  # wrong subject
+        await js.publish(env_subject, encode(good), headers={TOKEN_HEADER: "other-token"})  # another project's token
+        await js.publish(env_subject, encode(good), headers={**ok, "Nats-Msg-Id": "one"})
+        await js.publish(env_subject, encode(good), headers={**ok, "Nats-Msg-Id": "one"})  # stored once
+        # command polls: a wrong token is answered 401 on the rank's command subject; a reply subject
+        # outside msmon's command subjects gets nothing
+        replies = await nc.subscribe(subject(prefix, "llm", "run-p", COMMANDS, "0"))
+        elsewhere = await nc.subscribe("somewhere.else")
+        poll = encode(Poll(run_id="run-p", device="0", after=0, wait=0))
+        await nc.publish(subject(prefix, "llm", "run-p", POLL), poll, reply=subject(prefix, "llm", "run-p", COMMANDS,
+                                                                                    "0"), headers={TOKEN_HEADER: "x"})
+        refused = await replies.next_msg(timeout=10)
+        await nc.publish(subject(prefix, "llm", "run-p", POLL), poll, reply="somewhere.else", headers=ok)
+        await nc.publish(subject(prefix, "llm", "run-p", POLL), poll, reply=subject(prefix, "llm", "run-p", COMMANDS,
+                                                                                    "0"), headers=ok)
+        answer = await replies.next_msg(timeout=10)
+        with pytest.raises(Exception):  # noqa: B017 - nats' TimeoutError
+            await elsewhere.next_msg(timeout=1)
+        await nc.close()
+        return {"refused": (refused.headers or {}).get(STATUS_HEADER), "answer": json.loads(answer.data),
+                "answer_status": (answer.headers or {}).get(STATUS_HEADER)}
+
+    try:
+        assert wait_for(lambda: _consumer_ready(SHARED, stream, f"bot-{prefix}"), timeout=20)
+        got = asyncio.run(publish())
+        assert got["refused"] == "401" and got["answer_status"] == "200"
+        assert got["answer"] == {"commands": [], "cursor": 0}
+        assert wait_for(lambda: len(_error_posts(slack)) == 1, timeout=20)
+        assert wait_for(lambda: sum(_outcomes(bot).values()) >= 6, timeout=20), _outcomes(bot)
+        time.sleep(6.0)  # past ack_wait (5 s): nothing comes back
+        outcomes = _outcomes(bot)
+        assert outcomes == {"json": 1, "token": 1, "schema": 1, "subject": 1, "project": 1, "ingested": 1,
+                            "poll-token": 1, "poll-subject": 1}, outcomes
+        info = _consumer(SHARED, stream, f"bot-{prefix}")
+        assert info.num_ack_pending == 0 and info.num_pending == 0 and info.num_redelivered == 0
+        assert len(_error_posts(slack)) == 1
+    finally:
+        bot.stop()
+        delete_streams(SHARED, stream)
