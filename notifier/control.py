@@ -1,4 +1,4 @@
-"""Job actions applied at a step boundary: save_checkpoint, pause/resume, scale_lr, set_threshold, stop.
+"""Job actions applied at a step boundary: save_checkpoint, pause/resume, scale_lr, set_threshold, acknowledge, stop.
 
 Requests may come from any thread (a rule's `actions:`, code, the bot's chat commands); they queue
 here and run on the training thread between two steps, the only place where the weights are
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from msmon.common.safenames import slug
 from msmon.contract.actions import ACTIONS
-from msmon.contract.wire import ActionRequest, ActionResult, Command, Event
+from msmon.contract.wire import ActionResult, Command, Event
 
 from .monitor import Monitor
 
@@ -315,18 +315,9 @@ class JobControl:
             tr.listen(self.take_commands)
 
     def take_event(self, ev: Event) -> None:
-        """Queue the configured actions an event carries (monitor_config `actions:`). In a multi-rank run they
-        go to the bot instead, which has every rank apply them at the same step (a pause on this rank alone
-        would leave the others blocked in the next collective); the Monitor refused to start without a bot."""
-        mon = self.monitor
-        tr, world = mon.transport, mon.world
+        """Queue the configured actions an event carries (monitor_config `actions:`)."""
         for act in ev.actions:
             params: dict[str, Any] = {k: v for k, v in act.items() if k != "action"}
-            if world.multi and tr is not None:
-                tr.ask(ActionRequest(run_id=ev.run_id, device=ev.device, step=ev.step, time=ev.time, rule=ev.rule,
-                                     severity=ev.severity, action=str(act["action"]), params=params, rank=world.rank,
-                                     host=world.host))
-                continue
             self.request(str(act["action"]), f"rule {ev.rule} {ev.severity.value}", **params)
 
     def take_commands(self, commands: list[Command]) -> None:
@@ -498,6 +489,9 @@ class JobControl:
 
         _, effect = change_levels(self.monitor, step, rule, lambda: self.monitor.restore(levels), "restore_threshold")
         return f"{rule} levels restored; {effect}", None
+
+    def _do_acknowledge(self, step: int, run_context: Any, rule: str, device: str | None = None) -> tuple[str, None]:
+        return self.monitor.acknowledge(rule, device), None
 
     def _do_stop(self, step: int, run_context: Any) -> tuple[str, str | None]:
         self.stop_requested = True  # first: a stop applies even when its checkpoint cannot be written

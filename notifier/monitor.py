@@ -23,7 +23,6 @@ from typing import Any
 
 import msgspec
 
-from msmon.contract.subjects import is_nats_url
 from msmon.contract.wire import MAX_ID, Event, Sample, Severity, Status, Window
 from msmon.core.detectors import RULES, DetectorContext, Finding, RuleParams
 from msmon.core.detectors.base import SKIP
@@ -36,7 +35,6 @@ from .config import MonitorConfig, load_config
 from .config.model import ActionConfig
 from .outputs import BackgroundWriter, CsvSink, Sink, format_log_line
 from .transport import BotTransport
-from .world import World, detect, refuse_lone_actions
 
 log = logging.getLogger("msmon")
 
@@ -99,11 +97,9 @@ class Monitor:
         clock: Callable[[], float] = _time.time,
         sinks: list[Sink] | None = None,
         transport: BotTransport | None = None,
-        world: World | None = None,
     ) -> None:
         cfg = load_config(config)
         self.config = cfg
-        self.world = detect() if world is None else world  # rank, world size, host: read once
         self.run_id = cfg.bot.run_id or run_id
         self.default_device = str(device)
         for what, value in (("run_id", self.run_id), ("device", self.default_device)):
@@ -144,9 +140,6 @@ class Monitor:
                      "not set and defaults to false" if cfg.given is not None and "monitor_on" not in cfg.given
                      else "false")
             return
-        # before any thread starts: a multi-rank run never applies a configured action on one rank alone
-        refuse_lone_actions([(f"monitor_config.actions[{i}].action", a.action) for i, a in enumerate(cfg.actions)],
-                            self.world, "given" if transport is not None else cfg.bot.url, cfg.bot.commands)
         if sinks is None:
             sinks = self._default_sinks(cfg)
         if sinks:
@@ -184,14 +177,9 @@ class Monitor:
             log.warning("msmon: bot.url is set but the environment variable %s (bot.token_env) is empty: the bot "
                         "will refuse run %s until the job has its token", b.token_env, self.run_id)
         log.info("msmon: sending run %s to the bot at %s (spool: %s)", self.run_id, b.url, b.spool_dir)
-        backend = None  # bot.url nats://...: through NATS JetStream instead of HTTP (notifier/nats_transport.py)
-        if is_nats_url(b.url):
-            from .nats_transport import NatsBackend
-
-            backend = NatsBackend(b.url, b.project, self.run_id, self.default_device, token, prefix=b.nats_prefix)
         return BotTransport(b.url, self.run_id, self.default_device, token, project=b.project, labels=b.labels,
-                            backend=backend, spool_dir=b.spool_dir, spool_max_bytes=int(b.spool_max_mb * (1 << 20)),
-                            heartbeat_interval=b.heartbeat_interval, rank=self.world.rank, host=self.world.host)
+                            spool_dir=b.spool_dir, spool_max_bytes=int(b.spool_max_mb * (1 << 20)),
+                            heartbeat_interval=b.heartbeat_interval)
 
     @staticmethod
     def _active_rules(cfg: MonitorConfig, metrics: set[str]) -> list[str]:
@@ -435,6 +423,30 @@ class Monitor:
             hint = closest(rule, RULES)
             raise ValueError(f"unknown rule {rule!r}" + (f"; did you mean {hint}?" if hint else ""))
         return rule
+
+    def acknowledge(self, rule: str, device: str | None = None) -> str:
+        """A person acknowledged `rule`'s alert (chat `ack`): on each device (or the one named) a shift the rule
+        holds against its pre-shift reference is accepted as the new normal, so the alert resolves once the rule
+        has learned it. What was done, in words."""
+        self._known(rule)
+        accepted, seen = [], []
+        for name, d in list(self._devices.items()):
+            if device is not None and name != device:
+                continue
+            for r in d.rules:
+                ack = getattr(r.detector, "acknowledge", None)
+                if r.name == rule and ack is not None:
+                    seen.append(name)
+                    if ack():
+                        accepted.append(name)
+        if accepted:
+            log.info("msmon: run %s: %s acknowledged: the level now is the new normal on device(s) %s", self.run_id,
+                     rule, ", ".join(accepted))
+            return (f"{rule}: the level now is taken as the new normal on device(s) {', '.join(accepted)} (learned "
+                    "afresh; the alert resolves once the rule has learned it)")
+        if not seen:
+            return f"{rule}: nothing to accept (the rule holds no reference to release here)"
+        return f"{rule}: no shift held on device(s) {', '.join(seen)}; nothing to accept"
 
     def set_threshold(self, rule: str, value: float, level: str = "warning") -> float | None:
         """Change a rule's WARNING or ERROR level live, in every phase; returns the old level."""

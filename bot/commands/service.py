@@ -41,12 +41,11 @@ class Answer:
     command: dict[str, Any] | None = None  # the stored job command
     confirm: str | None = None  # a confirmation button should send this command text
     chart: Event | None = None  # status: what to draw (render_chart, off the event loop)
-    record: str | None = None  # the command log's id of a command answered at once (help, runs, status)
 
     def to_json(self) -> dict[str, Any]:
         cmd = self.command
         return {"ok": self.ok, "text": self.text, "private": self.private, "confirm": self.confirm,
-                "command": None if cmd is None else view(cmd), "record": self.record}
+                "command": None if cmd is None else view(cmd)}
 
 
 def view(cmd: dict[str, Any]) -> dict[str, Any]:
@@ -76,8 +75,8 @@ class CommandService:
             self._audit(now, origin, text, exc.verb or "?", None, "invalid", str(exc))
             return Answer(str(exc), ok=False, status=422, private=True)
         if p.verb in ("help", "runs"):
-            rec = self._audit(now, origin, p.text(), p.verb, None, "done", "")
-            return Answer(help_text(p.topic) if p.verb == "help" else self._runs_text(), record=rec["id"])
+            self._audit(now, origin, p.text(), p.verb, None, "done", "")
+            return Answer(help_text(p.topic) if p.verb == "help" else self._runs_text())
         run = self.store.run(p.run or "")
         if run is None:
             msg = self._unknown_run(p.run or "")
@@ -93,8 +92,8 @@ class CommandService:
                         p.text(), origin.who, origin.source, p.run, project)
             return Answer(msg, ok=False, status=403, private=True)
         if p.verb == "status":
-            rec = self._audit(now, origin, p.text(), p.verb, p.run, "done", "", project)
-            return dataclasses.replace(self._status(run), record=rec["id"])
+            self._audit(now, origin, p.text(), p.verb, p.run, "done", "", project)
+            return self._status(run)
         if p.verb == "ack":
             return self._ack(p, origin, now, project)
         if p.verb == "silence":
@@ -119,14 +118,10 @@ class CommandService:
         listed = ", ".join(known[:10]) + (" ..." if len(known) > 10 else "") if known else "none yet"
         return f"No run `{run_id}` has reported to this bot.{hint} Known runs: {listed}. (`runs` lists them.)"
 
-    def _queue(self, p: Parsed, run: dict[str, Any], origin: Origin, now: float) -> Answer:
-        action = VERB_ACTION[p.verb]
-        params: dict[str, Any] = {}
-        if p.verb == "scale-lr":
-            params["factor"] = p.factor
-        elif p.verb == "loosen-threshold":
-            params = {"rule": p.rule, "value": p.value, "factor": p.factor, "duration": p.duration}
-            params = {k: v for k, v in params.items() if v is not None}
+    def _enqueue(self, p: Parsed, run: dict[str, Any], origin: Origin, now: float, action: str,
+                 params: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Store `action` for every rank of `run`, past its latest step and the commands still waiting, and wake
+        the ranks' polls: (the command, the commands that were waiting)."""
         # Never before a command accepted earlier and still waiting: every rank applies a run's commands in
         # acceptance order, so a resume's "at once" cannot overtake a pending pause (it cancels it instead).
         waiting = self.store.commands.open_for(run["run_id"])
@@ -138,6 +133,18 @@ class CommandService:
                 detail="", origin=origin.to_stored(), expires_at=now + self.cfg.commands.expire_after)
         self.state.open_runs.add(run["run_id"])
         self.state.waiters.wake(run["run_id"])
+        return cmd, waiting
+
+    def _queue(self, p: Parsed, run: dict[str, Any], origin: Origin, now: float) -> Answer:
+        action = VERB_ACTION[p.verb]
+        params: dict[str, Any] = {}
+        if p.verb == "scale-lr":
+            params["factor"] = p.factor
+        elif p.verb == "loosen-threshold":
+            params = {"rule": p.rule, "value": p.value, "factor": p.factor, "duration": p.duration}
+            params = {k: v for k, v in params.items() if v is not None}
+        cmd, waiting = self._enqueue(p, run, origin, now, action, params)
+        apply_step = int(cmd["apply_step"])
         log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
                  p.text(), origin.who, origin.source, run["run_id"], apply_step)
         who = "every rank" if len(run["devices"]) > 1 else "the job"
@@ -220,7 +227,7 @@ class CommandService:
         for c in self.store.commands.open_for(run_id):
             lines.append(f"command {c['id']} `{c['text']}` waits for step {c['apply_step']:,}")
         lines += _level_change_lines(self.store.commands.level_changes(run_id, limit=20))
-        return Answer("\n".join(lines), chart=_status_event(run, hist, firing) if hist else None)
+        return Answer("\n".join(lines), chart=_status_event(run, hist) if hist else None)
 
     def _history(self, run: dict[str, Any]) -> list[Any]:
         devices = sorted(self.state.windows.runs.get(run["run_id"], {}))
@@ -241,7 +248,14 @@ class CommandService:
         msg = (f"{origin.who} acknowledged {rule} on {where} of run {run_id}: no reminders until it resolves, and "
                "its escalation stops (a rise to ERROR still pages).")
         self._audit(now, origin, p.text(), p.verb, run_id, "done", msg, project)
-        return Answer(msg)
+        run = self.store.run(run_id)
+        if run is None:
+            return Answer(msg)
+        # The job hears of it too: a level shift its rule holds against the pre-shift reference is the new normal.
+        params = {"rule": rule} if p.device is None else {"rule": rule, "device": p.device}
+        cmd, _ = self._enqueue(p, run, origin, now, "acknowledge", params)
+        return Answer(f"{msg} The job takes the level it holds now as the new normal at step {cmd['apply_step']:,} "
+                      f"({cmd['id']}; reported here).", command=cmd)
 
     def _silence(self, p: Parsed, origin: Origin, now: float, project: str) -> Answer:
         duration = float(p.duration or 0.0)
@@ -269,15 +283,10 @@ def _level_change_lines(changes: list[dict[str, Any]], shown: int = 3) -> list[s
     return lines
 
 
-def _status_event(run: dict[str, Any], hist: list[Any], firing: list[dict[str, Any]]) -> Event:
-    """The run's recent window dressed as an event, so the alert chart draws it: FIRING at the highest severity
-    firing (its title and colour say so), RESOLVED (green) when nothing fires."""
+def _status_event(run: dict[str, Any], hist: list[Any]) -> Event:
+    """The run's recent window dressed as an event, so the alert chart draws it."""
     last = hist[-1]
-    top = Severity.ERROR if any(a["severity"] == Severity.ERROR.value for a in firing) else Severity.WARNING
-    rules = ", ".join(sorted({a["rule"] for a in firing if a["severity"] == top.value}))
-    says = f"{top.value} firing: {rules}" if firing else "no alert firing"
     return Event(run_id=run["run_id"], device=last.device, step=last.step, time=last.time, rule="status",
-                 severity=top, status=Status.FIRING if firing else Status.RESOLVED, value=math.nan,
-                 threshold=math.nan, message=f"status of run {run['run_id']} at step {last.step}: {says}",
-                 window=Window.of(hist))
+                 severity=Severity.WARNING, status=Status.RESOLVED, value=math.nan, threshold=math.nan,
+                 message=f"status of run {run['run_id']} at step {last.step}", window=Window.of(hist))
 

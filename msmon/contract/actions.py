@@ -80,6 +80,12 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
         Param("undo", "the loosening to undo (the id of the command that loosened)", required=True),
         Param("rule", "the rule, for the answer"),
     )),
+    # Sent by the bot when a person acks an alert in chat (`ack <run>/<rule>`): a shift the rule holds is the
+    # new normal. Changes no training, so anyone who may ack may send it.
+    Action("acknowledge", (
+        Param("rule", "the rule whose alert was acknowledged", required=True),
+        Param("device", "the device it was acknowledged on (none: every device)"),
+    ), destructive=False),
 )}
 
 # chat verb -> wire name of the action it queues (`save-checkpoint` -> `save_checkpoint`)

@@ -197,7 +197,8 @@ class EarlyBaselineRule(BaselineRule):
     - Once a level has been reached `consecutive` times in a row the rule *holds*: nothing is learned,
       and a value still at `RETURN` x the WARNING level or more is reported (a WARNING, "not returned")
       until the value comes back below it. A shift to a new level stays visible against the
-      pre-shift reference while it lasts.
+      pre-shift reference while it lasts, until the value returns or a person acknowledges the alert
+      (`acknowledge`: the new level is learned as the normal).
     Subclasses say what a gross jump is (`gross_ratio`).
     """
 
@@ -256,6 +257,15 @@ class EarlyBaselineRule(BaselineRule):
         if self.hits >= p.consecutive:
             self.held = True
         return j
+
+    def acknowledge(self) -> bool:
+        """A person acknowledged the alert: a held shift is the new normal. The baseline is learned afresh from
+        the next samples (young, so looser levels at first); whether a shift was held."""
+        if not self.held:
+            return False
+        self.window.clear()
+        self.hits, self.held = 0, False
+        return True
 
 
 class Detector(Protocol):

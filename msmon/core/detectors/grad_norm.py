@@ -203,6 +203,15 @@ class GradNormCreep:
             return long
         return short
 
+    def acknowledge(self) -> bool:
+        """A person acknowledged the creep: the grad norm's level now is the new normal. The fit starts over and
+        the long reference is taken again after `window` samples; whether the long horizon was firing."""
+        was = self.long_firing
+        self.fit.clear()
+        self.trend_end = None
+        self.reference, self.reference_age, self.post_warmup, self.long_firing = None, 0, 0, False
+        return was
+
     def _recent(self, p: RuleParams) -> Finding | None:
         """The short horizon: the fitted rise over the last `window` samples."""
         f = self.fit

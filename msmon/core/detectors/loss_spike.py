@@ -81,6 +81,15 @@ class LossSpike(EarlyBaselineRule):
         z, med = self.score(x, w)
         return x / med if med > 0.0 and z >= self.GROSS_SIGMA else 0.0
 
+    def acknowledge(self) -> bool:
+        """A held shift accepted as the new normal; the slow-rise reference is taken again from the new level."""
+        held = super().acknowledge()
+        if held:
+            self.low_medians.clear()
+            self.low_steps.clear()
+            self.block_n = 0
+        return held
+
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         x = s.loss
         if x is None or not math.isfinite(x):
