@@ -54,6 +54,8 @@ def summary_table(cpu: Sequence[list[dict[str, Any]]], real: Sequence[list[dict[
         rp = list(zip(real[0], real[1], strict=True))
         out.append("| faults caught at all (real) | " + " | ".join(
             f"{r['summary']['caught']} / {r['summary']['faults']}" for b, a in rp for r in (b, a)) + " |")
+        out.append("| divergences caught in time (real) | " + " | ".join(
+            f"{r['summary']['in_time']} / {r['summary']['divergences']}" for b, a in rp for r in (b, a)) + " |")
         out.append("| false alarms / 10k clean real steps | " + " | ".join(
             _fa(r["summary"]) for b, a in rp for r in (b, a)) + " |")
     return "\n".join(out)
