@@ -7,6 +7,8 @@
 
     rank's Poll on <prefix>.<project>.<run>.poll (queue group: one replica answers)
         ─► `jobs.long_poll` ─► PollAnswer on <prefix>.<project>.<run>.cmd.<device>
+    rank's ActionRequest on <prefix>.<project>.<run>.act (request/reply, queue group)
+        ─► `jobs.rule_request` ─► the answer of HTTP's POST /v1/actions/request
 
 A message is acked only after the ingest committed, so a replica that dies with messages in hand has
 them redelivered to another after `ack_wait`; a job's retry carries the same Nats-Msg-Id and is stored
@@ -37,6 +39,7 @@ from nats.js import api
 from prometheus_client import Counter
 
 from msmon.contract.subjects import (
+    ACTION,
     COMMANDS,
     ENVELOPE,
     HEARTBEAT,
@@ -45,9 +48,10 @@ from msmon.contract.subjects import (
     TOKEN_HEADER,
     subject,
 )
-from msmon.contract.wire import Envelope, Heartbeat, Poll, PollAnswer, decode, encode
+from msmon.contract.wire import ActionRequest, Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
 
 from .commands import jobs
+from .commands.service import view
 from .config import NatsConfig
 from .ingest import Ingest
 from .state import BotState
@@ -58,6 +62,8 @@ Who = Callable[[bytes], "tuple[str, str] | None"]  # a token -> (project, operat
 # (the token's project, run, claimed project) -> (the run's project, why it is refused or None)
 Owner = Callable[[str, str, "str | None"], "tuple[str, str | None]"]
 Ended = Callable[[list[Heartbeat]], None]
+ApplyStep = Callable[[dict[str, Any], float], int]  # the command service's
+_STATUS = {"token": 401, "project": 403, "json": 400}  # a refusal's HTTP status in an answer (else 422)
 
 
 class Poison(Exception):
@@ -72,9 +78,9 @@ class NatsIngest:
     """One replica's share of the durable consumer, and its answers to the jobs' command polls."""
 
     def __init__(self, cfg: NatsConfig, state: BotState, ingest: Ingest, who: Who, owner: Owner, ended: Ended,
-                 *, backoff: tuple[float, float] = (0.2, 5.0)) -> None:
+                 apply_step: ApplyStep, *, backoff: tuple[float, float] = (0.2, 5.0)) -> None:
         self.cfg, self.state, self.ingest = cfg, state, ingest
-        self._who, self._owner, self._ended = who, owner, ended
+        self._who, self._owner, self._ended, self._apply_step = who, owner, ended, apply_step
         self._backoff = backoff
         self.messages = Counter("msmon_nats_messages_total", "messages from NATS, by outcome (ingested, retried, "
                                 "dead, or why it was refused)", ["outcome"], registry=state.metrics.registry)
@@ -133,6 +139,7 @@ class NatsIngest:
                                 allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                                 connect_timeout=2, error_cb=quiet, reconnected_cb=reconnected)
         await nc.subscribe(f"{self.cfg.prefix}.*.*.{POLL}", queue=self.cfg.durable, cb=self._on_poll)
+        await nc.subscribe(f"{self.cfg.prefix}.*.*.{ACTION}", queue=self.cfg.durable, cb=self._on_action)
         return nc
 
     async def _setup(self, nc: Any) -> Any:
@@ -285,9 +292,8 @@ class NatsIngest:
         except Poison as exc:
             self.messages.labels(f"poll-{exc.reason}").inc()
             self._say(f"poll-{exc.reason}", f"msmon bot: REFUSED a command poll on {msg.subject}: {exc}", warn=True)
-            status = {"token": 401, "project": 403, "json": 400}.get(exc.reason, 422)
             if self._command_subject(msg.reply):  # never an answer to a subject outside msmon's commands
-                await self._reply(msg, status, {"error": str(exc)})
+                await self._reply(msg, _STATUS.get(exc.reason, 422), {"error": str(exc)})
             return
         wait = min(max(poll.wait, 0.0), self.state.cfg.commands.long_poll)
         cmds, cursor = await jobs.long_poll(self.state, poll.run_id, poll.device, poll.after, wait)
@@ -298,11 +304,37 @@ class NatsIngest:
         parts = (reply or "")[len(head):].split(".")
         return bool(reply) and str(reply).startswith(head) and len(parts) == 4 and parts[2] == COMMANDS
 
-    async def _reply(self, msg: Any, status: int, answer: Any) -> None:
+    async def _on_action(self, msg: Any) -> None:
+        """A rank's configured action for its whole run: queued as one command, answered like HTTP's route."""
+        try:
+            req = self._decode(msg.data, ActionRequest)
+            owner = self._own(self._authorize(msg.headers), req.run_id, None)
+            if msg.subject != subject(self.cfg.prefix, owner, req.run_id, ACTION):
+                raise Poison("subject", f"an action request for run {req.run_id!r} must come on "
+                                        f"{subject(self.cfg.prefix, owner, req.run_id, ACTION)}")
+            cmd, new = jobs.rule_request(self.state, self._apply_step, req, owner)
+        except Poison as exc:
+            self.messages.labels(f"action-{exc.reason}").inc()
+            self._say(f"action-{exc.reason}", f"msmon bot: REFUSED an action request on {msg.subject}: {exc}",
+                      warn=True)
+            await self._reply(msg, _STATUS.get(exc.reason, 422), {"error": str(exc)})
+            return
+        except jobs.RuleRequestError as exc:
+            await self._reply(msg, exc.status, {"error": exc.reason}, retry_after="1" if exc.status == 503 else None)
+            return
+        if new:
+            log.warning("msmon bot: run %s: %s asks for %s: queued as %s, every rank applies it at step %d",
+                        req.run_id, cmd["source"], req.action, cmd["id"], cmd["apply_step"])
+        await self._reply(msg, 202 if new else 200, {"command": tag_nonfinite(view(cmd)), "new": new})
+
+    async def _reply(self, msg: Any, status: int, answer: Any, retry_after: str | None = None) -> None:
         if not msg.reply or self._nc is None:
             return
-        with contextlib.suppress(Exception):  # the job polls again when no answer comes
-            await self._nc.publish(msg.reply, encode(answer), headers={STATUS_HEADER: str(status)})
+        headers = {STATUS_HEADER: str(status)}
+        if retry_after is not None:
+            headers["Retry-After"] = retry_after
+        with contextlib.suppress(Exception):  # the job asks again when no answer comes
+            await self._nc.publish(msg.reply, encode(answer), headers=headers)
 
     # -- logs for the person on call: each reason at most once a minute ----------------------------------
 

@@ -11,6 +11,7 @@ as the same `Reply` the HTTP client gives (subjects: msmon/contract/subjects.py)
     /v1/heartbeat      JetStream publish to <prefix>.<project>.<run>.hb
     /v1/commands/poll  the rank's Poll on <prefix>.<project>.<run>.poll, with the reply subject
                        <prefix>.<project>.<run>.cmd.<device>, where a bot replica answers with the commands
+    /v1/actions/request  a NATS request on <prefix>.<project>.<run>.act, answered like the HTTP route
 
 Every request carries the job's token in the Msmon-Token header; the bot checks it like HTTP's bearer
 token. While NATS is unreachable a request fails at once (`Fault.UNREACHABLE`, nothing buffered in the
@@ -31,6 +32,7 @@ from typing import Any
 
 from msmon.common.urls import redacted
 from msmon.contract.subjects import (
+    ACTION,
     COMMANDS,
     DEFAULT_PREFIX,
     ENVELOPE,
@@ -50,7 +52,8 @@ from .transport import BotTransport, Reply
 log = logging.getLogger("msmon")
 
 _ACCEPTED = b'{"commands": []}'  # a stored envelope: the bot answers commands on the poll subject
-_ROUTES = {"/v1/ingest": ENVELOPE, "/v1/heartbeat": HEARTBEAT, "/v1/commands/poll": POLL}  # path -> subject kind
+_ROUTES = {"/v1/ingest": ENVELOPE, "/v1/heartbeat": HEARTBEAT, "/v1/commands/poll": POLL,
+           "/v1/actions/request": ACTION}  # path -> subject kind
 
 
 class NatsBackend:
@@ -62,7 +65,7 @@ class NatsBackend:
         if problem:
             raise ValueError(f"bot.url / bot.nats_prefix: {problem}")
         self.url, self.where = url, redacted(url)
-        self.subjects = {k: subject(prefix, project, run_id, k) for k in (ENVELOPE, HEARTBEAT, POLL)}
+        self.subjects = {k: subject(prefix, project, run_id, k) for k in (ENVELOPE, HEARTBEAT, POLL, ACTION)}
         self.reply_subject = subject(prefix, project, run_id, COMMANDS, device)
         self._headers = {TOKEN_HEADER: token} if token else {}
         self._connect_timeout = min(max(connect_timeout, 0.1), 30.0)
@@ -122,14 +125,17 @@ class NatsBackend:
         try:
             if path == "/v1/commands/poll":
                 return await self._poll(nc, body, timeout)
+            if path == "/v1/actions/request":
+                return self._answer(await nc.request(target, body, timeout=timeout, headers=self._headers))
             headers = dict(self._headers)
             if key is not None:
                 headers[MSG_ID_HEADER] = key
             await self._js.publish(target, body, timeout=timeout, headers=headers)
             return Reply(None, 202, _ACCEPTED)
         except (nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError):
-            return Reply(Fault.UNREACHABLE, detail=f"no JetStream stream takes {target}: is a bot running with "
-                                                   "bot.nats.url set (it creates the stream), with the same prefix?")
+            what = "JetStream stream takes" if path in ("/v1/ingest", "/v1/heartbeat") else "msmon bot answers on"
+            return Reply(Fault.UNREACHABLE, detail=f"no {what} {target}: is a bot running with bot.nats.url set "
+                                                   "(it creates the stream), with the same prefix?")
         except nats.errors.MaxPayloadError as exc:
             return Reply(Fault.TOO_LARGE, 413, detail=f"over the NATS server's max_payload: {exc}")
         except nats.js.errors.APIError as exc:
@@ -144,18 +150,21 @@ class NatsBackend:
     async def _poll(self, nc: Any, body: bytes, timeout: float) -> Reply:
         """A Poll to the run's poll subject; the answer comes on this rank's command subject."""
         await nc.publish(self.subjects[POLL], body, reply=self.reply_subject, headers=self._headers)
-        msg = await self._replies.next_msg(timeout=timeout)
+        return self._answer(await self._replies.next_msg(timeout=timeout))
+
+    def _answer(self, msg: Any) -> Reply:
+        """A bot replica's answer (its status in the Msmon-Status header) as the HTTP client's `Reply`."""
         headers = msg.headers or {}
-        if headers.get("Status") == "503":  # NATS itself: nobody subscribes to the poll subject
-            return Reply(Fault.UNREACHABLE, detail=f"no msmon bot answers command polls on {self.subjects[POLL]} "
-                                                   "(is a bot running with bot.nats.url set, with the same prefix?)")
+        if headers.get("Status") == "503":  # NATS itself: nobody subscribes to the subject
+            return Reply(Fault.UNREACHABLE, detail=f"no msmon bot answers on {msg.subject} (is a bot running with "
+                                                   "bot.nats.url set, with the same prefix?)")
         try:
             status = int(headers.get(STATUS_HEADER, "200"))
         except ValueError:
             status = 502
         fault = judge(status, msg.data)
         detail = "" if fault is None else msg.data[:200].decode("utf-8", "replace").strip()
-        return Reply(fault, status, msg.data, detail=detail)
+        return Reply(fault, status, msg.data, headers.get("Retry-After"), detail)
 
     async def _connected(self) -> Any:
         """The connection, made on first use (and again after it closed); nats-py reconnects it itself."""

@@ -4,6 +4,7 @@
     <prefix>.<project>.<run>.hb            a job's heartbeats     (JetStream)
     <prefix>.<project>.<run>.poll          a rank's command poll  (core NATS, any bot replica answers)
     <prefix>.<project>.<run>.cmd.<device>  the commands for that rank (the poll's reply subject)
+    <prefix>.<project>.<run>.act           a rank's configured action for the whole run (request/reply)
 
 A subject token may not hold `.`, `*`, `>` or whitespace, so project, run and device names (job data)
 are never put in raw: `token` keeps letters, digits and `-`, and writes every other byte of the UTF-8
@@ -15,7 +16,7 @@ Pure string code, the standard library only (both the job runtime and the bot im
 
 from __future__ import annotations
 
-ENVELOPE, HEARTBEAT, POLL, COMMANDS = "env", "hb", "poll", "cmd"
+ENVELOPE, HEARTBEAT, POLL, COMMANDS, ACTION = "env", "hb", "poll", "cmd", "act"
 TOKEN_HEADER = "Msmon-Token"  # the job's token, checked by the bot like HTTP's bearer token
 STATUS_HEADER = "Msmon-Status"  # the bot's answer to a poll, as an HTTP status ("200", "403", ...)
 MSG_ID_HEADER = "Nats-Msg-Id"  # JetStream's dedup key
@@ -90,5 +91,5 @@ def _shown(url: str) -> str:
     return repr(f"{head}{sep}{netloc}{slash}{path}"[:120])
 
 
-__all__ = ["COMMANDS", "DEFAULT_PREFIX", "ENVELOPE", "HEARTBEAT", "MSG_ID_HEADER", "POLL", "STATUS_HEADER",
+__all__ = ["ACTION", "COMMANDS", "DEFAULT_PREFIX", "ENVELOPE", "HEARTBEAT", "MSG_ID_HEADER", "POLL", "STATUS_HEADER",
            "TOKEN_HEADER", "is_nats_url", "name_problem", "nats_url_problem", "prefix_problem", "subject", "token"]

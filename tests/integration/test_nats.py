@@ -251,3 +251,33 @@ def test_poison_messages_are_refused_once_counted_and_never_redelivered(tmp_path
     finally:
         bot.stop()
         delete_streams(SHARED, stream)
+
+
+@needs_shared
+def test_a_rank_s_configured_action_reaches_the_bot_over_nats_as_one_command(tmp_path, slack, names):
+    from msmon.contract.wire import ActionRequest, Sample, Severity
+
+    prefix, stream = names
+    bot = BotServer(_bot_config(tmp_path, slack, SHARED, prefix, stream))
+    ranks = [nats_transport(SHARED, "run-a", str(d), "job-token", project="llm", prefix=prefix,
+                            spool_dir=str(tmp_path / f"spool{d}"), backoff=(0.05, 0.5), heartbeat_interval=0.5)
+             for d in range(2)]
+    try:
+        assert wait_for(lambda: _consumer_ready(SHARED, stream, f"bot-{prefix}"), timeout=20)
+        for d, r in enumerate(ranks):
+            r.sample(Sample(run_id="run-a", device=str(d), step=10, time=time.time(), loss=2.0))
+            assert r.flush(10)
+        assert wait_for(lambda: bot.store.run("run-a") is not None, timeout=10)
+        for d, r in enumerate(ranks):  # both ranks' rule fires: one pause for the run
+            r.ask(ActionRequest(run_id="run-a", device=str(d), step=10, time=time.time(), rule="nonfinite",
+                                severity=Severity.ERROR, action="pause", rank=d))
+        assert wait_for(lambda: len(bot.store.commands.open_for("run-a")) == 1, timeout=20)
+        time.sleep(1.0)  # the second rank's request, too, is answered with the same command
+        (cmd,) = bot.store.commands.open_for("run-a")
+        assert cmd["action"] == "pause" and cmd["source"].startswith("rule nonfinite on rank")
+        assert len(bot.store.commands.open_for("run-a")) == 1 and all(r.asks_lost == 0 for r in ranks)
+    finally:
+        for r in ranks:
+            r.close(timeout=2)
+        bot.stop()
+        delete_streams(SHARED, stream)
