@@ -498,14 +498,6 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
 
             nats_in = NatsIngest(cfg.nats, state, app[INGEST], lambda given: token_holder(app[TOKENS], given),
                                  lambda token, run, claimed: run_owner(store, token, run, claimed),
-                                 lambda beats: runs_ended(state, beats))
-            await nats_in.start()
-        nats_in = None
-        if cfg.nats.url:  # jobs' envelopes over NATS JetStream too (bot/nats_ingest.py)
-            from .nats_ingest import NatsIngest
-
-            nats_in = NatsIngest(cfg.nats, state, app[INGEST], lambda given: token_holder(app[TOKENS], given),
-                                 lambda token, run, claimed: run_owner(store, token, run, claimed),
                                  lambda beats: runs_ended(state, beats), svc.apply_step)
             await nats_in.start()
         stop = asyncio.Event()
