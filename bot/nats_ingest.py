@@ -167,12 +167,15 @@ class NatsIngest:
 
     async def _consume(self, sub: Any) -> None:
         while not self._stop.is_set():
-            try:
-                msgs = await sub.fetch(self.cfg.batch, timeout=1.0)
+            try:  # the first message as soon as there is one (a fetch of a batch would wait for all of it)
+                msgs = await sub.fetch(1, timeout=1.0)
             except (asyncio.TimeoutError, nats.errors.TimeoutError):
                 if self._nc.is_closed:
                     raise nats.errors.ConnectionClosedError from None
                 continue
+            if self.cfg.batch > 1:  # then what is there already, without waiting
+                with contextlib.suppress(asyncio.TimeoutError, nats.errors.TimeoutError):
+                    msgs += await sub.fetch(self.cfg.batch - 1, timeout=0.05)
             for msg in msgs:
                 await self._one(msg)
 
