@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         if "error" in answer:
             hint = f"\n{operator_setup(args.token_env)}" if code == 401 else ""
             return fail("cmd", f"the bot refused the request (HTTP {code}): {answer['error']}{hint}")
-        print(answer["text"])
+        record = answer.get("record")  # an answer given at once (help, status) has its command-log id too
+        print(f"{record}: {answer['text']}" if record and answer.get("command") is None else answer["text"])
         if answer.get("chart"):
             print(f"chart: {answer['chart']}")
         cmd = answer.get("command")

@@ -17,6 +17,8 @@ from notifier.config import ConfigError
 
 if TYPE_CHECKING:
     from bot.server import BotThread
+    from msmon.demo.run import Chatops
+    from msmon.demo.story import Story
 
 RUN_ID = "demo-13b"
 
@@ -36,19 +38,26 @@ def run(args: argparse.Namespace) -> int:
     quiet_logging(args.verbose)
     trace = make_trace(os.path.join(args.out, "incident-13b.csv"))
     config = args.config or default_monitor_config()
+    shown = args.config or "msmon's default monitor config (a copy of config/monitor.yaml)"
     print(f"msmon demo, part 1: a 13B fine-tune; the grad norm starts creeping at step {CREEP_START}, the loss "
           f"jumps from 1.82 to 6.47 at step {SPIKE_STEP} ({STEP_SECONDS:.0f} s per step).")
     bot: BotThread | None = None
     try:
         if not args.no_bot and _have_the_bot():
-            events, bot = _into_the_bot(trace, config, args.out)
+            from msmon.demo.story import Story  # beside the bot: the [bot] extra is there
+
+            story = Story()
+            events, bot = _into_the_bot(trace, config, shown, args.out, story)
         else:
-            events = _through_the_detectors(trace, config)
+            events = _through_the_detectors(trace, config, shown)
         if not _first_alert(events):
             return FAILED
         if bot is None or args.no_chatops:
+            _next(args.out, chatops=False)
             return OK
-        return _chatops(bot, args.out)
+        rc = _chatops(bot, args.out, story)
+        _next(args.out, chatops=rc == OK)
+        return rc
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return USAGE
@@ -66,21 +75,21 @@ def _have_the_bot() -> bool:
     return True
 
 
-def _through_the_detectors(trace: str, config: str) -> list[Event]:
-    print(f"Replaying {trace} through {config} (the same Monitor a live job runs):\n")
+def _through_the_detectors(trace: str, config: str, shown: str) -> list[Event]:
+    print(f"Replaying {trace} through {shown} (the same Monitor a live job runs):\n")
     events = run_replay(trace, config, RUN_ID).events
     for e in events:
         print(alert_line(e))
     return events
 
 
-def _into_the_bot(trace: str, config: str, out: str) -> tuple[list[Event], BotThread]:
+def _into_the_bot(trace: str, config: str, shown: str, out: str, story: Story) -> tuple[list[Event], BotThread]:
     from msmon.demo.run import run_demo  # the [bot] extra: _have_the_bot found it
 
     print(f"Starting the msmon bot (SQLite state and chart PNGs in {out}/, console receiver) and replaying "
-          f"{trace} through {config}, reporting to the bot as a training job would. The bot's console "
+          f"{trace} through {shown}, reporting to the bot as a training job would. The bot's console "
           "receiver prints what it delivers:\n", flush=True)
-    events, bot = run_demo(trace, config, out)
+    events, bot = run_demo(trace, config, out, story)
     runs = bot.store.runs()
     firing = bot.store.alerts(RUN_ID, "firing")
     print(f"\nThe bot now holds run {RUN_ID} at step {runs[0]['last_step'] if runs else '?'} with "
@@ -100,16 +109,51 @@ def _first_alert(events: list[Event]) -> bool:
     return True
 
 
-def _chatops(bot: BotThread, out: str) -> int:
+def _chatops(bot: BotThread, out: str, story: Story) -> int:
     try:
         import mindspore  # noqa: F401 - part 2 trains with it
     except ImportError:
         print("\nPart 2 (a real MindSpore job handled from chat) needs MindSpore: pip install 'msmon[mindspore]'")
         return OK
 
-    print("\nmsmon demo, part 2: a real MindSpore training (an MLP on this CPU) reports to the same bot. At step "
-          "300 a bad schedule raises its learning rate 3x; when the bot's first ERROR is out, `msmon cmd` saves a "
-          "checkpoint, pauses the job, asks for its status, resumes it and stops it.\n", flush=True)
+    from msmon.demo.mindspore_job import AT as at
+    from msmon.demo.mindspore_job import BASE_LR
+    from msmon.demo.mindspore_job import JUMP as jump  # MindSpore only here
     from msmon.demo.run import run_chatops  # loaded already for part 1
 
-    return OK if run_chatops(bot, out) else FAILED
+    story.say(f"\nmsmon demo, part 2: a real MindSpore training (an MLP on this CPU) reports to the same bot. Its "
+              f"LR schedule is wrong: from step {at} it gives {BASE_LR * jump:g} instead of {BASE_LR:g} ({jump:g}x), "
+              "as a mistyped peak LR would, and nothing tells msmon. When the bot's first ERROR is out, `msmon cmd` "
+              "saves a checkpoint, pauses the job, asks for its status, resumes it, scales the LR back and stops "
+              "it.\n")
+    result = run_chatops(bot, out, story)
+    _caught(result)
+    return OK if result.ok else FAILED
+
+
+def _caught(result: Chatops) -> None:
+    """How soon after the bad schedule msmon said so, from the alerts the job raised."""
+    firing = [e for e in result.events if e.status is Status.FIRING and e.step >= result.at]
+    if not firing:
+        return
+    first = firing[0]
+    error = next((e for e in firing if e.severity.value == "ERROR"), None)
+    then = "" if error is None else (f"; the first ERROR, {error.rule}, at step {error.step} "
+                                     f"({error.step - result.at} steps after it)")
+    print(f"\nThe bad schedule started at step {result.at}: msmon's first alert was {first.severity.value} "
+          f"{first.rule} at step {first.step}{then}.")
+
+
+def _next(out: str, chatops: bool) -> None:
+    """The demo's last words: what to look at and what to try next."""
+    lines = [f"the charts the bot drew: {os.path.join(out, 'charts')}/ (one PNG per ERROR"
+             f"{', and the status chart' if chatops else ''})",
+             "your own log through the same detectors: msmon replay YOUR_LOG.csv --plot out.png "
+             "(CSV, JSONL, TensorBoard, MindFormers logs)",
+             "your own job: README, 'Connect your own job' (msmon serve --config config/bot.local.yaml, then "
+             "bot.url in its monitor_config)",
+             "the commands: msmon cmd help, with that bot running and MSMON_OPERATOR_TOKEN set"]
+    if not chatops:
+        lines.insert(1, "part 2, a real MindSpore job handled from chat: pip install 'msmon[mindspore]', then "
+                        "msmon demo")
+    print("\nWhat to try next:\n" + "\n".join(f"  - {line}" for line in lines))

@@ -26,8 +26,8 @@ def make_trace(path: str, steps: int = 2600, seed: int = 7, run_id: str = "demo-
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     t0 = 1_764_000_000.0
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
+        w = csv.DictWriter(f, CSV_COLUMNS, restval="")  # by name: a column msmon adds later stays empty here
+        w.writeheader()
         for step in range(steps):
             loss = 1.82 + 0.55 * math.exp(-step / 350.0) + rng.gauss(0.0, 0.03)
             grad = 0.9 * math.exp(rng.gauss(0.0, 0.08))
@@ -38,6 +38,8 @@ def make_trace(path: str, steps: int = 2600, seed: int = 7, run_id: str = "demo-
             lr = 2e-5 * min(1.0, (step + 1) / 200.0)
             dt = STEP_SECONDS * math.exp(rng.gauss(0.0, 0.01))
             t0 += dt
-            w.writerow([t0, run_id, "0", step, round(loss, 5), lr, round(grad, 5), "",
-                        round(TOKENS_PER_STEP / dt, 1), round(dt, 4), round(dt, 4)])
+            w.writerow({"time": t0, "run_id": run_id, "device": "0", "step": step, "loss": round(loss, 5),
+                        "learning_rate": lr, "grad_norm": round(grad, 5),
+                        "tokens_per_s": round(TOKENS_PER_STEP / dt, 1), "step_time": round(dt, 4),
+                        "max_step_time": round(dt, 4)})
     return path
