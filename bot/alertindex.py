@@ -9,6 +9,10 @@ before any read of the alerts), instead of one upsert per event of a storm.
 Changes are staged during a transaction and applied when it commits (`commit()`), or dropped with
 it (`discard()`), so a rolled-back envelope leaves the copy as it was. Bounded: past `max_entries`
 the least recently used entries are forgotten (and read back from SQLite when needed).
+
+On a shared store (PostgreSQL, several replicas: `store.shared`) another replica writes alert rows
+too, so memory never decides: `get` reads the rows in the envelope's transaction, after the ingest
+took the run's lock (`store.lock_run`), and only the current transaction's staged changes are kept.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class Entry:
 class AlertIndex:
     def __init__(self, store: Store, max_entries: int = 100_000) -> None:
         self.store, self.max_entries = store, max_entries
+        self.shared = store.shared  # other writers: read every row from the store, keep nothing
         self.entries: OrderedDict[str, Entry] = OrderedDict()
         self.staged: dict[str, Entry] = {}
         self.touches: dict[str, tuple[int, float]] = {}  # fingerprint -> (last step, time): not yet written
@@ -39,14 +44,18 @@ class AlertIndex:
         out: dict[str, Entry] = {}
         missing: list[str] = []
         for fp in fps:
-            e = self.staged.get(fp) or self.entries.get(fp)
+            e = self.staged.get(fp) or (None if self.shared else self.entries.get(fp))
             if e is None:
                 missing.append(fp)
             else:
                 out[fp] = e
         if missing:
             for fp, (notify, severity, status, acked) in self.store.alert_states(missing).items():
-                out[fp] = self.entries[fp] = Entry(notify, severity, status, acked)
+                out[fp] = Entry(notify, severity, status, acked)
+                if self.shared:
+                    self.staged[fp] = out[fp]  # this transaction's view (dropped at its end)
+                else:
+                    self.entries[fp] = out[fp]
             self._trim()
         return out
 
@@ -69,6 +78,9 @@ class AlertIndex:
         self.touches[fp] = (step, now)
 
     def commit(self) -> None:
+        if self.shared:
+            self.staged.clear()
+            return
         for fp, e in self.staged.items():
             self.entries[fp] = e
             self.entries.move_to_end(fp)

@@ -48,6 +48,7 @@ from .receivers.render import escape_html
 from .slack_inbound import add_slack_routes
 from .state import BotState
 from .store import Store
+from .stores import open_store
 from .watchdog import Watchdog
 from .web import add_console_routes
 
@@ -420,7 +421,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                receivers: dict[str, Receiver] | None = None, delivery: Policy | None = None,
                escalation_period: float = 1.0) -> web.Application:
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard])
-    store = Store(cfg.state_path)
+    store = open_store(cfg)  # SQLite (bot.state_path) or PostgreSQL (bot.store.url), migrated (bot/stores)
     m = BotMetrics()
     state = BotState(cfg, store, m, clock)
     m.watch(state)  # per-run gauges and delivery figures at /metrics
@@ -505,7 +506,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
         digests.start(escalator.scheduler)
         tasks = [asyncio.create_task(outbox.run(stop)), asyncio.create_task(watchdog.run(stop)),
                  asyncio.create_task(_every(1.0, state.flush, stop)),
-                 asyncio.create_task(_every(1.0, lambda: jobs.expire(state), stop))]
+                 asyncio.create_task(_every(1.0, lambda: state.owns("command-expiry") and jobs.expire(state), stop)),
+                 asyncio.create_task(store.listen(state.command_queued, stop))]  # other replicas' commands
         if mailbox is not None:
             tasks.append(asyncio.create_task(mailbox.run(stop)))
         if cfg.ranks.enable:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import stat
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
@@ -491,6 +492,32 @@ class NatsConfig:
 
 
 @dataclasses.dataclass
+class StoreConfig:
+    """Where the bot keeps its state (bot/stores): unset, the SQLite file bot.state_path; a PostgreSQL URL
+    for several `msmon serve` replicas on one database (README "PostgreSQL and replicas")."""
+
+    url: str | None = _f(None, "sqlite:///path/to/file.sqlite or postgresql://user@host:5432/db (the password "
+                         "from PGPASSWORD or ~/.pgpass rather than the URL; never logged) (null: bot.state_path)")
+    schema: str | None = _f(None, "PostgreSQL schema of the tables, created if missing (null: the URL's search_path, "
+                            "usually public)")
+    lease: float = _f(60.0, "seconds a replica's claim on outbox rows, and its hold on the escalator and digests, "
+                      "lasts unrenewed; another replica takes over after it (longer than the slowest delivery)",
+                      ge=1, le=3600)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        url = self.url
+        if url is not None and not url.startswith(("sqlite://", "postgresql://", "postgres://")):
+            scheme = url.split(":", 1)[0] if ":" in url else url[:20]
+            yield "url", f"expected sqlite:///path or postgresql://..., got scheme {shown(scheme)}"
+        if self.schema is not None and not _SCHEMA_NAME.match(self.schema):
+            yield "schema", (f"{shown(self.schema)} is not a plain schema name (lowercase letters, digits and _, "
+                             "63 at most)")
+
+
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+@dataclasses.dataclass
 class BotConfig:
     host: str = _f("127.0.0.1", "listen address")
     port: int = _f(8080, "listen port (0: any free port)", ge=0, le=65535)
@@ -518,6 +545,7 @@ class BotConfig:
     wecom: WeComConfig = _f(WeComConfig(), "WeCom group robot receiver")
     chart_links: ChartLinksConfig = _f(ChartLinksConfig(), "chart links for Feishu and DingTalk robots")
     nats: NatsConfig = _f(NatsConfig(), "jobs' envelopes over NATS JetStream (optional; HTTP stays on)")
+    store: StoreConfig = _f(StoreConfig(), "the state's store: SQLite (bot.state_path) or PostgreSQL for replicas")
     ranks: RanksConfig = _f(RanksConfig(), "the view across a run's ranks and the cross-rank rules")
 
     def check(self) -> Iterator[tuple[str, str]]:

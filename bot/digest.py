@@ -52,7 +52,8 @@ class Digests:
     async def _tick(self, digest: Digest) -> None:
         """The cron job, on the event loop (a plain function would run on apscheduler's threads)."""
         try:
-            self.send(digest)
+            if self.state.owns(f"digest:{digest.channel}"):  # replicas: one sends it (a lease row)
+                self.send(digest)
         except Exception:  # noqa: BLE001 - SQLite trouble: said, and the next digest covers the span
             log.exception("msmon bot: the digest for %s failed; the next one covers its span", digest.channel)
 

@@ -59,6 +59,8 @@ class Ingest:
         state = self.state
         now = state.clock()
         with state.tx():
+            if env.events or env.actions:
+                state.store.lock_run(env.run_id)  # replicas on one database: one decides on this run's alerts at a time
             self._record(env, now)
             queued = jobs.record_results(state, env.actions)
             if env.events:
@@ -86,6 +88,7 @@ class Ingest:
         """One event (the watchdog's, the cross-rank rules') through the same path, in a transaction of its
         own; 1 if it was queued. `rank`: the rank it is about (bot/ranks), for the message's count of ranks."""
         with self.state.tx():
+            self.state.store.lock_run(ev.run_id)
             return self._events([ev], self._context(ev.run_id, project, labels, now),
                                 Payloads(project, labels, rank=rank, ranks=self.state.ranks.known(ev.run_id)))
 

@@ -131,7 +131,8 @@ def _delivery(db: sqlite3.Connection) -> Iterator[Metric]:
     queued = GaugeMetricFamily("msmon_outbox_queued", "undelivered outbox rows, by receiver", labels=["receiver"])
     dead = GaugeMetricFamily("msmon_outbox_dead", "dead-lettered outbox rows, by receiver", labels=["receiver"])
     for receiver, n_queued, n_dead in db.execute(
-            f"SELECT receiver, SUM({_PENDING}), SUM(dead_at IS NOT NULL) FROM outbox GROUP BY receiver"):
+            f"SELECT receiver, SUM(CASE WHEN {_PENDING} THEN 1 ELSE 0 END),"  # portable: SQLite and PostgreSQL
+            " SUM(CASE WHEN dead_at IS NOT NULL THEN 1 ELSE 0 END) FROM outbox GROUP BY receiver"):
         queued.add_metric([receiver], n_queued or 0)
         dead.add_metric([receiver], n_dead or 0)
     yield queued

@@ -11,6 +11,11 @@ counted, retried with backoff, dead-lettered after a bound, never a hot loop, ne
 the other rows. A new message's reference is stored the moment it is posted, before its chart is
 attached, so a retry attaches the chart without posting the text again. A message is re-sent only
 if the process dies between the receiver's OK and the SQLite write right after it.
+
+With several replicas on one PostgreSQL (bot/stores/postgres.py) each group is claimed before it is
+sent (`store.claim`: all its rows, for this replica, for bot.store.lease seconds); a replica that dies
+while delivering leaves its claim to run out, and the replica that takes the rows over finds a posted
+message's reference on them, so it only does what was left (the chart).
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ import asyncio
 import dataclasses
 import logging
 import random
-import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -160,7 +164,10 @@ class Outbox:
         sent = 0
         rows = self.store.due(now) if self.lane is None else self.lane.due(self.store, now)
         for gk in self.scheduler.groups(rows, now):
-            due, dropped_by = flow.run_stages(DELIVERY, self._round, flow.Due(self.store.pending(*gk), self.clock()))
+            claimed = self.store.claim(gk, now)  # none: another replica is delivering this group
+            if not claimed:
+                continue
+            due, dropped_by = flow.run_stages(DELIVERY, self._round, flow.Due(claimed, self.clock()))
             if dropped_by is not None:
                 continue
             if due.wait > 0.0:
@@ -175,7 +182,7 @@ class Outbox:
         for i, (verdict, at) in list(self._unwritten.items()):
             try:
                 self.store.settle([i], verdict, at)
-            except sqlite3.Error:
+            except self.store.Error:
                 return  # still refused: next round
             del self._unwritten[i]
             self._posted.pop(i, None)
@@ -227,9 +234,10 @@ class Outbox:
                                                 f"{head.channel}"
         try:
             self.store.settle(ids, verdict, now)
-        except sqlite3.Error as exc:
-            log.error("msmon bot: SQLite refused to record that %s is %s (%s); kept in memory and written again "
-                      "before each round; check the disk and %s", what, verdict.state, exc, self.store.path)
+        except self.store.Error as exc:
+            log.error("msmon bot: the store refused to record that %s is %s (%s); kept in memory and written again "
+                      "before each round; check the disk or the database at %s", what, verdict.state, exc,
+                      self.store.where)
             self._unwritten.update(dict.fromkeys(ids, (verdict, now)))
         else:
             for i in ids:
@@ -280,7 +288,7 @@ class Outbox:
             return
         try:
             self.store.enqueue_many(entries)
-        except sqlite3.Error as exc:
+        except self.store.Error as exc:
             log.error("msmon bot: could not queue the report of a failed mail (%s)", exc)
 
     async def _deliver(self, t: _Try) -> None:

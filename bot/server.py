@@ -23,6 +23,7 @@ from msmon.config.errors import ConfigError
 
 from .app import STORE, create_app
 from .config import BotConfig, load_bot_config
+from .stores import StoreUnavailable
 
 
 def serve(config_path: str | None, host: str | None = None, port: int | None = None) -> int:
@@ -36,14 +37,18 @@ def serve(config_path: str | None, host: str | None = None, port: int | None = N
         cfg.host = host
     if port is not None:
         cfg.port = port
-    app = create_app(cfg)
+    try:
+        app = create_app(cfg)
+    except StoreUnavailable as exc:
+        print(f"msmon serve: {exc}", file=sys.stderr, flush=True)
+        return 2
     try:
         why = asyncio.run(_serve(app, cfg))
     except OSError as exc:  # the port is taken, the address is not this machine's
         print(f"msmon serve: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc} (--host, --port or "
               "bot.host, bot.port in bot.yaml)", file=sys.stderr, flush=True)
         return 2
-    print(f"msmon bot: stopped ({why}); state kept in {cfg.state_path}", flush=True)
+    print(f"msmon bot: stopped ({why}); state kept in {app[STORE].where}", flush=True)
     return 0
 
 
@@ -63,7 +68,7 @@ async def _serve(app: web.Application, cfg: BotConfig) -> str:
     try:
         site = web.TCPSite(runner, cfg.host, cfg.port)
         await site.start()
-        print(f"msmon bot: listening on http://{cfg.host}:{_bound_port(site, cfg.port)} (state {cfg.state_path}); "
+        print(f"msmon bot: listening on http://{cfg.host}:{_bound_port(site, cfg.port)} (state {app[STORE].where}); "
               "Ctrl-C or SIGTERM stops it", flush=True)
         await stop.wait()
         started = time.monotonic()

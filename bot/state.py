@@ -55,6 +55,22 @@ class BotState:
     def wake_outbox(self) -> None:
         self.doorbell()
 
+    def command_queued(self, run_id: str | None) -> None:
+        """A command for `run_id` was queued, here or on another replica (store.listen): its long polls
+        answer now. None: the listener (re)connected and may have missed some: every open run is looked at."""
+        if run_id is not None:
+            self.open_runs.add(run_id)
+            self.waiters.wake(run_id)
+            return
+        self.open_runs |= {c["run_id"] for c in self.store.commands.open_all()}
+        for r in list(self.waiters.events):
+            self.waiters.wake(r)
+
+    def owns(self, name: str) -> bool:
+        """Whether this process holds (took or renewed) lease `name`: one owner at a time of the escalator,
+        the digests and command expiry across replicas (bot.store.lease seconds, renewed by acting)."""
+        return self.store.lease(name, self.store.owner, self.clock(), self.cfg.store.lease)
+
     @contextlib.contextmanager
     def tx(self) -> Iterator[None]:
         """One SQLite transaction; the in-memory alert index follows it (applied on commit, dropped on error)."""

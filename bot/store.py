@@ -1,8 +1,14 @@
 """All durable state in one SQLite file (WAL): runs, alerts and what was sent for them, the outbox,
-the messages that can be updated, silences. Synchronous and quick; called from the event loop."""
+the messages that can be updated, silences. Synchronous and quick; called from the event loop.
+
+`Store` is the embedded default of the store contract (bot/stores/contract.py); the PostgreSQL store
+(bot/stores/postgres.py) shares its SQL, written in the dialect both speak (`ON CONFLICT`, `RETURNING`,
+quoted "user"), and overrides what differs with several replicas. The schema is bot/migrations/sqlite/,
+applied on open."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -14,41 +20,10 @@ import msgspec
 
 from msmon.contract.wire import Severity
 
-from .delivery import OutboxRow, Verdict
+from . import migrations
+from .delivery import GroupKey, OutboxRow, Verdict
 from .pipeline.flow import NotifyState
 from .pipeline.silence import Silence
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, project TEXT, labels TEXT, devices TEXT, first_seen REAL, last_seen REAL,
-    last_step INTEGER, last_heartbeat REAL, last_progress REAL, paused INTEGER DEFAULT 0, gone INTEGER DEFAULT 0);
-CREATE TABLE IF NOT EXISTS alerts (
-    fingerprint TEXT PRIMARY KEY, run_id TEXT, rule TEXT, device TEXT, severity TEXT, status TEXT,
-    first_step INTEGER, last_step INTEGER, updated_at REAL, event TEXT,
-    sent_severity TEXT, sent_at REAL, sent_resolved INTEGER DEFAULT 0, acked_by TEXT);
-CREATE INDEX IF NOT EXISTS alerts_run ON alerts(run_id, status, severity);
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, created_at REAL, receiver TEXT, channel TEXT, kind TEXT,
-    key TEXT, run_id TEXT, payload TEXT, attempts INTEGER DEFAULT 0, next_at REAL, delivered_at REAL,
-    error TEXT, dead_at REAL, posted_ref TEXT);
-CREATE INDEX IF NOT EXISTS outbox_due ON outbox(delivered_at, next_at);
-CREATE TABLE IF NOT EXISTS messages (
-    key TEXT PRIMARY KEY, receiver TEXT, channel TEXT, ts TEXT, created_at REAL);
-CREATE TABLE IF NOT EXISTS commands (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE, created_at REAL, user TEXT, source TEXT, project TEXT,
-    run_id TEXT, text TEXT, verb TEXT, action TEXT, params TEXT, apply_step INTEGER, status TEXT, detail TEXT,
-    results TEXT DEFAULT '{}', origin TEXT DEFAULT '{}', expires_at REAL, updated_at REAL);
-CREATE INDEX IF NOT EXISTS commands_open ON commands(status, run_id);
-CREATE TABLE IF NOT EXISTS level_changes (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, device TEXT, step INTEGER, at REAL, rule TEXT, action TEXT,
-    who TEXT, why TEXT, detail TEXT, command_id TEXT);
-CREATE INDEX IF NOT EXISTS level_changes_run ON level_changes(run_id, seq);
-CREATE TABLE IF NOT EXISTS slack_signed (signature TEXT PRIMARY KEY, ts INTEGER);
-CREATE INDEX IF NOT EXISTS slack_signed_ts ON slack_signed(ts);
-CREATE TABLE IF NOT EXISTS silences (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, expires_at REAL, run_id TEXT, rule TEXT, device TEXT,
-    severity TEXT, created_by TEXT, comment TEXT);
-"""
 
 
 class AlertRow(msgspec.Struct, frozen=True):
@@ -81,15 +56,26 @@ class OutboxEntry(msgspec.Struct, frozen=True):
     next_at: float
 
 
+OUTBOX_COLUMNS = ("id, created_at, receiver, channel, kind, key, run_id, payload, attempts, next_at, delivered_at,"
+                  " error, dead_at, posted_ref")  # an OutboxRow's fields (not the claim columns)
+
+
 class Store:
+    """The SQLite store: one process, one file. `shared` False: this process is the only writer, so
+    in-memory copies (the alert index, the run and silence caches) stay exact."""
+
+    dialect: migrations.Dialect = "sqlite"
+    shared = False
+    Error: type[Exception] = sqlite3.Error  # what a failed statement raises
+
     def __init__(self, path: str) -> None:
         self.path = path
+        self.owner = "sqlite"  # one process per file: a restart keeps its leases
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process kill
-        self.db.executescript(SCHEMA)
-        self._outbox_columns()
+        self._migrate()
         self.commands = CommandLog(self.db)
         self.escalations = EscalationLog(self.db)
         # Read-through copies of what ingest reads on every envelope. This Store is their only writer;
@@ -100,7 +86,42 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    def tx(self) -> _Tx:
+    @property
+    def where(self) -> str:
+        """Where the state is, for log lines (never a password)."""
+        return self.path
+
+    def _migrate(self) -> None:
+        """Apply bot/migrations/sqlite/ above the file's schema_version, each with its row in one script."""
+        self.db.execute(migrations.VERSION_TABLE.format(real="REAL"))
+        if self.db.execute("SELECT name FROM sqlite_master WHERE name='outbox'").fetchone() is not None:
+            self._outbox_columns()  # a file from before dead letters (and before versions)
+        row = self.db.execute("SELECT MAX(version) AS v FROM schema_version").fetchone()
+        for m in migrations.pending("sqlite", int(row["v"] or 0)):
+            self.db.executescript(f"BEGIN IMMEDIATE;\n{m.sql}\nINSERT INTO schema_version(version, name, applied_at)"
+                                  f" VALUES({m.version}, '{m.name}', {time.time()!r});\nCOMMIT;")
+
+    def schema_version(self) -> int:
+        return int(self.db.execute("SELECT MAX(version) AS v FROM schema_version").fetchone()["v"] or 0)
+
+    # -- one owner at a time (the escalator, the digests, command expiry) ------------------------
+
+    def lease(self, name: str, owner: str, now: float, ttl: float) -> bool:
+        """Take or renew lease `name` for `ttl` seconds; False while another owner holds it."""
+        cur = self.db.execute(
+            "INSERT INTO leases(name, owner, until) VALUES(?,?,?) ON CONFLICT(name) DO UPDATE SET"
+            " owner=excluded.owner, until=excluded.until WHERE leases.owner=excluded.owner OR leases.until<?",
+            (name, owner, now + ttl, now))
+        return cur.rowcount == 1
+
+    def lock_run(self, run_id: str) -> None:
+        """Inside a transaction: no other writer decides on this run's alerts until it ends. One SQLite
+        process holds the whole file (BEGIN IMMEDIATE): nothing to do."""
+
+    async def listen(self, on_command: Callable[[str | None], None], stop: Any) -> None:
+        """Call `on_command(run_id)` when another replica queues a command; one process has none."""
+
+    def tx(self) -> contextlib.AbstractContextManager[Any]:
         return _Tx(self.db, self._forget)
 
     def _forget(self) -> None:
@@ -151,7 +172,7 @@ class Store:
         return None if r is None else self._run(r)
 
     @staticmethod
-    def _run(r: sqlite3.Row) -> dict[str, Any]:
+    def _run(r: Any) -> dict[str, Any]:
         d = dict(r)
         d["labels"] = json.loads(d["labels"] or "{}")
         d["devices"] = json.loads(d["devices"] or "[]")
@@ -161,7 +182,7 @@ class Store:
     def set_paused(self, run_id: str, paused: bool, now: float) -> None:
         """A job reported it paused or resumed (its progress restarts now)."""
         self.db.execute("UPDATE runs SET paused=?, last_progress=CASE WHEN ? THEN last_progress ELSE ? END"
-                        " WHERE run_id=?", (int(paused), int(paused), now, run_id))
+                        " WHERE run_id=?", (int(paused), bool(paused), now, run_id))
 
     def mark_gone(self, run_id: str, gone: bool) -> None:
         self.db.execute("UPDATE runs SET gone=? WHERE run_id=?", (int(gone), run_id))
@@ -193,7 +214,7 @@ class Store:
         self.db.executemany(
             "INSERT INTO alerts(fingerprint, run_id, rule, device, severity, status, first_step, last_step,"
             " updated_at, event, sent_severity, sent_at, sent_resolved)"
-            " VALUES(?1,?2,?3,?4,?5,?6,?7,?7,?8,?9,CASE WHEN ?10 THEN ?11 END,CASE WHEN ?10 THEN ?12 END,"
+            " VALUES(?1,?2,?3,?4,?5,?6,?7,?7,?8,?9,CASE WHEN ?10 THEN ?11 END,CASE WHEN ?10 THEN CAST(?12 AS REAL) END,"
             " CASE WHEN ?10 THEN ?13 ELSE 0 END)"
             " ON CONFLICT(fingerprint) DO UPDATE SET severity=excluded.severity, status=excluded.status,"
             " last_step=excluded.last_step, updated_at=excluded.updated_at,"
@@ -201,7 +222,7 @@ class Store:
             " first_step=CASE WHEN alerts.status='resolved' THEN excluded.first_step ELSE alerts.first_step END,"
             " acked_by=CASE WHEN alerts.status='resolved' THEN NULL ELSE alerts.acked_by END,"
             " sent_severity=CASE WHEN ?10 THEN ?11 ELSE alerts.sent_severity END,"
-            " sent_at=CASE WHEN ?10 THEN ?12 ELSE alerts.sent_at END,"
+            " sent_at=CASE WHEN ?10 THEN CAST(?12 AS REAL) ELSE alerts.sent_at END,"
             " sent_resolved=CASE WHEN ?10 THEN ?13 ELSE alerts.sent_resolved END", map(_alert_params, rows))
 
     def enqueue_many(self, entries: list[OutboxEntry]) -> None:
@@ -247,9 +268,16 @@ class Store:
                 self.db.execute(f"ALTER TABLE outbox ADD COLUMN {column} {decl}")
 
     _PENDING = "delivered_at IS NULL AND dead_at IS NULL"
+    _AVAILABLE = _PENDING  # what this process may deliver (PostgreSQL: not claimed by a live replica)
 
     def _rows(self, sql: str, args: tuple[Any, ...]) -> list[OutboxRow]:
-        return [OutboxRow(**dict(r)) for r in self.db.execute(sql, args)]
+        return [OutboxRow(**dict(r)) for r in self.db.execute(sql.replace("SELECT *", f"SELECT {OUTBOX_COLUMNS}", 1),
+                                                              args)]
+
+    def claim(self, group: GroupKey, now: float) -> list[OutboxRow]:
+        """The pending rows of one group, for this process to deliver now (all of them, or none when
+        another replica is delivering the group). One SQLite process: its pending rows."""
+        return self.pending(*group)
 
     def pending(self, receiver: str, channel: str, key: str, kind: str) -> list[OutboxRow]:
         """Undelivered rows of one group, whatever their due time (they are sent together)."""
@@ -265,21 +293,21 @@ class Store:
         """Due rows of `receiver` (only) or of every other receiver (not only): the email lane has a worker
         of its own, so a hanging SMTP server never holds a chat message."""
         op = "=" if only else "<>"
-        return self._rows(f"SELECT * FROM outbox WHERE {self._PENDING} AND next_at<=? AND receiver{op}? ORDER BY id"
+        return self._rows(f"SELECT * FROM outbox WHERE {self._AVAILABLE} AND next_at<=? AND receiver{op}? ORDER BY id"
                           " LIMIT ?", (now, receiver, limit))
 
     def next_due_lane(self, receiver: str, only: bool) -> float | None:
         op = "=" if only else "<>"
-        r = self.db.execute(f"SELECT MIN(next_at) AS t FROM outbox WHERE {self._PENDING} AND receiver{op}?",
+        r = self.db.execute(f"SELECT MIN(next_at) AS t FROM outbox WHERE {self._AVAILABLE} AND receiver{op}?",
                             (receiver,)).fetchone()
         return None if r is None else r["t"]
 
     def due(self, now: float, limit: int = 200) -> list[OutboxRow]:
-        return self._rows(f"SELECT * FROM outbox WHERE {self._PENDING} AND next_at<=? ORDER BY id LIMIT ?",
+        return self._rows(f"SELECT * FROM outbox WHERE {self._AVAILABLE} AND next_at<=? ORDER BY id LIMIT ?",
                           (now, limit))
 
     def next_due_at(self) -> float | None:
-        r = self.db.execute(f"SELECT MIN(next_at) AS t FROM outbox WHERE {self._PENDING}").fetchone()
+        r = self.db.execute(f"SELECT MIN(next_at) AS t FROM outbox WHERE {self._AVAILABLE}").fetchone()
         return None if r is None else r["t"]
 
     def settle(self, ids: list[int], verdict: Verdict, now: float) -> None:
@@ -288,7 +316,7 @@ class Store:
         dead = now if verdict.state == "dead" else None
         self.db.executemany(
             "UPDATE outbox SET attempts=?, next_at=?, error=?, posted_ref=?, delivered_at=COALESCE(?, delivered_at),"
-            " dead_at=COALESCE(?, dead_at) WHERE id=?",
+            " dead_at=COALESCE(?, dead_at), claimed_by=NULL, claim_until=NULL WHERE id=?",
             [(verdict.attempts, verdict.next_at, verdict.error, verdict.posted_ref, delivered, dead, i) for i in ids])
 
     def mark_posted(self, ids: list[int], ref: str) -> None:
@@ -315,8 +343,9 @@ class Store:
     # -- messages that can be updated or answered in their thread -------------------------------
 
     def save_message(self, key: str, receiver: str, channel: str, ts: str, now: float) -> None:
-        self.db.execute("INSERT OR REPLACE INTO messages(key, receiver, channel, ts, created_at) VALUES(?,?,?,?,?)",
-                        (key, receiver, channel, ts, now))
+        self.db.execute("INSERT INTO messages(key, receiver, channel, ts, created_at) VALUES(?,?,?,?,?)"
+                        " ON CONFLICT(key) DO UPDATE SET receiver=excluded.receiver, channel=excluded.channel,"
+                        " ts=excluded.ts, created_at=excluded.created_at", (key, receiver, channel, ts, now))
 
     def message(self, key: str) -> dict[str, Any] | None:
         r = self.db.execute("SELECT * FROM messages WHERE key=?", (key,)).fetchone()
@@ -332,8 +361,9 @@ class Store:
         self._silence_cache = None
         cur = self.db.execute(
             "INSERT INTO silences(expires_at, run_id, rule, device, severity, created_by, comment)"
-            " VALUES(?,?,?,?,?,?,?)", (s.expires_at, s.run_id, s.rule, s.device, s.severity, s.created_by, s.comment))
-        return int(cur.lastrowid or 0)
+            " VALUES(?,?,?,?,?,?,?) RETURNING id",
+            (s.expires_at, s.run_id, s.rule, s.device, s.severity, s.created_by, s.comment))
+        return int(cur.fetchone()["id"])
 
     def silences(self, now: float | None = None) -> list[Silence]:
         """The silences in force at `now` (read once, then kept until one is added)."""
@@ -362,7 +392,7 @@ def _alert_params(r: AlertRow) -> tuple[Any, ...]:
 _COMMAND_JSON = ("params", "results", "origin")
 
 
-def _command(r: sqlite3.Row) -> dict[str, Any]:
+def _command(r: Any) -> dict[str, Any]:
     d = dict(r)
     for k in _COMMAND_JSON:
         d[k] = json.loads(d[k] or "{}")
@@ -372,19 +402,23 @@ def _command(r: sqlite3.Row) -> dict[str, Any]:
 class CommandLog:
     """The commands table of a Store."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: Any, queued: Callable[[str], None] = lambda run_id: None) -> None:
         self.db = db
+        self._queued = queued  # a pending command for a run was added (PostgreSQL: NOTIFY the replicas)
 
     def add(self, *, created_at: float, user: str, source: str, project: str | None, run_id: str | None, text: str,
             verb: str, action: str | None, params: dict[str, Any], apply_step: int | None, status: str, detail: str,
             origin: dict[str, Any], expires_at: float | None) -> dict[str, Any]:
         cur = self.db.execute(
-            "INSERT INTO commands(created_at, user, source, project, run_id, text, verb, action, params, apply_step,"
-            " status, detail, origin, expires_at, updated_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO commands(created_at, \"user\", source, project, run_id, text, verb, action, params,"
+            " apply_step, status, detail, origin, expires_at, updated_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+            " RETURNING seq",
             (created_at, user, source, project, run_id, text, verb, action, json.dumps(params), apply_step, status,
              detail, json.dumps(origin), expires_at, created_at))
-        seq = cur.lastrowid
+        seq = int(cur.fetchone()["seq"])
         self.db.execute("UPDATE commands SET id=? WHERE seq=?", (f"c{seq}", seq))
+        if run_id is not None and status == "pending":
+            self._queued(run_id)
         got = self.get(f"c{seq}")
         assert got is not None
         return got
@@ -410,7 +444,8 @@ class CommandLog:
         """Record a signed Slack request; False when its signature was already recorded (a replay).
         Signatures with a timestamp before `horizon` are stale for the verifier anyway: forgotten here."""
         self.db.execute("DELETE FROM slack_signed WHERE ts<?", (horizon,))
-        cur = self.db.execute("INSERT OR IGNORE INTO slack_signed(signature, ts) VALUES(?,?)", (signature, ts))
+        cur = self.db.execute("INSERT INTO slack_signed(signature, ts) VALUES(?,?) ON CONFLICT DO NOTHING",
+                              (signature, ts))
         return cur.rowcount == 1
 
     def add_level_change(self, *, run_id: str, device: str, step: int, at: float, rule: str, action: str, who: str,
@@ -435,21 +470,6 @@ class CommandLog:
 
 # -- escalations, their steps, used ack links, runs that ended, digests (bot/escalation, bot/digest.py) ----
 
-ESCALATION_SCHEMA = """
-CREATE TABLE IF NOT EXISTS escalations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, rule TEXT, policy TEXT, receiver TEXT, channel TEXT,
-    started_at REAL, next_step INTEGER DEFAULT 0, state TEXT DEFAULT 'active', paused_at REAL, shift REAL DEFAULT 0,
-    acked_by TEXT, closed_at REAL, mail_root TEXT, owner TEXT, lease_until REAL);
-CREATE INDEX IF NOT EXISTS escalations_open ON escalations(state, run_id, rule);
-CREATE TABLE IF NOT EXISTS escalation_steps (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, escalation_id INTEGER, step INTEGER, round INTEGER, level INTEGER,
-    at REAL, how TEXT, targets TEXT, detail TEXT);
-CREATE TABLE IF NOT EXISTS ack_links_used (nonce TEXT PRIMARY KEY, used_at REAL, user TEXT);
-CREATE TABLE IF NOT EXISTS run_ends (run_id TEXT PRIMARY KEY, at REAL, step INTEGER);
-CREATE TABLE IF NOT EXISTS digest_marks (channel TEXT PRIMARY KEY, last_at REAL);
-CREATE TABLE IF NOT EXISTS digest_items (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, channel TEXT, at REAL, run_id TEXT, rule TEXT, severity TEXT, text TEXT);
-"""
 
 
 class EscalationLog:
@@ -457,9 +477,8 @@ class EscalationLog:
     holds its lease (`owner`, `lease_until`), taken and renewed in the transaction that acts on it;
     one replica escalates, another takes over when the lease runs out."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: Any) -> None:
         self.db = db
-        db.executescript(ESCALATION_SCHEMA)
 
     def open(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.db.execute("SELECT * FROM escalations WHERE state='active' ORDER BY id")]
@@ -477,8 +496,8 @@ class EscalationLog:
 
     def start(self, run_id: str, rule: str, policy: str, receiver: str, channel: str, now: float) -> int:
         cur = self.db.execute("INSERT INTO escalations(run_id, rule, policy, receiver, channel, started_at)"
-                              " VALUES(?,?,?,?,?,?)", (run_id, rule, policy, receiver, channel, now))
-        return int(cur.lastrowid or 0)
+                              " VALUES(?,?,?,?,?,?) RETURNING id", (run_id, rule, policy, receiver, channel, now))
+        return int(cur.fetchone()["id"])
 
     def claim(self, esc_id: int, owner: str, now: float, lease: float) -> bool:
         """Take or renew the lease of an escalation; False when another owner holds it."""
@@ -513,13 +532,14 @@ class EscalationLog:
 
     def use_link(self, nonce: str, now: float, user: str) -> bool:
         """Record an ack link as used; False when it was used before."""
-        cur = self.db.execute("INSERT OR IGNORE INTO ack_links_used(nonce, used_at, user) VALUES(?,?,?)",
-                              (nonce, now, user))
+        cur = self.db.execute("INSERT INTO ack_links_used(nonce, used_at, \"user\") VALUES(?,?,?)"
+                              " ON CONFLICT DO NOTHING", (nonce, now, user))
         return cur.rowcount == 1
 
     def end_run(self, run_id: str, at: float, step: int | None) -> None:
         """The job said it ended normally (a final heartbeat)."""
-        self.db.execute("INSERT OR REPLACE INTO run_ends(run_id, at, step) VALUES(?,?,?)", (run_id, at, step))
+        self.db.execute("INSERT INTO run_ends(run_id, at, step) VALUES(?,?,?) ON CONFLICT(run_id) DO UPDATE SET"
+                        " at=excluded.at, step=excluded.step", (run_id, at, step))
 
     def ended(self) -> dict[str, float]:
         """run id -> when it said it ended."""
@@ -530,7 +550,8 @@ class EscalationLog:
         return None if r is None else float(r["last_at"])
 
     def mark_digest(self, channel: str, at: float) -> None:
-        self.db.execute("INSERT OR REPLACE INTO digest_marks(channel, last_at) VALUES(?,?)", (channel, at))
+        self.db.execute("INSERT INTO digest_marks(channel, last_at) VALUES(?,?) ON CONFLICT(channel) DO UPDATE SET"
+                        " last_at=excluded.last_at", (channel, at))
 
     def hold_for_digest(self, channel: str, at: float, run_id: str, rule: str, severity: str, text: str) -> None:
         self.db.execute("INSERT INTO digest_items(channel, at, run_id, rule, severity, text) VALUES(?,?,?,?,?,?)",

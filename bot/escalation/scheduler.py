@@ -157,6 +157,8 @@ class Escalator:
         steps were taken."""
         now = self.clock()
         taken = 0
+        if not self.state.owns("escalator"):
+            return 0  # another replica runs the escalations (a lease row); this one takes over if it stops
         with self.state.tx():
             groups = self._groups()
             self._start_new(groups, now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -16,7 +17,7 @@ __all__ = ["BotServer", "send", "wait_for"]
 
 class BotServer(BotThread):
     def __init__(self, config: dict[str, Any], **app_kwargs: Any) -> None:
-        super().__init__(load_bot_config(config), **app_kwargs)
+        super().__init__(load_bot_config(with_test_store(config)), **app_kwargs)
 
     def request(self, method: str, path: str, body: bytes | None = None, token: str | None = "job-token",
                 content_type: str = "application/json") -> tuple[int, Any]:
@@ -26,6 +27,22 @@ class BotServer(BotThread):
         if token:
             req.add_header("Authorization", f"Bearer {token}")
         return send(req)
+
+
+def with_test_store(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` on PostgreSQL when MSMON_TEST_STORE=postgresql (a schema of its own per state path, the same
+    after a restart; skipped with the reason when PostgreSQL does not answer); else as it is."""
+    bot = config.get("bot") or {}
+    if os.environ.get("MSMON_TEST_STORE", "sqlite") != "postgresql" or "store" in bot:
+        return config
+    import pytest
+
+    from tests.fakes import postgres
+
+    reason = postgres.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    return {**config, "bot": {**bot, "store": postgres.store_config(str(bot.get("state_path", "msmon-bot.sqlite")))}}
 
 
 def send(req: urllib.request.Request) -> tuple[int, Any]:

@@ -1,0 +1,47 @@
+"""The bot's durable state behind one contract (contract.py), two implementations:
+
+    sqlite      bot/store.py: one file, one process; the embedded default (bot.state_path)
+    postgresql  postgres.py: one database, several `msmon serve` replicas (bot.store.url)
+
+`open_store(cfg)` opens the one bot.yaml asks for; the schema migrations (bot/migrations) run there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..store import Store
+from .url import is_postgresql, redact, sqlite_path
+
+if TYPE_CHECKING:
+    from ..config import BotConfig
+
+__all__ = ["Store", "StoreUnavailable", "open_store", "redact"]
+
+
+class StoreUnavailable(RuntimeError):
+    """The configured store cannot be opened (the database does not answer, refuses us, or its schema is
+    newer than this msmon): the message says which (never the password) and what to check."""
+
+
+def open_store(cfg: BotConfig) -> Store:
+    """The store of `cfg`: bot.store.url when set (sqlite:///path or postgresql://...), else the SQLite file
+    bot.state_path."""
+    url = cfg.store.url
+    if url is None:
+        return Store(cfg.state_path)
+    path = sqlite_path(url)
+    if path is not None:
+        return Store(path)
+    if not is_postgresql(url):
+        raise ValueError(f"bot.store.url {redact(url)!r}: expected sqlite:///path or postgresql://...")
+    try:
+        from .postgres import PostgresStore  # psycopg only when it is used
+    except ImportError as exc:
+        raise StoreUnavailable(f"bot.store.url is PostgreSQL but psycopg is not installed ({exc}); "
+                               "pip install 'msmon[bot]'") from None
+    try:
+        return PostgresStore(url, cfg.store.schema, cfg.store.lease)
+    except Exception as exc:  # psycopg.Error, a bad conninfo: one clear line, not a traceback
+        raise StoreUnavailable(f"cannot open the PostgreSQL store {redact(url)}: {redact(str(exc)).strip()}; check "
+                               "that the server answers, the user may connect and bot.store in bot.yaml") from exc
