@@ -50,7 +50,7 @@ from .state import BotState
 from .store import Store
 from .stores import open_store
 from .watchdog import Watchdog
-from .web import add_console_routes
+from .web import add_console_routes, console_link
 
 log = logging.getLogger("msmon.bot")
 
@@ -442,6 +442,9 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
             mailbox.wake()
 
     state.doorbell = ring
+    outbox.link = console_link(cfg)  # "open in msmon": each message links to its run's console page (bot/web)
+    if mailbox is not None:
+        mailbox.link = outbox.link
     app[CONFIG], app[STORE], app[METRICS], app[INGEST], app[OUTBOX] = cfg, store, m, Ingest(state), outbox
     app[TOKENS] = _tokens(cfg)
     app[DRAINING] = asyncio.Event()

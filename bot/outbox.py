@@ -118,6 +118,7 @@ class Outbox:
                  rand: Callable[[], float] = random.random, lane: Lane | None = None) -> None:
         self.store, self.receivers, self.metrics, self.clock = store, receivers, metrics, clock
         self.lane = lane  # None: every row
+        self.link: Callable[[str], str] | None = None  # a run's web console page, for its messages (bot/app.py)
         self.scheduler = Scheduler(policy, rand)
         self.doorbell = asyncio.Event()
         # Row id -> the reference of its posted message, until the row's verdict is written: a post is
@@ -131,6 +132,11 @@ class Outbox:
 
     def wake(self) -> None:
         self.doorbell.set()
+
+    def _message(self, key: str, payloads: list[Payload], repeat: bool = False) -> Message:
+        msg = _message(key, payloads, repeat)
+        msg.link = self.link(msg.run_id) if self.link is not None else None
+        return msg
 
     async def run(self, stop: asyncio.Event) -> None:
         waiting = self.store.depth()
@@ -305,7 +311,7 @@ class Outbox:
             await self._alert(t)
         elif kind == "repeat":
             ref = self.store.message(t.head.key)
-            msg = _message(t.head.key, t.payloads, repeat=True)
+            msg = self._message(t.head.key, t.payloads, repeat=True)
             if not t.plan.post or ref is None:
                 await self._post(t, msg)
             else:
@@ -353,7 +359,7 @@ class Outbox:
 
     async def _alert(self, t: _Try) -> None:
         channel, key, name = t.head.channel, t.head.key, t.receiver.name
-        msg = _message(key, t.payloads)
+        msg = self._message(key, t.payloads)
         if not t.plan.post:  # posted before; its chart is what is left
             await self._post(t, msg)
             return
@@ -370,7 +376,7 @@ class Outbox:
             return
         # More devices joined the group: rewrite the message with all of them.
         earlier = self._payloads(self.store.delivered_since(name, channel, key, "alert", ref["created_at"]))
-        await t.receiver.update(channel, ref["ts"], _message(key, earlier + t.payloads))
+        await t.receiver.update(channel, ref["ts"], self._message(key, earlier + t.payloads))
 
     def _payloads(self, rows: list[OutboxRow]) -> list[Payload]:
         """Payloads of rows delivered before (a row that does not decode is left out)."""
@@ -384,7 +390,7 @@ class Outbox:
 
     async def _resolve(self, t: _Try) -> None:
         channel, key, name = t.head.channel, t.head.key, t.receiver.name
-        msg = _message(key, t.payloads)
+        msg = self._message(key, t.payloads)
         fkey = firing_key(msg.lead)
         ref = self.store.message(fkey)
         if ref is None:
@@ -399,7 +405,7 @@ class Outbox:
             self._posted.update(dict.fromkeys(t.ids, t.posted))
             self.store.mark_posted(t.ids, ref["ts"])
         if firing_devices <= resolved:
-            view = _message(fkey, fired or t.payloads)
+            view = self._message(fkey, fired or t.payloads)
             view.status = Status.RESOLVED
             await t.receiver.update(channel, ref["ts"], view)
             self.store.retire_message(fkey, self.clock())

@@ -45,6 +45,7 @@ class Message:
     repeat: bool = False
     chart: bytes | None = None  # the PNG to attach (drawn by the outbox for a firing ERROR)
     chart_problem: str | None = None  # why there is no chart although one was wanted
+    link: str | None = None  # the run's page in the web console ("open in msmon"; console.web.public_url set)
     ranks: dict[str, int] = dataclasses.field(default_factory=dict)  # device -> the rank that sent its event
     known_ranks: int = 0  # ranks the bot knows in the run (bot/ranks): a storm says "on 12/64 ranks"
 

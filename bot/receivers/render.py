@@ -11,6 +11,7 @@ import html
 import math
 import re
 from collections.abc import Callable
+from urllib.parse import quote
 
 from msmon.contract.wire import Event, Status
 
@@ -218,4 +219,17 @@ def text(msg: Message, esc: Escape) -> str:
             lines.append(esc(problem))
     else:
         lines.append(f"back to normal on devices {devices_text(msg, esc)}")
+    if msg.link:
+        lines.append(f"open in msmon: {msg.link}")  # msmon's own URL, the run id percent-encoded in it
     return "\n".join(lines)
+
+
+def console_path(run_id: str) -> str:
+    """A run's page in the web console (bot/web): the id percent-encoded, so no markup, `/` or `?` of a
+    job's run id is anything but part of the id."""
+    return f"/console/runs/{quote(run_id, safe='')}"
+
+
+def console_url(public_url: str, run_id: str) -> str:
+    """The link a chat message gives to its run's console page."""
+    return public_url.rstrip("/") + console_path(run_id)

@@ -69,6 +69,8 @@ def blocks(msg: Message) -> list[dict[str, Any]]:
         out.append({"type": "context", "elements": [{"type": "mrkdwn", "text": notes}]})
     if ev.hint:
         out.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*What to do:* {esc(ev.hint)}"[:3000]}})
+    if msg.link:  # msmon's own URL (render.console_url: the run id percent-encoded, no `|` or `>` in it)
+        out.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{msg.link}|Open in msmon>"}]})
     out.append(buttons(msg))
     return out
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import quote
 
-from ..receivers.render import escape_html
+from ..receivers.render import console_path, escape_html
 from .views import CHARTS
 
 BASE = "/console"
@@ -43,7 +42,7 @@ def join(parts: Iterable[Markup]) -> Markup:
 
 def run_href(run_id: str) -> str:
     """The run page's path; the id percent-encoded (a `/` or `?` in it stays part of the id)."""
-    return f"{BASE}/runs/{quote(run_id, safe='')}"
+    return console_path(run_id)
 
 
 def _ago(t: float | None) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ from yarl import URL
 from ..commands.origin import Origin
 from ..commands.service import CommandService
 from ..config import BotConfig
+from ..receivers.render import console_url
 from ..state import BotState
 from . import pages, views
 from .session import COOKIE, CSRF_HEADER, LOGIN_COOKIE, Sessions, Viewer, new_token, same_secret
@@ -60,6 +62,16 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 def _redirect(location: str, status: int = 303) -> web.Response:
     return web.Response(status=status, headers={"Location": location, "Cache-Control": "no-store"})
+
+
+async def _form(request: web.Request) -> Any:
+    """The request's form fields (none for another content type); a body that is no form: 400."""
+    if request.content_type not in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        return {}
+    try:
+        return await request.post()
+    except (ValueError, UnicodeDecodeError, AssertionError) as exc:
+        raise web.HTTPBadRequest(reason=f"the form cannot be read: {exc}") from None
 
 
 def _safe_next(path: str | None) -> str:
@@ -120,9 +132,8 @@ class Console:
                                        "...)"}, 401)
             if request.method == "POST" and not bearer:
                 given = request.headers.get(CSRF_HEADER)
-                if given is None and request.content_type in ("application/x-www-form-urlencoded",
-                                                              "multipart/form-data"):
-                    given = str((await request.post()).get("csrf", ""))
+                if given is None:
+                    given = str((await _form(request)).get("csrf", ""))
                 if not same_secret(given, v.csrf):
                     log.warning("msmon bot: console %s %s from %s refused: no valid CSRF token", request.method,
                                 request.path, request.remote)
@@ -144,7 +155,7 @@ class Console:
         return resp
 
     async def login(self, request: web.Request) -> web.StreamResponse:
-        form = await request.post()
+        form = await _form(request)
         next_path = str(form.get("next", ""))
         if not same_secret(str(form.get("csrf", "")), request.cookies.get(LOGIN_COOKIE, "")):
             return self._login(next_path, "The login form expired: please try again.", 403)
@@ -218,7 +229,7 @@ class Console:
                 return _json({"error": "body is not valid JSON"}, 400)
             text = body.get("text") if isinstance(body, dict) else None
         else:
-            form = await request.post()
+            form = await _form(request)
             text = form.get("text")
             if not text and form.get("verb") == "silence":
                 text = " ".join(str(form.get(k, "")) for k in ("run", "rule", "duration"))
@@ -339,6 +350,15 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_finite(x) for x in obj]
     return obj
+
+
+def console_link(cfg: BotConfig) -> Callable[[str], str] | None:
+    """A run's console page as chat messages link to it: when the console is on and console.web.public_url
+    says where people reach the bot; else None (no link)."""
+    wc = cfg.console.web
+    if not wc.enabled or not wc.public_url:
+        return None
+    return functools.partial(console_url, wc.public_url)
 
 
 async def _to_runs(request: web.Request) -> web.StreamResponse:

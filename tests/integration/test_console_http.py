@@ -310,3 +310,42 @@ def test_static_files_are_served_from_the_package(bot):
     assert code == 200 and headers["Content-Type"].startswith("text/javascript") and "uPlot" in js
     assert c("GET", "/console/static/..%2Fsession.py")[0] == 404
     assert c("GET", "/console/static/console.js")[0] == 200
+
+
+def _console_bot(tmp_path: Any, web: dict[str, Any]) -> BotServer:
+    return BotServer({"bot": {
+        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+        "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}], "pipeline": {"group_wait": 0},
+        "console": {"charts_dir": str(tmp_path), "charts": False, "web": web},
+        "commands": {"operators": [{"user": "cli:alice", "env": "ALICE_TOKEN"}]}}})
+
+
+@pytest.mark.parametrize("public_url", ["https://msmon.example.org/", None])
+def test_messages_link_to_the_run_console_page_when_public_url_is_set(tmp_path, monkeypatch, capsys, public_url):
+    """The embedded default (console receiver) prints the run's console link under each alert; the run id
+    is percent-encoded in it, and the link opens that run's page (after the login). No public_url: no link."""
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("ALICE_TOKEN", "alice-token")
+    run = "exp/7 <b>"
+    b = _console_bot(tmp_path, {"public_url": public_url})
+    try:
+        code, _ = b.request("POST", "/v1/ingest", envelope([event(run=run)], run=run))
+        assert code == 202
+        out: list[str] = []
+        assert wait_for(lambda: "what to do: Save a checkpoint now." in _seen(capsys, out), timeout=10)
+        link = "https://msmon.example.org/console/runs/exp%2F7%20%3Cb%3E"
+        if public_url is None:
+            assert "open in msmon" not in _seen(capsys, out)
+            return
+        assert f"open in msmon: {link}" in _seen(capsys, out)
+        c = Client(b)
+        c.login("alice-token")
+        code, _, page, _ = c("GET", link.removeprefix("https://msmon.example.org"))
+        assert code == 200 and "exp/7 &lt;b&gt;" in page
+    finally:
+        b.stop()
+
+
+def _seen(capsys: Any, out: list[str]) -> str:
+    out.append(capsys.readouterr().out)
+    return "".join(out)
