@@ -36,10 +36,10 @@ HINTS = {
 RULES: tuple[Rule, ...] = (
     Rule("rank_missing", missing.judge, error_at_once, HINTS["rank_missing"]),  # silent while the others go on
     Rule("rank_straggler", straggler.judge, warning_after(lambda c: c.straggler_checks),
-         HINTS["rank_straggler"]),  # behind the others' pace, sustained
+         HINTS["rank_straggler"], fresh=True),  # behind the others' pace, sustained
     Rule("rank_outlier", outlier.judge,
          warning_then_error(lambda c: c.outlier_checks, lambda c: c.outlier_error_checks),
-         HINTS["rank_outlier"]),  # loss / grad norm away from the others
+         HINTS["rank_outlier"], fresh=True),  # loss / grad norm away from the others
     Rule("step_skew", skew.judge, warning_after(lambda c: c.skew_checks), HINTS["step_skew"]),
 )
 

@@ -4,7 +4,8 @@ A `Rule` is a name, a pure `judge(ctx, run) -> findings` (which ranks the condit
 with the numbers and the words), a `level(settings, streak) -> severity | None` (how many checks in a
 row make it a WARNING or an ERROR: "sustained"), and a hint. `track` runs the rules over a run and
 keeps, per rule and rank, the streak and the severity it fires at, in the run's own bounded memory
-(`RunRanks.firing`): it returns the wire `Event`s to raise, firing when a streak reaches its level or
+(`RunRanks.firing`; a rule on the ranks' numbers counts a rank's new samples, not checks): it
+returns the wire `Event`s to raise, firing when a streak reaches its level or
 climbs to ERROR, resolved when the condition is gone. No clock and no I/O: `now` comes in the context.
 """
 
@@ -44,10 +45,14 @@ Level = Callable[[RanksConfig, int], Severity | None]
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
+    """`fresh`: the streak moves on a new sample of the rank only (a rule on its numbers: a rank whose last
+    report is old does not become an outlier by being checked again); else on every check (silence, skew)."""
+
     name: str
     judge: Judge
     level: Level
     hint: str
+    fresh: bool = False
 
 
 def warning_after(checks: Callable[[RanksConfig], int]) -> Level:
@@ -85,7 +90,9 @@ def track(rules: Iterable[Rule], ctx: Check, run: RunRanks) -> list[Event]:
         found = {f.member.key: f for f in rule.judge(ctx, run)}
         for key, f in found.items():
             state = run.firing.setdefault((rule.name, key), Firing())
-            state.streak += 1
+            if not rule.fresh or state.counted != f.member.sample_step:
+                state.streak += 1
+                state.counted = f.member.sample_step
             want = rule.level(ctx.settings, state.streak)
             if want is not None and (state.severity is None or want.rank > state.severity.rank):
                 state.severity = want

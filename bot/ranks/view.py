@@ -20,6 +20,8 @@ from msmon.contract.wire import Envelope, Heartbeat, Sample, Severity
 
 from .stats import Spread, median_of_sorted
 
+TYPICAL_FROM = 3  # samples a rank needs before its typical loss and norm are compared
+
 
 def member_key(rank: int | None, device: str) -> str:
     """How the bot names one rank of a run: its rank in the job's world when the job says it, else its
@@ -48,6 +50,8 @@ class RankState:
     ended: bool = False  # its final heartbeat came: it finished normally
     paused: bool = False
     history: deque[float] = dataclasses.field(default_factory=deque)  # recent step times (or 1/throughput)
+    losses: deque[float] = dataclasses.field(default_factory=deque)  # recent finite losses
+    norms: deque[float] = dataclasses.field(default_factory=deque)  # recent finite own grad norms
 
     def name(self) -> str:
         """"rank 3 (device 3 on node-2)": how a message names it (job data: the receiver escapes it)."""
@@ -71,6 +75,14 @@ class RankState:
         xs = sorted(self.history)
         return median_of_sorted(xs) if xs else None
 
+    def typical(self, what: str) -> float | None:
+        """The median of its recent losses ("loss") or own grad norms ("norm"): what it keeps at, which one
+        noisy batch does not move."""
+        ring = self.losses if what == "loss" else self.norms
+        if len(ring) < min(TYPICAL_FROM, ring.maxlen or 1):
+            return None  # a median of one or two says no more than the values themselves
+        return median_of_sorted(sorted(ring))
+
     def norm(self) -> float | None:
         """The grad norm to compare across ranks: its own (local) norm when reported; the reduced norm is
         the same on every rank of a data-parallel job and says nothing about one rank."""
@@ -80,10 +92,12 @@ class RankState:
 @dataclasses.dataclass
 class Firing:
     """What the rules last said about one rank (the tracker's memory): how many checks in a row a rule's
-    condition held, and the severity it is firing at (None: not firing)."""
+    condition held (for the rules that judge samples: on a new sample each), the severity it is firing at
+    (None: not firing), and the step of the sample last counted."""
 
     streak: int = 0
     severity: Severity | None = None
+    counted: int | None = None
 
 
 class RunRanks:
@@ -103,10 +117,14 @@ class RunRanks:
             if len(self.members) >= self.max_ranks:
                 self.refused += 1
                 return None
-            m = self.members[key] = RankState(key, rank, device, host, history=deque(maxlen=self.history))
+            m = self.members[key] = RankState(key, rank, device, host, history=deque(maxlen=self.history),
+                                              losses=deque(maxlen=self.history), norms=deque(maxlen=self.history))
             self.by_device.setdefault(device, key)
-        elif host and m.host != host:
-            m.host = host
+        else:
+            if host and m.host != host:
+                m.host = host
+            if rank is not None and m.rank is None:  # first heard of by a heartbeat of its own, which has no rank
+                m.rank = rank
         return m
 
     def add(self, m: RankState, s: Sample) -> None:
@@ -119,6 +137,11 @@ class RunRanks:
         spp = m.seconds_per_step()
         if spp is not None:
             m.history.append(spp)
+        if m.loss is not None and m.loss - m.loss == 0.0:
+            m.losses.append(m.loss)
+        norm = m.norm()
+        if norm is not None and norm - norm == 0.0:
+            m.norms.append(norm)
 
     def live(self) -> list[RankState]:
         """The ranks that are part of the run now: every one but those that finished normally."""

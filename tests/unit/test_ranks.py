@@ -96,18 +96,39 @@ def test_an_outlier_loss_is_a_warning_then_an_error_when_it_persists():
     cfg = RanksConfig(outlier_checks=2, outlier_error_checks=4)
     sim = Sim(8, cfg)
     out: list[Event] = []
-    for i in range(5):
+    for i in range(8):  # from the third sample on, its median is the rank's typical loss
         out += sim.tick(loss={r: 1.0 + 0.01 * r for r in range(8)} | {5: 3.0 + i})
     assert fired(out, "rank_outlier") == [("5", "WARNING", "firing"), ("5", "ERROR", "firing")]
     assert "loss" in next(e for e in out if e.rule == "rank_outlier").message
-    assert fired(sim.tick(), "rank_outlier") == [("5", "ERROR", "resolved")]
+    back: list[Event] = []
+    for _ in range(cfg.history):  # resolved once its own median is back among the others
+        back += sim.tick()
+    assert fired(back, "rank_outlier") == [("5", "ERROR", "resolved")]
+
+
+def test_one_odd_batch_is_not_an_outlier_and_an_old_report_does_not_become_one():
+    sim = Sim(6, RanksConfig(outlier_checks=2))
+    out = sim.tick(loss={2: 50.0})
+    for _ in range(4):
+        out += sim.tick()
+    assert not fired(out, "rank_outlier")
+    for _ in range(5):  # rank 4's loss stays apart, then it reports nothing new: no streak from old numbers
+        out += sim.tick(loss={4: 9.0})
+    assert fired(out, "rank_outlier") == [("4", "WARNING", "firing")]
+    run = sim.views.runs["r"]
+    assert run.firing[("rank_outlier", "4")].streak >= 2
 
 
 def test_the_ranks_own_grad_norm_is_compared_not_the_reduced_one():
     sim = Sim(4, RanksConfig(outlier_checks=1))
-    out = sim.tick(local={3: 40.0})
+    out = sim.tick(local={3: 40.0}) + sim.tick(local={3: 40.0}) + sim.tick(local={3: 40.0})
     assert fired(out, "rank_outlier") == [("3", "WARNING", "firing")]
     assert "grad norm" in out[0].message
+
+
+def test_two_ranks_that_disagree_name_no_outlier():
+    sim = Sim(2, RanksConfig(outlier_checks=1))
+    assert not fired(sim.tick(loss={1: 20.0}), "rank_outlier")
 
 
 def test_nan_is_left_to_the_jobs_rules():
@@ -163,12 +184,13 @@ def test_memory_is_bounded_by_ranks_and_runs():
 
 
 def test_marks_say_what_is_off_now_without_moving_a_streak():
-    sim = Sim(4, RanksConfig(outlier_checks=1))
-    sim.tick()
-    sim.views.envelope(env(2, sim.step, sim.now, loss=9.0), sim.now)
+    sim = Sim(4, RanksConfig(outlier_checks=5))
+    for _ in range(3):
+        sim.tick(loss={2: 9.0})
+    streaks = {k: v.streak for k, v in sim.views.runs["r"].firing.items()}
     found = marks(sim.views.runs["r"], sim.cfg, sim.now)
     assert list(found) == ["2"] and found["2"][0].metric == "loss"
-    assert sim.views.runs["r"].firing == {}
+    assert {k: v.streak for k, v in sim.views.runs["r"].firing.items()} == streaks
 
 
 def test_the_global_view_has_both_grad_norms():
