@@ -113,6 +113,9 @@ def _want_progress(args: argparse.Namespace) -> bool:
 
 
 def _print_trend(result: Replayed, args: argparse.Namespace, out: TextIO) -> None:
-    summary = result.trend(args.total_steps, args.target_loss, args.trend_window)
+    summary, robust = result.trend(args.total_steps, args.target_loss, args.trend_window)
     for line in summary.describe() if summary is not None else [NOT_ENOUGH]:
         print(line if line.startswith("trend") else f"trend: {line}", file=out)
+    if robust is not None and robust.set_aside:
+        print(f"trend: robust fit: {robust.set_aside} of {robust.blocks} blocks of steps were spikes off a Theil-Sen "
+              "line through the block medians and were put on it, so they do not tilt the trend", file=out)

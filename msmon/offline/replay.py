@@ -23,6 +23,7 @@ from msmon.contract.wire import Event, Severity, Status
 from msmon.core.trend import TrendSummary, summarize
 from msmon.core.whatif import LevelChange
 from msmon.offline.readers import ReplayError, Row, read_log
+from msmon.offline.robust import Despiked, despike
 from notifier.config import load_config
 from notifier.levels_effect import LEVELS_SUFFIX, read_level_changes
 from notifier.monitor import Monitor
@@ -103,15 +104,23 @@ class Replayed:
                 f"{sum(e.severity is Severity.WARNING for e in f)} WARNING")
 
     def trend(self, total_steps: int | None = None, target_loss: float | None = None,
-              window_steps: int | None = None) -> TrendSummary | None:
-        """The loss trend of the first device (training facts from the config unless given)."""
+              window_steps: int | None = None, robust: bool = True) -> tuple[TrendSummary | None, Despiked | None]:
+        """The loss trend of the first device (training facts from the config unless given), and with `robust`
+        what the robust fit set aside: blocks of steps whose median is a spike off a Theil-Sen line are put on
+        that line before the fit (msmon/offline/robust.py), so a spike cannot tilt the summary."""
         if not self.curves:
-            return None
+            return None, None
         c = next(iter(self.curves.values()))
         training = self.monitor.config.training
-        return summarize(c.steps, c.loss, total_steps=total_steps or training.total_steps,
-                         target_loss=training.target_loss if target_loss is None else target_loss,
-                         window_steps=window_steps)
+        facts: dict[str, Any] = {"total_steps": total_steps or training.total_steps,
+                                 "target_loss": training.target_loss if target_loss is None else target_loss}
+        plain = summarize(c.steps, c.loss, window_steps=window_steps, **facts)
+        if not robust or plain is None:
+            return plain, None
+        cleaned = despike(c.steps, c.loss, plain.window_steps)  # the blocks the plain fit used
+        if not cleaned.set_aside:
+            return plain, cleaned
+        return summarize(c.steps, cleaned.losses, window_steps=plain.window_steps, **facts), cleaned
 
 
 def replay_monitor(config: Any, run_id: str) -> Monitor:
