@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from msmon.common.safenames import slug
 from msmon.contract.actions import ACTIONS
-from msmon.contract.wire import ActionResult, Command, Event
+from msmon.contract.wire import ActionRequest, ActionResult, Command, Event
 
 from .monitor import Monitor
 
@@ -315,9 +315,18 @@ class JobControl:
             tr.listen(self.take_commands)
 
     def take_event(self, ev: Event) -> None:
-        """Queue the configured actions an event carries (monitor_config `actions:`)."""
+        """Queue the configured actions an event carries (monitor_config `actions:`). In a multi-rank run they
+        go to the bot instead, which has every rank apply them at the same step (a pause on this rank alone
+        would leave the others blocked in the next collective); the Monitor refused to start without a bot."""
+        mon = self.monitor
+        tr, world = mon.transport, mon.world
         for act in ev.actions:
             params: dict[str, Any] = {k: v for k, v in act.items() if k != "action"}
+            if world.multi and tr is not None:
+                tr.ask(ActionRequest(run_id=ev.run_id, device=ev.device, step=ev.step, time=ev.time, rule=ev.rule,
+                                     severity=ev.severity, action=str(act["action"]), params=params, rank=world.rank,
+                                     host=world.host))
+                continue
             self.request(str(act["action"]), f"rule {ev.rule} {ev.severity.value}", **params)
 
     def take_commands(self, commands: list[Command]) -> None:

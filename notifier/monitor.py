@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from msmon.contract.subjects import is_nats_url
 from msmon.contract.wire import MAX_ID, Event, Sample, Severity, Status, Window
 from msmon.core.detectors import RULES, DetectorContext, Finding, RuleParams
 from msmon.core.detectors.base import SKIP
@@ -35,6 +36,7 @@ from .config import MonitorConfig, load_config
 from .config.model import ActionConfig
 from .outputs import BackgroundWriter, CsvSink, Sink, format_log_line
 from .transport import BotTransport
+from .world import World, detect, refuse_lone_actions
 
 log = logging.getLogger("msmon")
 
@@ -97,9 +99,11 @@ class Monitor:
         clock: Callable[[], float] = _time.time,
         sinks: list[Sink] | None = None,
         transport: BotTransport | None = None,
+        world: World | None = None,
     ) -> None:
         cfg = load_config(config)
         self.config = cfg
+        self.world = detect() if world is None else world  # rank, world size, host: read once
         self.run_id = cfg.bot.run_id or run_id
         self.default_device = str(device)
         for what, value in (("run_id", self.run_id), ("device", self.default_device)):
@@ -140,6 +144,9 @@ class Monitor:
                      "not set and defaults to false" if cfg.given is not None and "monitor_on" not in cfg.given
                      else "false")
             return
+        # before any thread starts: a multi-rank run never applies a configured action on one rank alone
+        refuse_lone_actions([(f"monitor_config.actions[{i}].action", a.action) for i, a in enumerate(cfg.actions)],
+                            self.world, "given" if transport is not None else cfg.bot.url, cfg.bot.commands)
         if sinks is None:
             sinks = self._default_sinks(cfg)
         if sinks:
@@ -177,9 +184,14 @@ class Monitor:
             log.warning("msmon: bot.url is set but the environment variable %s (bot.token_env) is empty: the bot "
                         "will refuse run %s until the job has its token", b.token_env, self.run_id)
         log.info("msmon: sending run %s to the bot at %s (spool: %s)", self.run_id, b.url, b.spool_dir)
+        backend = None  # bot.url nats://...: through NATS JetStream instead of HTTP (notifier/nats_transport.py)
+        if is_nats_url(b.url):
+            from .nats_transport import NatsBackend
+
+            backend = NatsBackend(b.url, b.project, self.run_id, self.default_device, token, prefix=b.nats_prefix)
         return BotTransport(b.url, self.run_id, self.default_device, token, project=b.project, labels=b.labels,
-                            spool_dir=b.spool_dir, spool_max_bytes=int(b.spool_max_mb * (1 << 20)),
-                            heartbeat_interval=b.heartbeat_interval)
+                            backend=backend, spool_dir=b.spool_dir, spool_max_bytes=int(b.spool_max_mb * (1 << 20)),
+                            heartbeat_interval=b.heartbeat_interval, rank=self.world.rank, host=self.world.host)
 
     @staticmethod
     def _active_rules(cfg: MonitorConfig, metrics: set[str]) -> list[str]:

@@ -41,11 +41,12 @@ class Answer:
     command: dict[str, Any] | None = None  # the stored job command
     confirm: str | None = None  # a confirmation button should send this command text
     chart: Event | None = None  # status: what to draw (render_chart, off the event loop)
+    record: str | None = None  # the command log's id of a command answered at once (help, runs, status)
 
     def to_json(self) -> dict[str, Any]:
         cmd = self.command
         return {"ok": self.ok, "text": self.text, "private": self.private, "confirm": self.confirm,
-                "command": None if cmd is None else view(cmd)}
+                "command": None if cmd is None else view(cmd), "record": self.record}
 
 
 def view(cmd: dict[str, Any]) -> dict[str, Any]:
@@ -75,8 +76,8 @@ class CommandService:
             self._audit(now, origin, text, exc.verb or "?", None, "invalid", str(exc))
             return Answer(str(exc), ok=False, status=422, private=True)
         if p.verb in ("help", "runs"):
-            self._audit(now, origin, p.text(), p.verb, None, "done", "")
-            return Answer(help_text(p.topic) if p.verb == "help" else self._runs_text())
+            rec = self._audit(now, origin, p.text(), p.verb, None, "done", "")
+            return Answer(help_text(p.topic) if p.verb == "help" else self._runs_text(), record=rec["id"])
         run = self.store.run(p.run or "")
         if run is None:
             msg = self._unknown_run(p.run or "")
@@ -92,8 +93,8 @@ class CommandService:
                         p.text(), origin.who, origin.source, p.run, project)
             return Answer(msg, ok=False, status=403, private=True)
         if p.verb == "status":
-            self._audit(now, origin, p.text(), p.verb, p.run, "done", "", project)
-            return self._status(run)
+            rec = self._audit(now, origin, p.text(), p.verb, p.run, "done", "", project)
+            return dataclasses.replace(self._status(run), record=rec["id"])
         if p.verb == "ack":
             return self._ack(p, origin, now, project)
         if p.verb == "silence":
@@ -227,7 +228,7 @@ class CommandService:
         for c in self.store.commands.open_for(run_id):
             lines.append(f"command {c['id']} `{c['text']}` waits for step {c['apply_step']:,}")
         lines += _level_change_lines(self.store.commands.level_changes(run_id, limit=20))
-        return Answer("\n".join(lines), chart=_status_event(run, hist) if hist else None)
+        return Answer("\n".join(lines), chart=_status_event(run, hist, firing) if hist else None)
 
     def _history(self, run: dict[str, Any]) -> list[Any]:
         devices = sorted(self.state.windows.runs.get(run["run_id"], {}))
@@ -283,10 +284,15 @@ def _level_change_lines(changes: list[dict[str, Any]], shown: int = 3) -> list[s
     return lines
 
 
-def _status_event(run: dict[str, Any], hist: list[Any]) -> Event:
-    """The run's recent window dressed as an event, so the alert chart draws it."""
+def _status_event(run: dict[str, Any], hist: list[Any], firing: list[dict[str, Any]]) -> Event:
+    """The run's recent window dressed as an event, so the alert chart draws it: FIRING at the highest severity
+    firing (its title and colour say so), RESOLVED (green) when nothing fires."""
     last = hist[-1]
+    top = Severity.ERROR if any(a["severity"] == Severity.ERROR.value for a in firing) else Severity.WARNING
+    rules = ", ".join(sorted({a["rule"] for a in firing if a["severity"] == top.value}))
+    says = f"{top.value} firing: {rules}" if firing else "no alert firing"
     return Event(run_id=run["run_id"], device=last.device, step=last.step, time=last.time, rule="status",
-                 severity=Severity.WARNING, status=Status.RESOLVED, value=math.nan, threshold=math.nan,
-                 message=f"status of run {run['run_id']} at step {last.step}", window=Window.of(hist))
+                 severity=top, status=Status.FIRING if firing else Status.RESOLVED, value=math.nan,
+                 threshold=math.nan, message=f"status of run {run['run_id']} at step {last.step}: {says}",
+                 window=Window.of(hist))
 
