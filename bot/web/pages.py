@@ -8,7 +8,6 @@ console.js, which reads its settings from `data-` attributes, and the Content-Se
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,10 +44,10 @@ def run_href(run_id: str) -> str:
     return console_path(run_id)
 
 
-def _ago(t: float | None) -> str:
-    if not t:
+def ago(s: float | None) -> str:
+    """`12 s ago`, `5 min ago`, `3.2 h ago` (by the bot's clock)."""
+    if s is None:
         return "-"
-    s = max(time.time() - t, 0.0)
     return f"{s:.0f} s ago" if s < 120 else f"{s / 60:.0f} min ago" if s < 7200 else f"{s / 3600:.1f} h ago"
 
 
@@ -99,7 +98,7 @@ def runs_page(rows: list[dict[str, Any]], user: str, csrf: str) -> Markup:
     trs = join(page('<tr data-run="{run}"><td><a href="{href}">{run}</a></td><td>{project}</td><td>{state}</td>'
                     '<td class="num">{step}</td><td>{progress}</td><td class="num">{firing}</td><td>{seen}</td></tr>',
                     run=r["run_id"], href=run_href(r["run_id"]), project=r["project"], state=_state_badge(r["state"]),
-                    step=f"{r['step']:,}", progress=_progress(r), firing=_firing(r), seen=_ago(r["last_seen"]))
+                    step=f"{r['step']:,}", progress=_progress(r), firing=_firing(r), seen=ago(r["seen_ago"]))
                for r in rows)
     empty = Markup("") if rows else Markup('<p class="empty">No run has reported to this bot yet. A job reports '
                                            'once its monitor_config has a <code>bot:</code> section.</p>')

@@ -24,6 +24,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 from yarl import URL
@@ -118,7 +119,7 @@ class Console:
         async def wrapped(request: web.Request) -> web.StreamResponse:
             v, _ = self.viewer(request)
             if v is None:
-                return _redirect(f"{BASE}/login?next={request.rel_url.raw_path}", 302)
+                return _redirect(f"{BASE}/login?next={quote(request.rel_url.raw_path, safe='/')}", 302)
             request[VIEWER] = v
             return await handler(request)
         return wrapped

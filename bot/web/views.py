@@ -49,7 +49,8 @@ def run_summary(state: BotState, run: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": run["run_id"], "project": run["project"], "state": run_state(run), "step": step,
             "total_steps": total, "progress": (min(step / total, 1.0) if total else None),
             "steps_per_s": pace[0] if pace else None, "devices": list(run["devices"]),
-            "last_seen": run["last_seen"], "firing": len(firing),
+            "last_seen": run["last_seen"], "seen_ago": max(state.clock() - (run["last_seen"] or 0.0), 0.0),
+            "firing": len(firing),
             "errors": sum(1 for a in firing if a["severity"] == "ERROR")}
 
 

@@ -23,6 +23,7 @@ if not os.path.exists(CHROMIUM):
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install msmon[dev])")
 ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (pip install msmon[mindspore])")
 
+from msmon.contract.wire import Sample  # noqa: E402
 from notifier.mindspore import MonitorCallback, parse_outputs  # noqa: E402
 from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
 from tests.fakes.ms_helpers import model, regression_data  # noqa: E402
@@ -193,6 +194,17 @@ def test_the_console_shows_a_real_job_live_and_pauses_it(bot, tmp_path, artifact
                 page.fill("#command-text", "resume run-x")
                 page.click("#command-form button")
                 page.wait_for_selector("#run-state .state-running", timeout=30_000)
+                # 6. a run with several ranks: one curve per rank
+                samples = [Sample(run_id="two-ranks", device=str(d), step=s, time=time.time(), loss=1.0 + d + s / 100)
+                           for s in range(1, 30) for d in (0, 1)]
+                assert bot.request("POST", "/v1/ingest", envelope([], run="two-ranks", samples=samples))[0] == 202
+                page.goto(bot.url + "/console/runs/two-ranks")
+                page.wait_for_function("() => window.msmonConsole.charts.loss && "
+                                       "window.msmonConsole.charts.loss.series.length === 3")
+                labels = page.evaluate("() => window.msmonConsole.charts.loss.series.slice(1).map(s => s.label)")
+                assert labels == ["rank 0", "rank 1"]
+                rank1 = page.evaluate("() => window.msmonConsole.charts.loss.data[2]")
+                assert rank1 == pytest.approx([2.0 + s / 100 for s in range(1, 30)])
                 page.goto(bot.url + "/console/runs/" + quote(XSS_RUN, safe=""))
                 assert page.inner_text("h1 .run-id") == XSS_RUN
                 page.wait_for_selector("#alerts tr[data-rule='grad_norm']")

@@ -263,6 +263,42 @@ def test_a_client_that_stops_reading_is_dropped_and_holds_no_memory(bot):
     assert bot.request("GET", "/healthz", token=None)[0] == 200
 
 
+def test_live_pages_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("ALICE_TOKEN", "alice-token")
+    b = _console_bot(tmp_path, {"max_streams": 1})
+    s = socket.create_connection(("127.0.0.1", b.port), timeout=10)
+    try:
+        s.sendall(b"GET /console/api/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice-token\r\n\r\n")
+        assert wait_for(lambda: len(_console(b).streams) == 1, timeout=10)
+        second = _stream_events(b.port, "/console/api/stream", "Authorization: Bearer alice-token\r\n", "}")
+        assert second.startswith("HTTP/1.1 503") and "max_streams" in second
+    finally:
+        s.close()
+        b.stop()
+
+
+def test_per_rank_series_and_a_login_that_comes_back_to_the_page(bot):
+    samples = [Sample(run_id="a&b/c", device=str(d), step=s, time=time.time(), loss=2.0 + d, tokens_per_s=1e4 + d)
+               for s in range(1, 6) for d in (0, 1, 10)]
+    assert bot.request("POST", "/v1/ingest", envelope([], run="a&b/c", samples=samples))[0] == 202
+    c = Client(bot)
+    path = f"/console/runs/{quote('a&b/c', safe='')}"
+    code, headers, _, _ = c("GET", path)
+    assert code == 302
+    login = headers["Location"]
+    _, _, page, _ = c("GET", login)
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    nxt = re.search(r'name="next" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    code, headers, _, _ = c.form("/console/login", {"csrf": csrf, "token": "alice-token", "next": nxt})
+    assert code == 303 and headers["Location"] == path  # back where the login began, the id intact
+    code, _, body, _ = c("GET", f"/console/api/runs/{quote('a&b/c', safe='')}")
+    series = json.loads(body)["series"]
+    assert list(series) == ["0", "1", "10"]  # per rank, in rank order
+    assert series["10"]["loss"] == [12.0] * 5 and series["1"]["throughput"] == [10001.0] * 5
+    assert series["0"]["throughput_unit"] == ["tokens_per_s"]
+
+
 def test_shutdown_ends_open_streams_promptly(tmp_path, monkeypatch):
     monkeypatch.setenv("ALICE_TOKEN", "alice-token")
     b = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),

@@ -109,6 +109,11 @@
     });
   }
 
+  function ago(s) {  // as pages.ago: by the bot's clock, not the browser's
+    if (s === null || s === undefined) return "-";
+    return s < 120 ? Math.round(s) + " s ago" : s < 7200 ? Math.round(s / 60) + " min ago" : (s / 3600).toFixed(1) + " h ago";
+  }
+
   function badge(s) { return el("span", s, "state state-" + s); }
 
   function renderRuns(rows) {
@@ -129,7 +134,7 @@
       }
       tr.appendChild(td);
       tr.appendChild(el("td", r.firing, "num" + (r.errors ? " firing error" : r.firing ? " firing" : "")));
-      tr.appendChild(el("td", r.last_seen ? new Date(r.last_seen * 1000).toLocaleTimeString() : "-"));
+      tr.appendChild(el("td", ago(r.seen_ago)));
       tbody.appendChild(tr);
     });
   }
