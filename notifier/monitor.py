@@ -240,13 +240,16 @@ class Monitor:
         throughput: float | None = None,
         time: float | None = None,
         device: str | int | None = None,
+        local_grad_norm: float | None = None,
     ) -> list[Event]:
         """Report one finished step; returns the events it raised (usually none).
 
         Call it on every step: non-sampled steps only time the step (unless a loss or grad norm given
         for them is NaN/Inf: that is sampled, and alerts, at once). `samples` / `tokens` are
         counts for this step (throughput is derived); `throughput=` is an already measured
-        tokens/s; `time=` a timestamp (for replays); `device` labels per-device metrics.
+        tokens/s; `time=` a timestamp (for replays); `device` labels per-device metrics;
+        `local_grad_norm` this rank's own grad norm before the all-reduce (data parallel; `grad_norm` is
+        then the reduced gradient's), reported as is (the bot compares it across ranks).
         """
         if not self.enabled:
             return _EMPTY
@@ -287,7 +290,7 @@ class Monitor:
               # not a sampled step; but a NaN/Inf handed in anyway is sampled at once, not 9 steps later
               and (loss is None or loss - loss == 0.0) and (grad_norm is None or grad_norm - grad_norm == 0.0)):
             return _EMPTY
-        return self._sample(d, step, raw, now, loss, lr, grad_norm, throughput, time is not None)
+        return self._sample(d, step, raw, now, loss, lr, grad_norm, throughput, time is not None, local_grad_norm)
 
     def samples(self, step: int) -> bool:
         """Whether `step` will be sampled (so a caller can skip reading metrics on the others)."""
@@ -300,7 +303,7 @@ class Monitor:
 
     def _sample(
         self, d: _Device, step: int, raw: int, now: float, loss: float | None, lr: float | None,
-        grad_norm: float | None, throughput: float | None, timed: bool = True,
+        grad_norm: float | None, throughput: float | None, timed: bool = True, local_grad_norm: float | None = None,
     ) -> list[Event]:
         want_tp = self._want_throughput
         step_time = tokens_s = samples_s = elapsed = None
@@ -327,6 +330,7 @@ class Monitor:
             loss=float(loss) if loss is not None and self._want_loss else None,
             learning_rate=float(lr) if lr is not None and self._want_lr else None,
             grad_norm=float(grad_norm) if grad_norm is not None and self._want_grad else None,
+            local_grad_norm=float(local_grad_norm) if local_grad_norm is not None and self._want_grad else None,
             samples_per_s=samples_s, tokens_per_s=tokens_s, step_time=step_time, max_step_time=max_dt,
             elapsed=elapsed,
         )

@@ -38,15 +38,16 @@ from msmon.contract.wire import ActionResult, Event
 from ..config import MonitorConfig
 from ..control import JobControl
 from ..monitor import Monitor
+from ..world import detect
 from .backend import MindSporeBackend
-from .grad_norm import METRICS
+from .grad_norm import LOCAL_METRICS, METRICS
 from .reads import HostReads, uncounted
 
 log = logging.getLogger("msmon")
 
 Metrics = tuple[float | None, float | None, float | None]  # (loss, lr, grad_norm)
 _NONE: Metrics = (None, None, None)
-_PACKED_SHAPE = (len(METRICS),)
+_PACKED_SHAPES = ((len(METRICS),), (len(LOCAL_METRICS),))  # (4,): a data-parallel rank's own norm too
 STATE_SUFFIX = ".msmon.json"
 
 
@@ -59,24 +60,30 @@ def _scalar(x: Any, read: Callable[[Any], Any]) -> float | None:
         return None
 
 
-def _unpack(packed: Any, read: Callable[[Any], Any]) -> Metrics:
-    loss, lr, grad_norm = read(packed).tolist()
-    return float(loss), float(lr), float(grad_norm)
+def _unpack(packed: Any, read: Callable[[Any], Any]) -> tuple[Metrics, float | None]:
+    values = [float(v) for v in read(packed).tolist()]
+    return (values[0], values[1], values[2]), values[3] if len(values) > 3 else None
+
+
+def parse_all(out: Any, read: Callable[[Any], Any] = uncounted) -> tuple[Metrics, float | None]:
+    """`parse_outputs`'s (loss, lr, grad_norm), and the rank's own grad norm before the all-reduce where the
+    train cell packs it (a data-parallel run: `metrics` of shape (4,), read in the same one copy)."""
+    if isinstance(out, (tuple, list)):
+        if not out:
+            return _NONE, None
+        if len(out) == 6 and getattr(out[5], "shape", None) in _PACKED_SHAPES:
+            return _unpack(out[5], read)
+        if len(out) == 5:
+            return (_scalar(out[0], read), _scalar(out[3], read), _scalar(out[4], read)), None
+        return (_scalar(out[0], read), None, None), None
+    return (_scalar(out, read), None, None), None
 
 
 def parse_outputs(out: Any, read: Callable[[Any], Any] = uncounted) -> Metrics:
     """(loss, lr, grad_norm) from a train cell's outputs: msmon's `(loss, overflow, scaling_sens, lr,
     global_norm, metrics)` (one read: the packed `metrics`); MindFormers' 5-tuple (three reads); a loss
     tensor; or any other tuple whose first item is the loss. `read` copies a tensor to the host."""
-    if isinstance(out, (tuple, list)):
-        if not out:
-            return _NONE
-        if len(out) == 6 and getattr(out[5], "shape", None) == _PACKED_SHAPE:
-            return _unpack(out[5], read)
-        if len(out) == 5:
-            return _scalar(out[0], read), _scalar(out[3], read), _scalar(out[4], read)
-        return _scalar(out[0], read), None, None
-    return _scalar(out, read), None, None
+    return parse_all(out, read)[0]
 
 
 def find_optimizer(cb: Any) -> Any:
@@ -145,10 +152,9 @@ def mindformers_resume(config: Any, rank: str) -> str | None:
 
 
 def _rank() -> str:
-    for var in ("RANK_ID", "RANK", "MS_NODE_ID"):
-        if os.environ.get(var, "").isdigit():
-            return os.environ[var]
-    return "0"
+    """This process's rank (notifier.world: MindSpore's, else the launcher's environment), "0" when unknown."""
+    rank = detect().rank
+    return "0" if rank is None else str(rank)
 
 
 class MonitorCallback(Callback):  # type: ignore[misc]
@@ -263,19 +269,19 @@ class MonitorCallback(Callback):  # type: ignore[misc]
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _metrics(self, outputs: Any, steps_ago: int) -> Metrics:
+    def _metrics(self, outputs: Any, steps_ago: int) -> tuple[Metrics, float | None]:
         """(loss, lr, grad_norm) of the step `steps_ago` steps back, with the LR from the optimizer when
-        the train cell does not return it."""
-        loss, lr, grad_norm = parse_outputs(outputs, self.reads)
+        the train cell does not return it; and the rank's own grad norm, where the cell packs it."""
+        (loss, lr, grad_norm), local = parse_all(outputs, self.reads)
         if lr is None:
             lr = self.backend.read_lr(steps_ago)
-        return loss, lr, grad_norm
+        return (loss, lr, grad_norm), local
 
     def _report(self, kept: _Kept, step: int) -> None:
         """Hand a sampled step to the monitor, at its own step number and end time; `step` is the step now."""
-        loss, lr, grad_norm = self._metrics(kept.outputs, step - kept.step)
+        (loss, lr, grad_norm), local = self._metrics(kept.outputs, step - kept.step)
         self._dispatch_all(self.monitor.step(kept.step, loss=loss, lr=lr, grad_norm=grad_norm, samples=kept.samples,
-                                             tokens=kept.tokens, time=kept.time))
+                                             tokens=kept.tokens, time=kept.time, local_grad_norm=local))
 
     def _flush(self, step: int) -> None:
         """Report the step kept by deferred_read, if any (`step`: the step now)."""

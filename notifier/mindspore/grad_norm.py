@@ -7,6 +7,12 @@ cells return MindFormers' layout, `(loss, overflow, scaling_sens, lr, global_nor
 `MonitorCallback` copies one tensor to the host per sampled step instead of three. `packed=False`
 gives the bare 5-tuple (what MindFormers' own MFLossMonitor reads LR and norm from). The LR comes
 from inside the graph too, where reading it is free.
+
+In a data-parallel run (the cell's gradient reducer on) the norm returned is that of the reduced
+gradient, the same on every rank, and `metrics` has a fourth value (shape (4,), `LOCAL_METRICS`):
+this rank's own norm, of its gradients before the all-reduce. It is computed from what the rank
+already holds, a few kernels more and no collective: what tells a rank with a bad shard or a failing
+card apart from the others, which the reduced norm cannot.
 """
 
 from __future__ import annotations
@@ -24,20 +30,24 @@ def global_norm(grads: Any) -> Any:
 
 
 METRICS = ("loss", "lr", "grad_norm")  # the order of the packed `metrics` tensor
+LOCAL_METRICS = (*METRICS, "local_grad_norm")  # ... in a data-parallel run: this rank's norm before the all-reduce
 
 
-def pack_metrics(loss: Any, lr: Any, norm: Any) -> Any:
-    """`METRICS` as one float32 tensor of shape (3,): one device-to-host copy reads them all. Each is
-    taken as its first element (a loss of shape (1,), a per-group LR's first group). Usable inside `ms.jit`."""
-    return ops.stack([ops.cast(ops.reshape(x, (-1,))[0], ms.float32) for x in (loss, lr, norm)])
+def pack_metrics(loss: Any, lr: Any, norm: Any, local_norm: Any = None) -> Any:
+    """`METRICS` as one float32 tensor of shape (3,), or `LOCAL_METRICS` (4,) with a `local_norm`: one
+    device-to-host copy reads them all. Each is taken as its first element (a loss of shape (1,), a
+    per-group LR's first group). Usable inside `ms.jit`."""
+    if local_norm is None:
+        return ops.stack([ops.cast(ops.reshape(x, (-1,))[0], ms.float32) for x in (loss, lr, norm)])
+    return ops.stack([ops.cast(ops.reshape(x, (-1,))[0], ms.float32) for x in (loss, lr, norm, local_norm)])
 
 
-def _outputs(cell: Any, loss: Any, overflow: Any, scaling_sens: Any, lr: Any, norm: Any) -> Any:
+def _outputs(cell: Any, loss: Any, overflow: Any, scaling_sens: Any, lr: Any, norm: Any, local: Any = None) -> Any:
     """The train cells' outputs: MindFormers' 5-tuple, then the packed metrics unless `cell.packed` is off
-    (with an LR per parameter group, the first group's is packed)."""
+    (with an LR per parameter group, the first group's is packed; `local`: the rank's own norm, if any)."""
     if cell.packed:
         first_lr = lr[0] if cell.optimizer.is_group_lr else lr
-        return loss, overflow, scaling_sens, lr, norm, pack_metrics(loss, first_lr, norm)
+        return loss, overflow, scaling_sens, lr, norm, pack_metrics(loss, first_lr, norm, local)
     return loss, overflow, scaling_sens, lr, norm
 
 
@@ -64,13 +74,14 @@ class TrainStepWithGradNorm(nn.TrainOneStepCell):  # type: ignore[misc]
     def construct(self, *inputs: Any) -> Any:
         loss = self.network(*inputs)
         grads = self.grad_no_sens(self.network, self.weights)(*inputs)
+        local = global_norm(grads) if self.reducer_flag else None  # data parallel: this rank's own, no collective
         grads = self.grad_reducer(grads)
         norm = global_norm(grads)
         if self.clip_norm is not None:
             grads = _clip(grads, norm, self.clip_norm)
         lr = self.optimizer.get_lr()
         loss = ops.depend(loss, self.optimizer(grads))
-        return _outputs(self, loss, self.no_overflow, self.one, lr, norm)
+        return _outputs(self, loss, self.no_overflow, self.one, lr, norm, local)
 
 
 class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type: ignore[misc]
@@ -96,6 +107,7 @@ class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type:
         scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
         grads = self.grad(self.network, weights)(*inputs, scaling_sens_filled)
         grads = tuple(g / ops.cast(scaling_sens, g.dtype) for g in grads)
+        local = global_norm(grads) if self.reducer_flag else None  # data parallel: this rank's own, no collective
         grads = self.grad_reducer(grads)
         norm = global_norm(grads)
         if self.norm_overflow:  # noqa: SIM108 - graph-mode code: a plain branch on a constant
@@ -108,4 +120,4 @@ class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type:
         lr = self.optimizer.get_lr()
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))
-        return _outputs(self, loss, cond, scaling_sens, lr, norm)
+        return _outputs(self, loss, cond, scaling_sens, lr, norm, local)

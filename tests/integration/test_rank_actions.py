@@ -7,6 +7,7 @@ JobControl, BotTransport) in process; and a real 2-rank data-parallel MindSpore 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -26,9 +27,9 @@ from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
 JOB = Path(__file__).parents[1] / "fakes" / "jobs" / "data_parallel_job.py"
 
 
-def config(tmp_path, **commands):
+def config(tmp_path, project="llm", **commands):
     return {"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),
-                    "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"},
+                    "tokens": [{"project": project, "env": "MSMON_TEST_TOKEN"},
                                {"project": "other", "env": "MSMON_OTHER_TOKEN"}],
                     "console": {"charts": False},
                     "commands": {"operators": [{"user": "cli:ops", "env": "MSMON_OPERATOR"}],
@@ -189,8 +190,9 @@ def _command(bot, text: str) -> dict:
 @pytest.mark.slow
 def test_a_pause_fired_on_one_ranks_alert_pauses_every_rank_at_the_same_step(tmp_path, env):
     msrun = _msrun()
-    bot = BotServer(config(tmp_path, apply_lead=0.5))  # margin for a 2-core CI machine running both ranks
-    job = _launch(msrun, tmp_path, bot.url, MSMON_DP_ACTIONS=PAUSE_ON_SPIKE, MSMON_DP_SPIKE="1:300:5")
+    bot = BotServer(config(tmp_path, project="*", apply_lead=0.5))  # margin for a 2-core CI machine
+    job = _launch(msrun, tmp_path, bot.url, MSMON_DP_ACTIONS=PAUSE_ON_SPIKE, MSMON_DP_SPIKE="1:300:5",
+                  MSMON_DP_CSV=str(tmp_path / "csv"))
     try:
         def rule_command() -> dict | None:
             row = bot.store.db.execute("SELECT id FROM commands WHERE source LIKE 'rule %'").fetchone()
@@ -208,6 +210,19 @@ def test_a_pause_fired_on_one_ranks_alert_pauses_every_rank_at_the_same_step(tmp
         time.sleep(1.0)  # both ranks stay at the paused step
         run = bot.store.run("dp-run")
         assert run["paused"] and run["last_step"] == cmd["apply_step"]
+        # each rank reports its own grad norm before the all-reduce beside the reduced one (the same on both)
+        by_rank = []
+        for dev in ("0", "1"):
+            with open(tmp_path / "csv" / f"dp-run-{dev}.csv", encoding="utf-8") as f:
+                by_rank.append({int(r["step"]): r for r in csv.DictReader(f) if r["local_grad_norm"]})
+        common = sorted(set(by_rank[0]) & set(by_rank[1]))
+        assert len(common) > 200, len(common)
+        for step in common:
+            assert float(by_rank[0][step]["grad_norm"]) == pytest.approx(float(by_rank[1][step]["grad_norm"]), rel=1e-4)
+        local = [{st: float(r["local_grad_norm"]) for st, r in rows.items()} for rows in by_rank]
+        assert any(local[0][st] != pytest.approx(local[1][st], rel=1e-3) for st in common[:50])  # own shards differ
+        # the bad shard's first steps: rank 1's own norm stands out (the next steps move rank 0's weights too)
+        assert all(local[1][st] > 3 * local[0][st] for st in (300, 301)), [(local[0][s], local[1][s]) for s in common]
         resumed = _command(bot, "resume dp-run")
         assert set(resumed["results"]) == {"0", "1"}
         assert all("resumed at step" in r["detail"] for r in resumed["results"].values())

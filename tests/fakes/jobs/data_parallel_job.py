@@ -6,7 +6,8 @@ on one rank only would hang the other.
 
 Knobs (tests/integration/test_rank_actions.py): MSMON_DP_ACTIONS, monitor_config `actions:` as JSON (an
 empty MSMON_BOT_URL: no bot at all); MSMON_DP_SPIKE=RANK:STEP:COUNT, that rank's labels shifted by 3 for
-COUNT steps from STEP (a bad shard: a loss spike on that rank only)."""
+COUNT steps from STEP (a bad shard: a loss spike on that rank only); MSMON_DP_CSV, a folder for each rank's
+CSV of samples (`dp-run-<rank>.csv`)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,9 @@ def main() -> None:
         "spool_dir": os.environ["MSMON_SPOOL_DIR"]}}}
     if not os.environ["MSMON_BOT_URL"]:
         del cfg["monitor_config"]["bot"]
+    if os.environ.get("MSMON_DP_CSV"):
+        cfg["monitor_config"]["csv"] = {"enable": True,
+                                        "path": os.path.join(os.environ["MSMON_DP_CSV"], "{run_id}-{device}.csv")}
     actions = json.loads(os.environ.get("MSMON_DP_ACTIONS") or "[]")
     if actions:
         cfg["monitor_config"]["actions"] = actions
