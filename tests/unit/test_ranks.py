@@ -229,3 +229,29 @@ def test_settings_are_bounded_and_checked():
         load_bot_config({"bot": {"ranks": {"max_ranks": 10**9}}})
     with pytest.raises(ConfigError, match="outlier_error_checks"):
         load_bot_config({"bot": {"ranks": {"outlier_checks": 5, "outlier_error_checks": 2}}})
+
+
+def test_the_edge_raises_through_emit_and_retries_what_the_ingest_refused():
+    from bot.ranks.watch import RankWatch
+
+    sim = Sim(3, RanksConfig(missing_after=5.0))
+    sim.tick()
+    for _ in range(6):
+        sim.tick(skip=frozenset({2}))
+    sim.views.runs["r"].firing.clear()  # as if nothing had been raised yet
+    calls: list[tuple[str, str, int | None]] = []
+    refuse = [True]
+
+    def emit(ev: Event, project: str, labels: dict[str, str], now: float, rank: int | None) -> int:
+        if refuse[0]:
+            raise OSError("disk full")
+        calls.append((ev.rule, project, rank))
+        return 1
+
+    woken: list[int] = []
+    watch = RankWatch(sim.views, sim.cfg, emit, lambda run: {"project": "llm", "labels": {}}, lambda: sim.now,
+                      lambda: woken.append(1))
+    assert watch.check() == 0 and watch.failed == 1 and ("rank_missing", "2") not in sim.views.runs["r"].firing
+    refuse[0] = False
+    assert watch.check() == 1 and calls == [("rank_missing", "llm", 2)] and woken == [1]
+    assert watch.check() == 0  # raised once
