@@ -160,9 +160,16 @@ class Console:
         next_path = str(form.get("next", ""))
         if not same_secret(str(form.get("csrf", "")), request.cookies.get(LOGIN_COOKIE, "")):
             return self._login(next_path, "The login form expired: please try again.", 403)
+        remote = request.remote or "?"
+        wait = self.sessions.may_try(remote)
+        if wait:
+            resp = self._login(next_path, f"Too many wrong tokens from this address: try again in {wait:.0f} s.", 429)
+            resp.headers["Retry-After"] = str(max(int(wait), 1))
+            return resp
         v = self.sessions.check_token(str(form.get("token", "")))
         if v is None:
-            log.warning("msmon bot: console login refused from %s: not an operator's token", request.remote)
+            self.sessions.failed(remote)
+            log.warning("msmon bot: console login refused from %s: not an operator's token", remote)
             return self._login(next_path, "That is not an operator's token (commands.operators in bot.yaml).", 401)
         self.sessions.forget_expired()
         sid = self.sessions.login(v)

@@ -7,7 +7,8 @@ to the operator's name and a CSRF token that every POST must carry (a form field
 `X-CSRF-Token` header). A script may send `Authorization: Bearer <token>` instead: a browser never
 adds that header by itself, so such a request needs no CSRF token. Logins are bounded
 (`console.web.max_sessions`, the oldest logged out first) and expire (`console.web.session_ttl`);
-they live in memory, so a restarted bot asks for the token again.
+they live in memory, so a restarted bot asks for the token again. A remote address that sends
+`FAILURES` wrong tokens in a minute waits out the minute (429).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import msgspec
 COOKIE = "msmon_console"
 LOGIN_COOKIE = "msmon_login"  # the login form's own CSRF token (double-submit: cookie and field equal)
 CSRF_HEADER = "X-CSRF-Token"
+FAILURES, FAILURE_WINDOW = 10, 60.0  # wrong tokens a remote may send per window (seconds) before it waits
+MAX_REMOTES = 10_000  # remotes whose failures are remembered (the oldest forgotten first)
 
 
 class Viewer(msgspec.Struct, frozen=True):
@@ -41,6 +44,7 @@ class Sessions:
         self.tokens = [(project, user, token) for project, user, token in tokens if user]
         self.ttl, self.limit, self.clock = ttl, limit, clock
         self.live: OrderedDict[str, Viewer] = OrderedDict()
+        self.failures: OrderedDict[str, list[float]] = OrderedDict()  # remote -> times of its wrong tokens
 
     def check_token(self, given: str) -> Viewer | None:
         """The operator whose token `given` is, or None. Constant time over every configured token."""
@@ -77,6 +81,23 @@ class Sessions:
     def logout(self, sid: str | None) -> None:
         if sid:
             self.live.pop(sid, None)
+
+    def may_try(self, remote: str) -> float:
+        """0 when `remote` may try a token now, else the seconds until it may: after `FAILURES` wrong tokens
+        within `FAILURE_WINDOW` s a remote waits out the window (a guessed token gets nowhere)."""
+        now = self.clock()
+        times = [t for t in self.failures.get(remote, ()) if now - t < FAILURE_WINDOW]
+        if times:
+            self.failures[remote] = times
+        else:
+            self.failures.pop(remote, None)
+        return FAILURE_WINDOW - (now - times[0]) if len(times) >= FAILURES else 0.0
+
+    def failed(self, remote: str) -> None:
+        self.failures.setdefault(remote, []).append(self.clock())
+        self.failures.move_to_end(remote)
+        while len(self.failures) > MAX_REMOTES:
+            self.failures.popitem(last=False)
 
     def forget_expired(self) -> None:
         now = self.clock()

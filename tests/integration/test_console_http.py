@@ -145,6 +145,14 @@ def test_login_sets_a_strict_http_only_cookie_and_logout_ends_it(bot):
     assert code == 303 and headers["Location"] == "/console/"
 
 
+def test_guessing_tokens_is_throttled(bot):
+    c = Client(bot)
+    codes = [c.login(f"guess-{i}")[0] for i in range(11)]
+    assert codes == [401] * 10 + [429]
+    code, headers, page, _ = c.login("alice-token")  # even the right one waits out the minute
+    assert code == 429 and int(headers["Retry-After"]) > 0 and "try again in" in page
+
+
 def test_every_post_needs_the_csrf_token(bot):
     report(bot)
     c = Client(bot)

@@ -49,3 +49,16 @@ def test_pages_escape_every_value_but_their_own_markup():
                    '&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;</a><b>ok</b>')
     assert Markup("<p>") + "<i>" == "<p>&lt;i&gt;"  # text added to markup is escaped
     assert esc("a'b\x1b") == "a&#x27;b" and esc(None) == "" and esc(3) == "3"
+
+
+def test_wrong_tokens_from_one_address_make_it_wait_a_minute():
+    clock = FakeClock()
+    s = Sessions(TOKENS, ttl=600, limit=10, clock=clock)
+    for _ in range(10):
+        assert s.may_try("10.0.0.9") == 0.0
+        s.failed("10.0.0.9")
+        clock.advance(1)
+    assert s.may_try("10.0.0.9") == 50.0  # the first failure leaves the window in 50 s
+    assert s.may_try("10.0.0.8") == 0.0  # another address is not held up
+    clock.advance(50)
+    assert s.may_try("10.0.0.9") == 0.0
