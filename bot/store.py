@@ -71,7 +71,7 @@ class Store:
     def __init__(self, path: str) -> None:
         self.path = path
         self.owner = "sqlite"  # one process per file: a restart keeps its leases
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db: Any = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # PostgreSQL: a PgDb
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process kill
@@ -112,7 +112,7 @@ class Store:
             "INSERT INTO leases(name, owner, until) VALUES(?,?,?) ON CONFLICT(name) DO UPDATE SET"
             " owner=excluded.owner, until=excluded.until WHERE leases.owner=excluded.owner OR leases.until<?",
             (name, owner, now + ttl, now))
-        return cur.rowcount == 1
+        return bool(cur.rowcount == 1)
 
     def lock_run(self, run_id: str) -> None:
         """Inside a transaction: no other writer decides on this run's alerts until it ends. One SQLite
@@ -327,7 +327,7 @@ class Store:
         """After a restart: what waited for a retry is due at once (the outage may be long over)."""
         cur = self.db.execute(f"UPDATE outbox SET next_at=? WHERE {self._PENDING} AND next_at>? AND attempts>0",
                               (now, now))
-        return cur.rowcount
+        return int(cur.rowcount)
 
     def depth(self) -> int:
         return int(self.db.execute(f"SELECT COUNT(*) FROM outbox WHERE {self._PENDING}").fetchone()[0])
@@ -446,7 +446,7 @@ class CommandLog:
         self.db.execute("DELETE FROM slack_signed WHERE ts<?", (horizon,))
         cur = self.db.execute("INSERT INTO slack_signed(signature, ts) VALUES(?,?) ON CONFLICT DO NOTHING",
                               (signature, ts))
-        return cur.rowcount == 1
+        return bool(cur.rowcount == 1)
 
     def add_level_change(self, *, run_id: str, device: str, step: int, at: float, rule: str, action: str, who: str,
                          why: str, detail: str, command_id: str | None) -> None:
@@ -503,7 +503,7 @@ class EscalationLog:
         """Take or renew the lease of an escalation; False when another owner holds it."""
         cur = self.db.execute("UPDATE escalations SET owner=?, lease_until=? WHERE id=? AND (owner IS NULL OR"
                               " owner=? OR lease_until<?)", (owner, now + lease, esc_id, owner, now))
-        return cur.rowcount == 1
+        return bool(cur.rowcount == 1)
 
     def save(self, esc_id: int, *, next_step: int, state: str, paused_at: float | None, shift: float,
              acked_by: str | None, closed_at: float | None) -> None:
@@ -534,7 +534,7 @@ class EscalationLog:
         """Record an ack link as used; False when it was used before."""
         cur = self.db.execute("INSERT INTO ack_links_used(nonce, used_at, \"user\") VALUES(?,?,?)"
                               " ON CONFLICT DO NOTHING", (nonce, now, user))
-        return cur.rowcount == 1
+        return bool(cur.rowcount == 1)
 
     def end_run(self, run_id: str, at: float, step: int | None) -> None:
         """The job said it ended normally (a final heartbeat)."""

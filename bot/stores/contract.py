@@ -70,7 +70,8 @@ class StoreContract(Protocol):
     silences, leases; `commands` and `escalations` as above. Calls are synchronous; `tx()` is one
     transaction (rolled back on an exception); outside one, each call commits on its own."""
 
-    dialect: str
+    @property
+    def dialect(self) -> str: ...
     shared: bool
     owner: str
     Error: type[Exception]

@@ -37,6 +37,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
+from psycopg.conninfo import make_conninfo
 
 from .. import migrations
 from ..delivery import GroupKey, OutboxRow
@@ -110,14 +111,13 @@ class PgDb:
 
     def __init__(self, url: str, schema: str | None) -> None:
         self.url, self.schema = url, schema
+        # The schema as the session's search_path, for every connection (a reconnection, the listener's).
+        self.conninfo = make_conninfo(url, options=f"-c search_path={schema}") if schema else url
         self.conn = self._connect()
         self.in_tx = False
 
     def _connect(self) -> psycopg.Connection[Any]:
-        kwargs: dict[str, Any] = {"autocommit": True, "row_factory": _rows, "connect_timeout": 10}
-        if self.schema is not None:
-            kwargs["options"] = f"-c search_path={self.schema}"
-        return psycopg.connect(self.url, **kwargs)
+        return psycopg.connect(self.conninfo, autocommit=True, row_factory=_rows, connect_timeout=10)
 
     def _live(self) -> psycopg.Connection[Any]:
         if self.conn.closed and not self.in_tx:
@@ -127,12 +127,12 @@ class PgDb:
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
         text, named = translate(sql)
-        return self._live().execute(text, _params(args, named))  # type: ignore[arg-type]
+        return self._live().execute(text, _params(args, named))
 
     def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> psycopg.Cursor[Any]:
         text, named = translate(sql)
         cur = self._live().cursor()
-        cur.executemany(text, [_params(a, named) for a in seq])  # type: ignore[arg-type]
+        cur.executemany(text, [_params(a, named) for a in seq])
         return cur
 
     def raw(self, query: Any, args: Sequence[Any] | dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
@@ -168,8 +168,8 @@ class PostgresStore(Store):
         self.owner = f"bot-{uuid.uuid4().hex[:12]}"
         if schema is not None:
             self._create_schema(url, schema)
-        self.db = PgDb(url, schema)
-        current = self.db.raw("SELECT current_schema() AS s").fetchone()
+        self.db = self.pg = PgDb(url, schema)
+        current = self.pg.raw("SELECT current_schema() AS s").fetchone()
         if current is None or current["s"] is None:
             raise psycopg.OperationalError(f"no schema to create the tables in on {self.path}: its search_path names "
                                            "none that exists; set bot.store.schema")
@@ -197,7 +197,7 @@ class PostgresStore(Store):
         return self.path
 
     def _migrate(self) -> None:
-        db = self.db
+        db = self.pg
         key = lock_key(f"msmon.migrate.{self.schema}")
         db.raw("SELECT pg_advisory_lock(%s)", (key,))
         try:
@@ -213,7 +213,7 @@ class PostgresStore(Store):
             db.raw("SELECT pg_advisory_unlock(%s)", (key,))
 
     def schema_version(self) -> int:
-        row = self.db.raw("SELECT MAX(version) AS v FROM schema_version").fetchone()
+        row = self.pg.raw("SELECT MAX(version) AS v FROM schema_version").fetchone()
         return int(row["v"] or 0) if row else 0
 
     def tx(self) -> contextlib.AbstractContextManager[Any]:
@@ -222,7 +222,7 @@ class PostgresStore(Store):
     @contextlib.contextmanager
     def _tx(self) -> Iterator[PgDb]:
         try:
-            with self.db.transaction() as db:
+            with self.pg.transaction() as db:
                 yield db
         except BaseException:
             self._forget()
@@ -231,11 +231,11 @@ class PostgresStore(Store):
     # -- several writers -------------------------------------------------------------------------
 
     def lock_run(self, run_id: str) -> None:
-        self.db.raw("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"run:{run_id}"),))
+        self.pg.raw("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"run:{run_id}"),))
 
     def lease(self, name: str, owner: str, now: float, ttl: float) -> bool:
         """As Store.lease, timed by the database's clock (`now` is not used)."""
-        cur = self.db.raw(
+        cur = self.pg.raw(
             f"INSERT INTO leases(name, owner, until) VALUES(%s, %s, {DB_NOW} + %s) ON CONFLICT(name) DO UPDATE SET"
             f" owner=excluded.owner, until=excluded.until WHERE leases.owner=excluded.owner OR leases.until<{DB_NOW}",
             (name, owner, ttl))
@@ -246,7 +246,7 @@ class PostgresStore(Store):
         """One upsert: the devices merged, the last step moved only forward, whoever wrote before."""
         import json
 
-        self.db.raw(
+        self.pg.raw(
             "INSERT INTO runs(run_id, project, labels, devices, first_seen, last_seen, last_step, last_heartbeat,"
             " last_progress, paused) VALUES(%(run)s, %(project)s, %(labels)s, %(devices)s, %(now)s, %(now)s, %(step)s,"
             " CASE WHEN %(hb)s THEN %(now)s END, %(now)s, %(paused0)s)"
@@ -275,15 +275,15 @@ class PostgresStore(Store):
         replica holds one of them (its lease runs) or is claiming them right now (a row is locked)."""
         where = f"{Store._PENDING} AND receiver=%s AND channel=%s AND key=%s AND kind=%s"
         with self.tx():
-            rows = list(self.db.raw(f"SELECT {OUTBOX_COLUMNS}, claimed_by, claim_until, {DB_NOW} AS db_now"
+            rows = list(self.pg.raw(f"SELECT {OUTBOX_COLUMNS}, claimed_by, claim_until, {DB_NOW} AS db_now"
                                     f" FROM outbox WHERE {where} ORDER BY id FOR UPDATE SKIP LOCKED", group))
-            total = self.db.raw(f"SELECT COUNT(*) AS n FROM outbox WHERE {where}", group).fetchone()
+            total = self.pg.raw(f"SELECT COUNT(*) AS n FROM outbox WHERE {where}", group).fetchone()
             if not rows or total is None or len(rows) < total["n"]:
                 return []
             if any(r["claimed_by"] not in (None, self.owner) and r["claim_until"] >= r["db_now"] for r in rows):
                 return []
             ids = [r["id"] for r in rows]
-            self.db.raw(f"UPDATE outbox SET claimed_by=%s, claim_until={DB_NOW} + %s WHERE id = ANY(%s)",
+            self.pg.raw(f"UPDATE outbox SET claimed_by=%s, claim_until={DB_NOW} + %s WHERE id = ANY(%s)",
                         (self.owner, self.lease_s, ids))
         names = OUTBOX_COLUMNS.replace(" ", "").split(",")
         return [OutboxRow(**{k: r[k] for k in names}) for r in rows]
@@ -292,7 +292,7 @@ class PostgresStore(Store):
 
     def _notify(self, run_id: str) -> None:
         """A command for `run_id` is queued: every replica's listener hears it when this transaction commits."""
-        self.db.raw("SELECT pg_notify(%s, %s)", (self.channel, run_id))
+        self.pg.raw("SELECT pg_notify(%s, %s)", (self.channel, run_id))
 
     async def listen(self, on_command: Callable[[str | None], None], stop: Any) -> None:
         """LISTEN on this schema's channel until `stop` is set: `on_command(run_id)` per notification, and
@@ -300,9 +300,8 @@ class PostgresStore(Store):
         delay = 1.0
         while not stop.is_set():
             try:
-                async with await psycopg.AsyncConnection.connect(
-                        self.url, autocommit=True, connect_timeout=10,
-                        **({"options": f"-c search_path={self.db.schema}"} if self.db.schema else {})) as conn:
+                async with await psycopg.AsyncConnection.connect(self.pg.conninfo, autocommit=True,
+                                                                 connect_timeout=10) as conn:
                     await conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))
                     on_command(None)
                     delay = 1.0
