@@ -20,10 +20,10 @@ pytest.importorskip("aiohttp")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _start(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+def _start(tmp_path: Path, env: dict[str, str], commands: str = "") -> tuple[subprocess.Popen[str], str]:
     cfg = tmp_path / "bot.yaml"
     cfg.write_text("bot:\n  host: 127.0.0.1\n  port: 0\n  state_path: " + str(tmp_path / "bot.sqlite") +
-                   "\n  tokens:\n    - {project: \"*\", env: T_JOB}\n  commands:\n    long_poll: 30\n")
+                   "\n  tokens:\n    - {project: \"*\", env: T_JOB}\n  commands:\n    long_poll: 30\n" + commands)
     p = subprocess.Popen([sys.executable, "-m", "msmon.cli.main", "serve", "--config", str(cfg)], cwd=tmp_path,
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout is not None
@@ -66,3 +66,25 @@ def test_serve_says_when_it_listens_and_stops_promptly_during_a_long_poll(tmp_pa
     assert stopped < 10  # the long poll would have held it 30 s (and aiohttp's default grace is 60 s)
     assert "msmon bot: SIGTERM: stopping" in out and "msmon bot: stopped (SIGTERM, in" in out, out
     assert "1 job long poll(s) answered" in err, err
+
+
+def test_cmd_with_an_unknown_token_is_told_what_to_add_and_a_known_one_gets_help(tmp_path: Path) -> None:
+    env = {**os.environ, "T_JOB": "job-token-1234567890", "T_OP": "operator-token-1234567890",
+           "PYTHONPATH": str(ROOT)}
+    cfg_extra = "    operators:\n      - {user: \"cli:me\", env: T_OP}\n"
+    proc, url = _start(tmp_path, env, cfg_extra)
+    try:
+        def cmd(token: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "msmon.cli.main", "cmd", "help", "--bot", url],
+                                  env={**env, "MSMON_OPERATOR_TOKEN": token}, capture_output=True, text=True,
+                                  timeout=60)
+
+        wrong = cmd("not-a-token-of-this-bot")
+        assert wrong.returncode == 2 and "HTTP 401" in wrong.stderr, wrong.stderr
+        assert "commands.operators" in wrong.stderr and "env: MSMON_OPERATOR_TOKEN}" in wrong.stderr
+        right = cmd("operator-token-1234567890")
+        assert right.returncode == 0, right.stderr
+        assert right.stdout.startswith("c1: ") and "status" in right.stdout  # help, with its command-log id
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
