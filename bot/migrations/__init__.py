@@ -50,8 +50,13 @@ def migrations(dialect: Dialect) -> list[Migration]:
 
 
 def pending(dialect: Dialect, applied: int) -> list[Migration]:
-    """The migrations after version `applied` (the store's highest schema_version)."""
-    return [m for m in migrations(dialect) if m.version > applied]
+    """The migrations after version `applied` (the store's highest schema_version). A schema newer than
+    this msmon's is refused: an older replica must not write to tables it does not know."""
+    known = migrations(dialect)
+    if applied > len(known):
+        raise ValueError(f"the {dialect} schema is at version {applied}, newer than this msmon's {len(known)}: "
+                         "run the newer msmon (upgrade every replica)")
+    return [m for m in known if m.version > applied]
 
 
 def latest(dialect: Dialect) -> int:

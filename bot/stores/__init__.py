@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import TYPE_CHECKING
 
 from ..store import Store
@@ -28,11 +29,14 @@ def open_store(cfg: BotConfig) -> Store:
     """The store of `cfg`: bot.store.url when set (sqlite:///path or postgresql://...), else the SQLite file
     bot.state_path."""
     url = cfg.store.url
-    if url is None:
-        return Store(cfg.state_path)
-    path = sqlite_path(url)
+    path = cfg.state_path if url is None else sqlite_path(url)
     if path is not None:
-        return Store(path)
+        try:
+            return Store(path)
+        except (sqlite3.Error, ValueError) as exc:
+            raise StoreUnavailable(f"cannot open the SQLite store {path}: {exc}; check the file, its folder's "
+                                   "permissions and bot.state_path (or bot.store.url)") from exc
+    assert url is not None
     if not is_postgresql(url):
         raise ValueError(f"bot.store.url {redact(url)!r}: expected sqlite:///path or postgresql://...")
     try:

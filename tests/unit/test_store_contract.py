@@ -356,3 +356,11 @@ def test_the_store_url_is_checked_and_its_password_never_shown(tmp_path: Any) ->
     with pytest.raises(StoreUnavailable) as gone:
         open_store(down)
     assert "s3cret" not in str(gone.value) and "127.0.0.1:1" in str(gone.value)
+
+
+def test_a_schema_newer_than_this_msmon_is_refused(store: Store, tmp_path: Any) -> None:
+    store.db.execute("INSERT INTO schema_version(version, name, applied_at) VALUES(99, 'future', 0)")
+    url = f"sqlite:///{store.path}" if store.dialect == "sqlite" else postgres.PG_URL
+    schema = None if store.dialect == "sqlite" else store.schema  # type: ignore[attr-defined]
+    with pytest.raises(StoreUnavailable, match="version 99, newer than this msmon"):
+        open_store(load_bot_config({"bot": {"store": {"url": url, "schema": schema}}}))
