@@ -101,9 +101,6 @@ class Console:
         self.streams: set[asyncio.Task[Any]] = set()
         self.closing = asyncio.Event()
         self.static = {name: (STATIC / name).read_bytes() for name in _STATIC_TYPES}
-        if not self.sessions.tokens:
-            log.warning("msmon bot: the web console at %s/ has no operator to log in: add one to commands.operators "
-                        "in bot.yaml (user and env or file of the token)", BASE)
 
     # -- who is asking ---------------------------------------------------------------------------------
 
@@ -320,9 +317,12 @@ class Console:
             quiet += interval
 
     async def started(self, app: web.Application) -> None:
+        port = self.cfg.port or "<port>"
         where = (self.wc.public_url or "").rstrip("/") + BASE + "/" if self.wc.public_url else \
-            f"http://{self.cfg.host}:<port>{BASE}/" if self.cfg.host not in ("0.0.0.0", "::") else f"<this host>{BASE}/"
-        who = ", ".join(u for _, u, _ in self.sessions.tokens) or "nobody yet (add commands.operators)"
+            f"http://{self.cfg.host}:{port}{BASE}/" if self.cfg.host not in ("0.0.0.0", "::") else \
+            f"http://<this host>:{port}{BASE}/"
+        who = ", ".join(u for _, u, _ in self.sessions.tokens) or \
+            "nobody yet: add an operator to commands.operators in bot.yaml (user, and env or file of the token)"
         log.info("msmon bot: web console at %s (log in with an operator's token: %s)", where, who)
 
     async def close_streams(self, app: web.Application) -> None:
