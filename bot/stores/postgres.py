@@ -48,6 +48,7 @@ log = logging.getLogger("msmon.bot")
 
 _NUMBERED = re.compile(r"\?(\d+)")
 DB_NOW = "extract(epoch from clock_timestamp())"
+STATEMENT_TIMEOUT_MS = 10_000
 
 
 class Row:
@@ -111,8 +112,10 @@ class PgDb:
 
     def __init__(self, url: str, schema: str | None) -> None:
         self.url, self.schema = url, schema
-        # The schema as the session's search_path, for every connection (a reconnection, the listener's).
-        self.conninfo = make_conninfo(url, options=f"-c search_path={schema}") if schema else url
+        # For every connection (a reconnection, the listener's): the schema as the search_path, and a bound on
+        # any statement (the calls are synchronous: a stuck lock or server holds the event loop at most this).
+        options = f"-c statement_timeout={STATEMENT_TIMEOUT_MS}" + (f" -c search_path={schema}" if schema else "")
+        self.conninfo = make_conninfo(url, options=options, keepalives_idle=30)
         self.conn = self._connect()
         self.in_tx = False
 
