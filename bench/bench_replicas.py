@@ -121,11 +121,10 @@ class Replicas:
         self.tmp = tempfile.mkdtemp(prefix="msmon-bench-replicas-")
         self.ports = [_free_port() for _ in range(n)]
         self.procs = []
-        for i, port in enumerate(self.ports):
+        for i, port in enumerate(self.ports):  # one after the other: the first migrates a fresh schema
             cfg = json.dumps(_config(self.tmp, i, nats, store))
             self.procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--replica", cfg,
                                                 str(port)], env={**os.environ, "PYTHONUNBUFFERED": "1"}))
-        for port in self.ports:
             _wait_port(port)
 
     @property
@@ -163,14 +162,13 @@ async def _latencies(session: Any, urls: list[str], since: float = 0.0) -> list[
 
 
 async def _level(ranks: int, seconds: float, transport: str, urls: list[str], nats: dict[str, Any] | None,
-                 procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+                 procs: list[subprocess.Popen[bytes]], tag: str, step_of: list[int]) -> dict[str, Any]:
     """N ranks, one envelope each a second, for `seconds` after a 2 s warm-up; the figures."""
     import aiohttp
 
     from msmon.contract.subjects import MSG_ID_HEADER, TOKEN_HEADER, subject
     from msmon.contract.wire import Envelope, Sample, encode
 
-    tag = uuid.uuid4().hex[:6]
     ids = [(f"bench-{tag}-{r // RANKS_PER_RUN}", str(r % RANKS_PER_RUN)) for r in range(ranks)]
     sent = [0]
     failed = [0]
@@ -211,11 +209,12 @@ async def _level(ranks: int, seconds: float, transport: str, urls: list[str], na
     tasks: set[asyncio.Task[None]] = set()
     start = time.monotonic()
     total = seconds + 2.0
-    step_of = [0] * ranks
+    step_of.extend([0] * (ranks - len(step_of)))  # the fleet's ranks keep their steps from level to level
     tick = 0.01
     measured_from = start + 2.0
     measured_wall = time.time() + 2.0
     cpu0: list[float] = []
+    sender0 = 0.0
     lat: list[float] = []
     offered = 0
     next_r = 0.0
@@ -226,6 +225,7 @@ async def _level(ranks: int, seconds: float, transport: str, urls: list[str], na
         if not cpu0 and now >= measured_from:
             await _latencies(session, urls)  # the warm-up's, dropped
             cpu0 = [_cpu_seconds(p.pid) for p in procs]
+            sender0 = _cpu_seconds(os.getpid())
             offered = 0
         due = ranks * (now - start)  # ranks sent since the start, spread evenly over each second
         while next_r < due:
@@ -242,6 +242,7 @@ async def _level(ranks: int, seconds: float, transport: str, urls: list[str], na
         await asyncio.sleep(tick)
     wall = time.monotonic() - measured_from
     cpu = [(_cpu_seconds(p.pid) - c) / wall for p, c in zip(procs, cpu0, strict=True)]
+    sender = (_cpu_seconds(os.getpid()) - sender0) / wall
     if tasks:
         await asyncio.wait(tasks, timeout=5)
     await asyncio.sleep(1.5)  # what was sent in the last second is ingested
@@ -257,7 +258,8 @@ async def _level(ranks: int, seconds: float, transport: str, urls: list[str], na
             "cpu_ms_per_envelope": round(1000 * sum(cpu) * wall / ingested, 3), "load_avg_1m": os.getloadavg()[0],
             "p50_s": statistics.median(lat) if lat else float("inf"), "p99_s": p99, "failed": failed[0],
             "cpu_cores": [round(c, 2) for c in cpu], "rss_mb": [round(_rss_mb(p.pid)) for p in procs],
-            "sender_waited": int(behind[0]), "kept_up": p99 < 1.0 and in_time >= 0.97 * offered}
+            "sender_waited": int(behind[0]), "sender_cpu_cores": round(sender, 2),
+            "kept_up": p99 < 1.0 and in_time >= 0.97 * offered}
 
 
 def run(transport: str, replicas: int, levels: list[int], seconds: float, nats_url: str,
@@ -269,10 +271,11 @@ def run(transport: str, replicas: int, levels: list[int], seconds: float, nats_u
                 "memory": True}
     group = Replicas(replicas, nats, store)
     results = []
+    steps: list[int] = []  # each rank's last step (one fleet: a level's ranks are its first N, the others idle)
     try:
         time.sleep(3.0 if nats else 0.5)  # the replicas set up the stream and the consumer
         for n in levels:
-            res = asyncio.run(_level(n, seconds, transport, group.urls, nats, group.procs))
+            res = asyncio.run(_level(n, seconds, transport, group.urls, nats, group.procs, tag, steps))
             res.update(transport=transport, replicas=replicas)
             print(json.dumps(res), flush=True)
             results.append(res)
@@ -287,6 +290,14 @@ def run(transport: str, replicas: int, levels: list[int], seconds: float, nats_u
     return results
 
 
+def _drop_schema(url: str, schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replica", nargs=2, metavar=("CONFIG_JSON", "PORT"), help=argparse.SUPPRESS)
@@ -296,6 +307,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
     ap.add_argument("--store-json", default="{}", help="bot.yaml keys of a shared store, e.g. the PostgreSQL one")
+    ap.add_argument("--postgres", metavar="URL", help="replicas on this PostgreSQL (a fresh schema, dropped after), "
+                    "e.g. postgresql://postgres@127.0.0.1:5432/test")
     ap.add_argument("--all-levels", action="store_true", help="go on past the first level not kept up with")
     args = ap.parse_args()
     if args.replica:
@@ -306,11 +319,19 @@ def main() -> None:
     summary = []
     for transport in args.transport.split(","):
         for n in (int(x) for x in args.replicas.split(",")):
-            if n > 1 and not store:
-                print(f"# {n} replicas need a shared store (--store-json with the PostgreSQL store's keys); "
+            if n > 1 and not store and not args.postgres:
+                print(f"# {n} replicas need a shared store (--postgres URL, or --store-json); "
                       "skipped", flush=True)
                 continue
-            results = run(transport, n, levels, args.seconds, args.nats, store, not args.all_levels)
+            schema = None
+            if args.postgres:
+                schema = f"msmon_bench_{uuid.uuid4().hex[:12]}"
+                store = {"store": {"url": args.postgres, "schema": schema}}
+            try:
+                results = run(transport, n, levels, args.seconds, args.nats, store, not args.all_levels)
+            finally:
+                if schema:
+                    _drop_schema(args.postgres, schema)
             kept = [r for r in results if r["kept_up"]]
             best = kept[-1] if kept else None
             cost = statistics.median(r["cpu_ms_per_envelope"] for r in results)
