@@ -25,6 +25,16 @@ what can be read is kept, a field that is there but unreadable is missing (None)
 progress line's `%.5f`) must look like it, so `loss: 10649` (the dot lost) is missing, not ten thousand.
 `per_step_time`, `overflow cond`, `loss_scale` and `train_throughput_per_npu` are not read (msmon has no
 field for them; the time comes from the timestamps).
+
+A data-parallel run's per-rank values come from MindFormers' `TrainingStateMonitor` (monitor_config
+`device_local_loss_format` / `device_local_norm_format` with 'log'), one line each in the rank's own log:
+
+    state    Epoch:[%3d/%3d], step:[%5d/%5d] %s: %.4f      (%s: device_accum_local_loss, device_local_norm)
+
+read into the record of the same step (`local_loss`, `local_grad_norm`: the rank's own loss and its gradient
+norm before the all-reduce), or a record of their own when MFLossMonitor did not print that step. Its
+`dump_path/rank_N/*.npy` files are the graph's transient dumps, removed by the callback as it reads them:
+the logs (or TensorBoard's `rank_N` folders, msmon.offline.readers) are what a finished run keeps.
 """
 
 from __future__ import annotations
@@ -48,6 +58,9 @@ class Record:
     grad_norm: float | None = None
     throughput: float | None = None  # samples/s per device, from the progress line after it
     time: float | None = None  # seconds since the epoch, from the line's timestamp
+    local_loss: float | None = None  # TrainingStateMonitor's device_accum_local_loss: this rank's own loss
+    local_grad_norm: float | None = None  # its device_local_norm: this rank's grad norm before the all-reduce
+    printed: bool = True  # False: only TrainingStateMonitor's lines so far (MFLossMonitor's may follow)
 
 
 @dataclass
@@ -78,9 +91,12 @@ _VALUE = r"(\[[^\]]*\]|Tensor\([^)]*\)|[^,\s]*)"
 _LOSS = re.compile(r"(?<![\w-])loss(?!\w)" + _K + _VALUE)
 _LR = re.compile(r"(?<![\w-])lr(?!\w)" + _K + _VALUE)
 _NORM = re.compile(r"global_norm" + _K + _VALUE)
+_STATE = re.compile(r"\]\s+(device_accum_local_loss|device_local_norm)\s*:\s*(\S+)\s*$")  # after step:[s/S]
+_STATE_FIELD = {"device_accum_local_loss": "local_loss", "device_local_norm": "local_grad_norm"}
 _PROGRESS = re.compile(r"\d+(?:\.\d+)?%\s*\|[^|]*\|\s*(\S*)\s*samples/s/p")
 _STAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\d{1,6}))?")
 _FIXED3 = re.compile(r"-?\d+\.\d{3}|-?nan|-?inf", re.IGNORECASE)  # %5.3f
+_FIXED4 = re.compile(r"-?\d+\.\d{4}|-?nan|-?inf", re.IGNORECASE)  # %.4f (TrainingStateMonitor): a cut one is missing
 _FIXED5 = re.compile(r"\d+\.\d{5}|nan|inf", re.IGNORECASE)  # %.5f
 _FLOAT = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)", re.IGNORECASE)
 
@@ -176,6 +192,26 @@ def records(lines: Iterable[str], report: Report | None = None) -> Iterator[Reco
         epoch, in_epoch, per_epoch = where
         first_epoch = min(first_epoch, epoch)
         step = (epoch - first_epoch) * per_epoch + in_epoch
+        state = _STATE.search(line.text)
+        if state is not None:  # TrainingStateMonitor: a rank's own value, for this step's record
+            if pending is None or pending.step != step:
+                if pending is not None:
+                    yield pending
+                pending = Record(number, step, time=_timestamp(prefix), printed=False)
+                bar_due = False
+            raw = _strip(state.group(2))
+            value = float(raw) if _FIXED4.fullmatch(raw) else None
+            if value is None:
+                rep.missing.append((number, state.group(1), state.group(2)))
+            setattr(pending, _STATE_FIELD[state.group(1)], value)
+            continue
+        if pending is not None and pending.step == step and not pending.printed:
+            # MFLossMonitor's line after TrainingStateMonitor's for the same step: one record
+            pending.line, pending.printed = number, True
+            pending.loss, pending.lr = line.value("loss", _LOSS, _FIXED3), line.value("lr", _LR)
+            pending.grad_norm, pending.time = line.value("global_norm", _NORM), _timestamp(prefix) or pending.time
+            bar_due = True
+            continue
         if pending is not None:
             yield pending
         pending = Record(number, step, loss=line.value("loss", _LOSS, _FIXED3), lr=line.value("lr", _LR),

@@ -41,8 +41,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "time": ("time", "timestamp"),
     "time_ms": ("train_time_ms_cumulative",),
     "device": ("device", "rank"),
+    # a data-parallel rank's own values (msmon's local_grad_norm; MindFormers' TrainingStateMonitor tags)
+    "local_loss": ("local_loss", "device_accum_local_loss"),
+    "local_grad_norm": ("local_grad_norm", _TB["local_grad_norm"], "device_local_norm"),
 }
 METRICS = ("loss", "lr", "grad_norm", "throughput")
+LOCAL = ("local_loss", "local_grad_norm")  # read where present; never the only metric a log must have
 # Spellings accepted on the left of --columns, for the Row field they mean.
 KEY_SYNONYMS = {"learning_rate": "lr", "tokens_per_s": "throughput", "iteration": "step"}
 FORMATS = ("csv", "jsonl", "tensorboard", "mindformers")
@@ -64,6 +68,8 @@ class Row:
     throughput: float | None = None
     time: float | None = None
     device: str | None = None
+    local_loss: float | None = None  # the rank's own loss (data parallel), where the log has it
+    local_grad_norm: float | None = None  # the rank's own grad norm before the all-reduce
 
 
 def parse_columns(spec: str | None) -> dict[str, str]:
@@ -161,7 +167,7 @@ class _StepOrder:
 
 def _row(values: Mapping[str, object], chosen: Mapping[str, str], where: str, what: str) -> Row:
     row = Row(step=_step(values.get(chosen["step"]), where, chosen["step"], what))
-    for arg in ("loss", "lr", "grad_norm", "throughput", "time"):
+    for arg in ("loss", "lr", "grad_norm", "throughput", "time", *LOCAL):
         if arg in chosen:
             setattr(row, arg, _number(values.get(chosen[arg]), where, chosen[arg], what))
     if row.time is None and "time_ms" in chosen:
@@ -175,7 +181,8 @@ def _row(values: Mapping[str, object], chosen: Mapping[str, str], where: str, wh
 
 def _has_metric(row: Row) -> bool:
     """False for rows with no training metric at all (an evaluation-only row): they are skipped."""
-    return not (row.loss is None and row.lr is None and row.grad_norm is None and row.throughput is None)
+    return not (row.loss is None and row.lr is None and row.grad_norm is None and row.throughput is None
+                and row.local_loss is None and row.local_grad_norm is None)
 
 
 # -- text formats ---------------------------------------------------------------------------------
@@ -292,7 +299,7 @@ def _json_objects(path: str, lines: Iterable[str]) -> Iterator[tuple[int, dict[s
 
 # -- TensorBoard ------------------------------------------------------------------------------------
 
-_DEVICE_DIR = re.compile(r"(?:device|rank)_(.+)")  # msmon's device_N, MindFormers' rank_N
+_DEVICE_DIR = re.compile(r"(?:device|rank)_([A-Za-z0-9][\w.-]*)")  # msmon's device_N (a slug), MindFormers' rank_N
 _TENSOR_FORMATS = {1: "<f", 2: "<d"}  # DT_FLOAT, DT_DOUBLE
 
 
@@ -379,7 +386,7 @@ def _read_event_folder(files: list[str], device: str | None,
                 if x is not None:
                     series.setdefault(v.tag, []).append((ev.step, x, ev.wall_time, path))
     where = files[0] if len(files) == 1 else os.path.dirname(files[0])
-    chosen = _choose(sorted(series), columns, where, "tag", METRICS)
+    chosen = _choose(sorted(series), columns, where, "tag", (*METRICS, *LOCAL))
     rows: dict[int, Row] = {}
     for arg, tag in chosen.items():
         order = _StepOrder()
@@ -397,10 +404,23 @@ def _read_event_folder(files: list[str], device: str | None,
 FLOPS_TAG = "model-flops-throughput-per-npu"
 
 
+def _missing_ranks(root: str, ranks: Iterable[str | None]) -> None:
+    """Say which ranks of a multi-rank run have no log (numbered 0..N-1, some absent): they are not replayed."""
+    numbers = sorted({int(r) for r in ranks if r is not None and r.isdigit()})
+    if len(numbers) < 2:
+        return
+    gone = sorted(set(range(numbers[-1] + 1)) - set(numbers))
+    if gone:
+        shown = ", ".join(map(str, gone[:10])) + (" ..." if len(gone) > 10 else "")
+        log.warning(f"{root}: logs of {len(numbers)} ranks, none of rank(s) {shown}: those are not replayed (a rank's "
+                    "log lost, or not copied with the others?); each rank present is a device of its own")
+
+
 def _read_tensorboard(root: str, columns: Mapping[str, str]) -> list[Row]:
     """Every scalar row of a run, all devices merged in step order (event files are read whole)."""
     folders = _event_files(root)
     devices = _devices(root, list(folders))
+    _missing_ranks(root, devices.values())
     read = [_read_event_folder(files, devices[folder], columns) for folder, files in folders.items()]
     rows = [r for part, _ in read for r in part]
     rows.sort(key=lambda r: (r.step, r.device or ""))
@@ -463,7 +483,8 @@ def _rank_rows(rank: str | None, files: list[str], counters: list[_Counted[bytes
             counters.append(counted)
             report = mindformers.Report()
             for rec in mindformers.records(_decoded(counted), report):
-                row = Row(rec.step, rec.loss, rec.lr, rec.grad_norm, rec.throughput, rec.time, rank)
+                row = Row(rec.step, rec.loss, rec.lr, rec.grad_norm, rec.throughput, rec.time, rank,
+                          rec.local_loss, rec.local_grad_norm)
                 if not _has_metric(row):
                     continue
                 order.check(rank, row.step, f"{path}:{rec.line}", f"{path}:{rec.line}")
@@ -481,11 +502,13 @@ def _read_mindformers(root: str, columns: Mapping[str, str]) -> LogReader:
         raise ReplayError(f"{root}: --columns does not apply to a MindFormers log: its fields are read by name "
                           "(loss, lr, global_norm, samples/s/p)")
     ranks = _rank_logs(root)
+    _missing_ranks(root, ranks)
     counters: list[_Counted[bytes]] = []
     streams = [_rank_rows(rank, files, counters) for rank, files in ranks.items()]
     rows = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda r: (r.step, r.device or ""))
     size = sum(os.path.getsize(p) for files in ranks.values() for p in files)
-    return LogReader(root, "mindformers", iter(rows), lambda: sum(c.done for c in counters), size)
+    return LogReader(root, "mindformers", iter(rows), lambda: sum(c.done for c in counters), size,
+                     tuple(r for r in ranks if r is not None))
 
 
 # -- entry point ------------------------------------------------------------------------------------
@@ -550,6 +573,7 @@ class LogReader:
     _rows: Iterator[Row] = field(repr=False)
     _done: Callable[[], int] = field(repr=False)
     _size: int = 0
+    devices: tuple[str, ...] = ()  # the ranks (devices) a folder of per-rank logs holds, when it says
 
     def __iter__(self) -> Iterator[Row]:
         return self._rows
@@ -579,7 +603,8 @@ def read_log(path: str, columns: Mapping[str, str] | None = None, fmt: str | Non
     if kind == "tensorboard":
         rows = _read_tensorboard(path, cols)
         counted_rows = _Counted(rows, lambda _: 1)
-        return LogReader(path, kind, iter(counted_rows), lambda: counted_rows.done, len(rows))
+        devices = tuple(dict.fromkeys(r.device for r in rows if r.device is not None))
+        return LogReader(path, kind, iter(counted_rows), lambda: counted_rows.done, len(rows), devices)
     if os.path.isdir(path):
         raise ReplayError(f"{path} is a folder; a {kind} log is one file")
     f = open(path, "rb")  # noqa: SIM115 - closed when the rows are exhausted (or the reader collected)

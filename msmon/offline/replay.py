@@ -27,6 +27,7 @@ from msmon.offline.robust import Despiked, despike
 from notifier.config import load_config
 from notifier.levels_effect import LEVELS_SUFFIX, read_level_changes
 from notifier.monitor import Monitor
+from notifier.world import World
 
 __all__ = ["replay", "replay_monitor", "run_replay", "Curves", "Replayed", "alert_line", "alert_json", "Progress",
            "apply_level_change", "find_levels", "load_levels"]
@@ -58,8 +59,10 @@ def replay(rows: Iterable[Row], monitor: Monitor, on_row: Callable[[Row], None] 
             i += 1
         if r.time is not None:
             now = r.time
-        events.extend(step(r.step, loss=r.loss, lr=r.lr, grad_norm=r.grad_norm,
-                           throughput=r.throughput, time=now, device=r.device))
+        # a rank's own loss, where the log has it, is its device's loss (the printed one may be the reduced one)
+        events.extend(step(r.step, loss=r.loss if r.local_loss is None else r.local_loss, lr=r.lr,
+                           grad_norm=r.grad_norm, throughput=r.throughput, time=now, device=r.device,
+                           local_grad_norm=r.local_grad_norm))
         if on_row is not None:
             on_row(r)
     monitor.close()
@@ -123,12 +126,15 @@ class Replayed:
         return summarize(c.steps, cleaned.losses, window_steps=plain.window_steps, **facts), cleaned
 
 
-def replay_monitor(config: Any, run_id: str) -> Monitor:
+def replay_monitor(config: Any, run_id: str, devices: int = 1) -> Monitor:
     """A Monitor for analysis: the config's detectors and levels, but no CSV / TensorBoard files and no bot.
-    `replay` gives it every row's time, so its own clock is never read."""
+    `replay` gives it every row's time, so its own clock is never read. `devices` > 1 (a folder of per-rank
+    logs): each rank is a device of its own (per_device_metrics), whatever the config says."""
     cfg = load_config(config)
     cfg.bot.url = None
-    return Monitor(cfg, run_id, sinks=[])
+    if devices > 1:
+        cfg.per_device_metrics = True
+    return Monitor(cfg, run_id, sinks=[], world=World())
 
 
 def find_levels(path: str) -> str | None:
@@ -156,7 +162,7 @@ def run_replay(path: str, config: Any, run_id: str = "replay", *, columns: Mappi
     source = read_log(path, columns, fmt)
     levels_file = levels if levels is not None else (find_levels(path) if find else None)
     changes = load_levels(levels_file) if levels_file is not None else []
-    mon = replay_monitor(config, run_id)
+    mon = replay_monitor(config, run_id, len(source.devices))
     curves: dict[str, Curves] = {}
     n = [0]
 

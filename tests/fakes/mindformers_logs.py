@@ -6,7 +6,8 @@ and `logging.Formatter` as MindFormers applies them. TensorBoard files are writt
 MindFormers uses) under MFLossMonitor's tag names, in its `tensorboard_dir/rank_N` layout.
 
 A step is a dict: `step` (global, from 1), `loss`, `lr`, `grad_norm`, `throughput` (samples/s per
-device), `time` (seconds since the epoch, UTC).
+device), `time` (seconds since the epoch, UTC); in a data-parallel run optionally `local_loss` and
+`local_grad_norm`, the rank's own values that `TrainingStateMonitor` writes (`STATE`, its tags).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ SINK_LOSS = "loss: %5.3f, "
 LOSS = "loss:[%5.3f/%5.3f], "
 THROUGHPUT = ", train_throughput_per_npu: %.3fT"
 PROGRESS = "  %4.1f%% %s %.5f samples/s/p  %s }"
+# TrainingStateMonitor._to_log (monitor_config device_local_loss_format / device_local_norm_format: 'log'): the
+# rank's own values, one line each after MFLossMonitor's, under the same logger; its TensorBoard tags are the names.
+STATE = "Epoch:[%3d/%3d], step:[%5d/%5d] %s: %.4f"
+STATE_TAGS = (("local_loss", "device_accum_local_loss"), ("local_grad_norm", "device_local_norm"))
 # The 2023 generation.
 OLD = ("Epoch:[%3d/%3d], step:[%5d/%5d], loss:[%5.3f/%5.3f], time:%5.3f ms, lr:%s, overflow cond: %s, "
        "loss_scale: %s")
@@ -61,8 +66,9 @@ def _norm(x: float) -> str:
 
 def current_lines(steps: Sequence[dict[str, Any]], *, steps_per_epoch: int, epochs: int, sink: bool = False,
                   lr_known: bool = True, flops: bool = True, progress: bool = True, fmt: str = STDOUT_FORMAT,
-                  between: Iterable[str] = ()) -> list[str]:
-    """The current generation's lines for `steps` (each printed step; sink mode prints every sink_size-th)."""
+                  between: Iterable[str] = (), state: bool = False) -> list[str]:
+    """The current generation's lines for `steps` (each printed step; sink mode prints every sink_size-th);
+    `state`: TrainingStateMonitor's lines of the step's `local_loss` / `local_grad_norm` after them."""
     out: list[str] = []
     extra = list(between)
     losses: list[float] = []
@@ -85,6 +91,11 @@ def current_lines(steps: Sequence[dict[str, Any]], *, steps_per_epoch: int, epoc
             out.append(prefixed(PROGRESS % (pct, _progress_bar(pct), s["throughput"], "0:01:40"), s["time"], fmt))
         if extra and i % 7 == 3:
             out.append(prefixed(extra[i % len(extra)], s["time"], fmt, func="on_train_step_end"))
+        if state:
+            for key, tag in STATE_TAGS:
+                if s.get(key) is not None:
+                    out.append(prefixed(STATE % (epoch, epochs, step, steps_per_epoch, tag, s[key]), s["time"], fmt,
+                                        func="_to_log"))
     return out
 
 
@@ -158,6 +169,7 @@ def write_tensorboard(root: Path, steps: Sequence[dict[str, Any]], rank: int = 0
             scalars += [("iteration-time", int(1000.0 / s["throughput"]), g), ("throughput", s["throughput"], g),
                         ("B-samples-per-day", s["throughput"] * 86400 / 1e9, g),
                         ("throughput vs samples", s["throughput"], samples)]
+        scalars += [(tag, s[key], g) for key, tag in STATE_TAGS if s.get(key) is not None]  # TrainingStateMonitor
         for tag, value, x in scalars:
             w.add_scalar(tag, value, x, walltime=t)
     w.close()
