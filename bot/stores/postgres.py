@@ -37,7 +37,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .. import migrations
 from ..delivery import GroupKey, OutboxRow
@@ -114,8 +114,10 @@ class PgDb:
         self.url, self.schema = url, schema
         # For every connection (a reconnection, the listener's): the schema as the search_path, and a bound on
         # any statement (the calls are synchronous: a stuck lock or server holds the event loop at most this).
+        # The URL's own `options` (e.g. ?options=-c%20synchronous_commit%3Doff) come after ours: they win.
         options = f"-c statement_timeout={STATEMENT_TIMEOUT_MS}" + (f" -c search_path={schema}" if schema else "")
-        self.conninfo = make_conninfo(url, options=options, keepalives_idle=30)
+        own = conninfo_to_dict(url).get("options")
+        self.conninfo = make_conninfo(url, options=f"{options} {own}" if own else options, keepalives_idle=30)
         self.conn = self._connect()
         self.in_tx = False
 
