@@ -174,6 +174,16 @@ def test_the_console_shows_a_real_job_live_and_pauses_it(bot, tmp_path, artifact
                 marked = page.evaluate("() => window.msmonConsole.alerts.map(a => [a.rule, a.first_step])")
                 assert ["nonfinite", alert["first_step"]] in marked  # a marker on the curves at that step
 
+                # the alert's buttons: ack (the row says who, live) and silence (the answer says for how long)
+                row = "#alerts tr[data-rule='nonfinite']"
+                page.click(f"{row} form:not(.silence) button")
+                page.wait_for_function(f"() => document.querySelector(\"{row}\").textContent.includes('cli:alice')")
+                page.select_option(f"{row} select[name=duration]", "4h")
+                page.click(f"{row} form.silence button")
+                page.wait_for_function("() => document.getElementById('answer').textContent.includes("
+                                       "'Silenced nonfinite alerts of run run-x for 4h')")
+                assert [c["verb"] for c in bot.store.commands.recent(2, run_id="run-x")] == ["silence", "ack"]
+
                 # 4. pause from the command box: the job applies it and reports itself paused
                 page.fill("#command-text", "pause run-x")
                 page.click("#command-form button")
