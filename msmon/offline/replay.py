@@ -10,6 +10,7 @@ plot, an optional progress callback, and the run's live threshold changes (`X.le
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -132,8 +133,8 @@ def replay_monitor(config: Any, run_id: str, devices: int = 1) -> Monitor:
     logs): each rank is a device of its own (per_device_metrics), whatever the config says."""
     cfg = load_config(config)
     cfg.bot.url = None
-    if devices > 1:
-        cfg.per_device_metrics = True
+    if devices > 1 and not cfg.per_device_metrics:
+        cfg = dataclasses.replace(cfg, per_device_metrics=True)  # a copy: a config shared by many replays stays
     return Monitor(cfg, run_id, sinks=[], world=World())
 
 

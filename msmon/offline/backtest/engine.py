@@ -245,7 +245,8 @@ def replay_config(source: str | MonitorConfig, step_interval: int | None = None)
 def run_trace(label: Label, rows: Sequence[Row], config: MonitorConfig) -> TraceResult:
     """Replay `rows` through a fresh Monitor on `config` (see `replay_config`; no files, no bot, the log's
     own clock) and score them."""
-    events = replay(rows, replay_monitor(config, label.trace))
+    ranks = len({r.device for r in rows if r.device is not None})  # a trace of several ranks: each a device
+    events = replay(rows, replay_monitor(config, label.trace, ranks))
     return score(label, [r.step for r in rows], alerts_of(events), firing_at_end(events))
 
 
