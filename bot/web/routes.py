@@ -29,6 +29,8 @@ from urllib.parse import quote
 from aiohttp import web
 from yarl import URL
 
+from msmon.contract.wire import tag_nonfinite
+
 from ..commands.origin import Origin
 from ..commands.service import CommandService
 from ..config import BotConfig
@@ -243,7 +245,7 @@ class Console:
             return _json({"error": "give the command as text, e.g. {\"text\": \"status run-42\"}"}, 422)
         answer = self.svc.submit(text, Origin(source="console", user=v.user))
         if as_json:
-            return _json({**answer.to_json(), "status": answer.status}, answer.status)
+            return _json(tag_nonfinite({**answer.to_json(), "status": answer.status}), answer.status)
         return _html(pages.answer_page(answer.text, answer.ok, _back(request), v.user, v.csrf), answer.status)
 
     # -- live updates ----------------------------------------------------------------------------------
