@@ -158,7 +158,7 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
             _rank_lines(ax, ranks, label, g)
         ax.yaxis.set_label_coords(-(left - g.px(28)) / panel_w, 0.5)  # labels aligned whatever the ticks
         ax.axvline(event.step, color=colour, linewidth=g.pt(1.5), linestyle=":", zorder=3,
-                   label=f"alert at step {event.step}")
+                   label=f"now: step {event.step}" if event.rule == "status" else f"alert at step {event.step}")
         ax.tick_params(labelbottom=i == len(PANELS) - 1)
     axes[-1].set_xlabel("step", fontsize=g.pt(12), labelpad=g.pt(3))
     axes[-1].ticklabel_format(axis="x", useOffset=False, style="plain")
@@ -167,7 +167,7 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(lab, h)
-    order = sorted(handles, key=lambda lab: (not lab.startswith("alert"), lab == "NaN/Inf"))
+    order = sorted(handles, key=lambda lab: (not lab.startswith(("alert", "now")), lab == "NaN/Inf"))
     handles = {lab: handles[lab] for lab in order}
     fig.legend(list(handles.values()), list(handles.keys()), loc="upper left", frameon=False,
                bbox_to_anchor=(left / width, g.fy(legend_top)), borderaxespad=0, borderpad=0,
@@ -279,7 +279,7 @@ def _panel(ax: Any, event: Event, steps: list[float], raw: list[float | None], l
         pos = finite[finite > 0]
         if len(pos) and pos.max() / pos.min() > LOG_SPAN:
             log = True
-            ax.set_ylabel(f"{label}\n(log scale)", fontsize=g.pt(12), fontweight="bold" if watched else "normal",
+            ax.set_ylabel(f"{label} (log)", fontsize=g.pt(12), fontweight="bold" if watched else "normal",
                           color=colour if watched else TEXT_COLOUR)
             zeros = len(pos) < len(finite)
             if zeros:  # vanished gradients: linear between 0 and the smallest value, log above

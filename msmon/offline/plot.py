@@ -63,7 +63,7 @@ def _draw_panel(ax: Any, attr: str, label: str, curves: dict[str, Curves]) -> No
         ax.set_yticks([])
     elif attr == "grad_norm" and positive and max(positive) / min(positive) > LOG_SPAN:
         ax.set_yscale("log")
-        ax.set_ylabel(f"{label}\n(log scale)")
+        ax.set_ylabel(f"{label} (log scale)")
 
 
 def label_rows(steps: Sequence[int], span: float, rows: int = LABEL_ROWS, gap: float = LABEL_GAP) -> list[int | None]:

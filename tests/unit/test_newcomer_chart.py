@@ -40,7 +40,7 @@ def _labels(ax) -> list[str]:
 
 
 def _axes(fig) -> dict[str, object]:
-    return {ax.get_ylabel().split("\n")[0]: ax for ax in fig.axes}
+    return {ax.get_ylabel().removesuffix(" (log)"): ax for ax in fig.axes}
 
 
 def test_a_status_chart_is_titled_with_the_highest_severity_firing() -> None:
@@ -106,7 +106,7 @@ def test_a_log_scale_says_so_in_its_label() -> None:
     ev = _spike("grad_norm_spike", "grad_norm", 500.0, 10.0, "grad norm 500 is 500x its recent median 1 (gross "
                 "jump; threshold 10x)", 1.0, norms)
     ax = _axes(chart_figure(ev))["grad norm"]
-    assert ax.get_yscale() == "log" and "(log scale)" in ax.get_ylabel()
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "grad norm (log)"
     flat = _axes(chart_figure(_status_event({"run_id": "r"}, _samples(), [])))["grad norm"]
     assert flat.get_yscale() == "linear" and "log" not in flat.get_ylabel()
 
@@ -132,3 +132,9 @@ def test_replay_plot_labels_of_close_alerts_are_staggered_not_piled_up(tmp_path)
     plot_replay(replayed, str(out), title="t")
     assert out.read_bytes().startswith(b"\x89PNG")
     assert LABEL_ROWS == 3
+
+
+def test_a_status_chart_marks_now_not_an_alert() -> None:
+    fig = chart_figure(_status_event({"run_id": "r"}, _samples(), []))
+    labels = {lab for ax in fig.axes for lab in _labels(ax)}
+    assert f"now: step {STEPS[-1]}" in labels and not any(lab.startswith("alert at") for lab in labels)
