@@ -178,13 +178,14 @@ class SlackInbound:
         takes no file)."""
         if answer.chart is None or not self.charts or not origin.reply_to.channel:
             return
-        from .chart import render_chart_off_loop
+        from .chart import rank_throughput, render_chart_off_loop
 
         event = answer.chart
+        ranks = rank_throughput(self.svc.state.windows, event.run_id)  # one throughput line per rank
 
         async def draw() -> None:
             try:
-                png = await render_chart_off_loop(event)
+                png = await render_chart_off_loop(event, ranks)
             except Exception as exc:  # noqa: BLE001 - job data matplotlib cannot draw: the answer stands without it
                 log.warning("msmon bot: the status chart of run %s at step %s could not be drawn (%s: %s); the "
                             "status answer went out without it", event.run_id, event.step, type(exc).__name__, exc)
