@@ -53,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
         if not _first_alert(events):
             return FAILED
         if bot is None or args.no_chatops:
-            _next(args.out, chatops=False)
+            _next(args.out, chatops=False, bot=bot is not None)
             return OK
         rc = _chatops(bot, args.out, story)
-        _next(args.out, chatops=rc == OK)
+        _next(args.out, chatops=rc == OK, bot=True)
         return rc
     except ConfigError as exc:
         print(exc, file=sys.stderr)
@@ -144,16 +144,17 @@ def _caught(result: Chatops) -> None:
           f"{first.rule} at step {first.step}{then}.")
 
 
-def _next(out: str, chatops: bool) -> None:
+def _next(out: str, chatops: bool, bot: bool) -> None:
     """The demo's last words: what to look at and what to try next."""
-    lines = [f"the charts the bot drew: {os.path.join(out, 'charts')}/ (one PNG per ERROR"
-             f"{', and the status chart' if chatops else ''})",
+    charts = [f"the charts the bot drew: {os.path.join(out, 'charts')}/ (one PNG per ERROR"
+              f"{', and the status chart' if chatops else ''})"] if bot else []
+    lines = [*charts,
              "your own log through the same detectors: msmon replay YOUR_LOG.csv --plot out.png "
              "(CSV, JSONL, TensorBoard, MindFormers logs)",
              "your own job: README, 'Connect your own job' (msmon serve --config config/bot.local.yaml, then "
              "bot.url in its monitor_config)",
              "the commands: msmon cmd help, with that bot running and MSMON_OPERATOR_TOKEN set"]
     if not chatops:
-        lines.insert(1, "part 2, a real MindSpore job handled from chat: pip install 'msmon[mindspore]', then "
-                        "msmon demo")
+        lines.insert(len(charts), "part 2, a real MindSpore job handled from chat: msmon demo, without --no-bot or "
+                                  "--no-chatops (it needs the bot and MindSpore: pip install 'msmon[bot,mindspore]')")
     print("\nWhat to try next:\n" + "\n".join(f"  - {line}" for line in lines))

@@ -102,3 +102,12 @@ def test_git_and_docker_ignore_what_they_should() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "COPY msmon ./msmon" in dockerfile and "COPY config/bot.local.yaml /etc/msmon/bot.yaml" in dockerfile
     assert "-e SLACK_SIGNING_SECRET=" in dockerfile and "-e MSMON_OPERATOR_TOKEN=" in dockerfile
+
+
+def test_demo_without_the_bot_runs_outside_the_repository_and_says_what_to_try_next(tmp_path: Path) -> None:
+    p = msmon("demo", "--no-bot", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "through msmon's default monitor config" in p.stdout
+    after = p.stdout.split("What to try next:\n", 1)[1]
+    assert "msmon replay YOUR_LOG.csv" in after and "config/bot.local.yaml" in after
+    assert "charts the bot drew" not in after  # there was no bot
