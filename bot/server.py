@@ -59,10 +59,15 @@ async def _serve(app: web.Application, cfg: BotConfig) -> str:
     """Serve `app` until SIGINT or SIGTERM; what stopped it."""
     stop = asyncio.Event()
     why = ["stopped"]
+
+    def stop_on(sig: signal.Signals) -> None:
+        why[0] = sig.name
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' event loop
-            loop.add_signal_handler(sig, lambda s=sig: (why.__setitem__(0, signal.Signals(s).name), stop.set()))
+            loop.add_signal_handler(sig, stop_on, sig)
     runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT)
     await runner.setup()
     try:
