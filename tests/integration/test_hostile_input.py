@@ -235,6 +235,8 @@ def test_the_spec_states_the_wires_limits():
         info = {f.name: f.type for f in msgspec.inspect.type_info(struct).fields}
         for field, spec in schemas[name]["properties"].items():
             t = info[field]
+            if isinstance(t, msgspec.inspect.UnionType):  # an optional field: its limits are on the non-None type
+                t = next(x for x in t.types if not isinstance(x, msgspec.inspect.NoneType))
             for key, attr in (("maxLength", "max_length"), ("maximum", "le"), ("minimum", "ge"),
                               ("maxItems", "max_length")):
                 if key in spec:
