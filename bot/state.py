@@ -62,8 +62,9 @@ class BotState:
             self.open_runs.add(run_id)
             self.waiters.wake(run_id)
             return
-        self.open_runs |= {c["run_id"] for c in self.store.commands.open_all()}
-        for r in list(self.waiters.events):
+        waiting = {c["run_id"] for c in self.store.commands.open_all()}
+        self.open_runs |= waiting
+        for r in waiting & set(self.waiters.events):  # only polls with something to take: no spurious end
             self.waiters.wake(r)
 
     def owns(self, name: str) -> bool:
