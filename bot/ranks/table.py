@@ -15,7 +15,7 @@ SHOWN = 16  # rows at most; a run with more ranks shows its marked ones and the 
 def _num(x: float | None, unit: str = "") -> str:
     if x is None:
         return "-"
-    return f"{x:.4g}{unit}"
+    return f"{x:,.0f}{unit}" if abs(x) >= 1e4 else f"{x:.4g}{unit}"
 
 
 def _row(m: RankState, mark: str) -> str:
