@@ -301,7 +301,7 @@ async def rule_action(request: web.Request) -> web.Response:
         cmd, new = jobs.rule_request(request.app[STATE], request.app[COMMANDS].apply_step, req, project)
     except jobs.RuleRequestError as exc:
         answer = _error(exc.status, exc.reason)
-        if exc.status == 503:  # the run's first report is on its way: the job asks again
+        if exc.retry:  # the run's first report is on its way: the job asks again
             answer.headers["Retry-After"] = "1"
         return answer
     if new:

@@ -424,6 +424,9 @@ class BotTransport:
             except (msgspec.DecodeError, KeyError, TypeError):
                 log.warning("msmon: [%s] %s (rule %s): the bot took the request", where, req.action, req.rule)
             return 0.0
+        if reply.status == 409:  # the run's first report has not reached the bot yet: ask again
+            self._note("action request", reply)
+            return retry_after(reply.retry_after, self._clock(), self.backoff[1])
         if reply.fault.refuses_data or reply.fault is Fault.AUTH:  # an older bot without the route: 404, rejected
             self._asks.popleft()
             self.asks_lost += 1

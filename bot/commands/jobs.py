@@ -68,11 +68,12 @@ def _wire(c: dict[str, Any]) -> Command:
 
 
 class RuleRequestError(Exception):
-    """A rank's request for a configured action that the bot will not queue: `status` for the HTTP answer."""
+    """A rank's request for a configured action that the bot will not queue: `status` for the HTTP answer;
+    `retry`: the job should ask again (409: the run's first report is still on its way), never a 5xx."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, retry: bool = False) -> None:
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.retry = status, reason, retry
 
 
 def rule_request(state: BotState, apply_step: Callable[[dict[str, Any], float], int], req: ActionRequest,
@@ -89,7 +90,7 @@ def rule_request(state: BotState, apply_step: Callable[[dict[str, Any], float], 
         raise RuleRequestError(422, f"{req.action!r} is not an action a rule may run; those are {', '.join(AUTOMATIC)}")
     run = state.store.run(req.run_id)
     if run is None:
-        raise RuleRequestError(503, f"run {req.run_id!r} has not reported yet; ask again in a moment")
+        raise RuleRequestError(409, f"run {req.run_id!r} has not reported yet; ask again in a moment", retry=True)
     waiting = state.store.commands.open_for(req.run_id)
     for c in waiting:
         if c["action"] == req.action and c["params"] == req.params and c["source"].startswith("rule "):

@@ -98,7 +98,7 @@ def test_what_the_bot_will_not_queue_is_a_clear_4xx(tmp_path, env, bot):
     code, body = ask(bot, "resume")
     assert code == 422 and "not an action a rule may run" in body["error"]
     code, body = ask(bot, run="never-seen")
-    assert code == 503 and "has not reported yet" in body["error"]  # the job asks again (Retry-After 1)
+    assert code == 409 and "has not reported yet" in body["error"]  # the job asks again (Retry-After 1)
     assert ask(bot, token="other-token")[0] == 403  # another project's token
     assert ask(bot, token="operator-token")[0] == 403  # not a job's token
     assert bot.request("POST", "/v1/actions/request", b'{"run_id": "dp"}')[0] == 422
@@ -255,3 +255,21 @@ def test_without_a_bot_the_same_config_is_refused_at_start_up(tmp_path):
     assert job.returncode != 0, out[-3000:]
     assert "monitor_config.actions[0].action: pause cannot run in this 2-rank run" in logs, logs[-3000:]
     assert "no bot.url is set" in logs and "finished at step" not in logs
+
+
+def test_a_request_before_the_runs_first_report_is_asked_again(bot, tmp_path):
+    from notifier.transport import BotTransport
+
+    tr = BotTransport(bot.url, "dp", "1", token="job-token", project="llm", spool_dir=str(tmp_path / "spool"),
+                      heartbeat_interval=60.0, rank=1, host="node-1", backoff=(0.05, 0.2))
+    try:
+        tr.ask(ActionRequest(run_id="dp", device="1", step=100, time=time.time(), rule="nonfinite",
+                             severity=Severity.ERROR, action="pause", rank=1, host="node-1"))
+        time.sleep(0.5)  # answered 409 (the bot knows no run dp yet), asked again with backoff
+        assert bot.store.run("dp") is None and tr.asks_lost == 0
+        report(bot)
+        assert wait_for(lambda: bot.store.db.execute(
+            "SELECT count(*) FROM commands WHERE source='rule nonfinite on rank 1'").fetchone()[0] == 1)
+    finally:
+        tr.close()
+    assert tr.asks_lost == 0
