@@ -154,3 +154,14 @@ def test_a_truncated_log_keeps_what_it_holds_and_says_what_is_cut(tmp_path, capl
     assert len([r for r in rows if r.device == "0"]) == 800
     notes = " ".join(r.getMessage() for r in caplog.records)
     assert "worker_1.log" in notes and "device_local_norm" in notes and "read as missing" in notes
+
+
+def test_backtest_scores_a_multi_rank_trace_with_each_rank_a_device(tmp_path, cfg):
+    from msmon.offline.backtest.engine import Label, replay_config, run_trace
+
+    write_logs(tmp_path / "out", ranks())
+    rows = list(read_log(str(tmp_path / "out")))
+    result = run_trace(Label(trace="four-ranks", kind="training", fault_step=651, format="mindformers"), rows,
+                       replay_config(cfg))
+    assert result.detection is not None and result.detection.device == str(BAD)
+    assert {a.device for a in result.alerts if a.rule == "loss_spike"} == {str(BAD)}
