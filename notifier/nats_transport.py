@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import importlib.util
 import logging
 import threading
 from typing import Any
@@ -65,6 +66,11 @@ class NatsBackend:
         if problem:
             raise ValueError(f"bot.url / bot.nats_prefix: {problem}")
         self.url, self.where = url, redacted(url)
+        self.missing = importlib.util.find_spec("nats") is None
+        if self.missing:
+            log.error("msmon: run %s: bot.url is %s but nats-py is not installed in this job's environment; nothing "
+                      "reaches the bot (it is spooled) until it is: pip install nats-py (or msmon[bot])", run_id,
+                      self.where)
         self.subjects = {k: subject(prefix, project, run_id, k) for k in (ENVELOPE, HEARTBEAT, POLL, ACTION)}
         self.reply_subject = subject(prefix, project, run_id, COMMANDS, device)
         self._headers = {TOKEN_HEADER: token} if token else {}
@@ -82,8 +88,9 @@ class NatsBackend:
     # -- the transport's threads --------------------------------------------------------------------
 
     def exchange(self, path: str, body: bytes, timeout: float, key: str | None) -> Reply:
-        if self._closing:
-            return Reply(Fault.UNREACHABLE, detail="the NATS backend is closed")
+        if self._closing or self.missing:
+            return Reply(Fault.UNREACHABLE, detail="nats-py is not installed" if self.missing else
+                         "the NATS backend is closed")
         future = asyncio.run_coroutine_threadsafe(self._exchange(path, body, timeout, key), self._loop)
         try:
             return future.result(timeout + self._connect_timeout + 1.0)
