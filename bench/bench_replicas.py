@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -139,6 +140,7 @@ class Replicas:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _wait_port(port: int, timeout: float = 60.0) -> None:

@@ -48,6 +48,25 @@ def test_subject_tokens_are_one_to_one_and_never_hold_what_nats_forbids():
     assert subject("msmon", "llm", "run.1", COMMANDS, "0") == "msmon.llm.run_2E1.cmd.0"
 
 
+@pytest.mark.parametrize(("url", "says"), [("nats://", "has no host"), ("nats://h:99999", "invalid port"),
+                                          ("redis://h:6379", "must start with")])
+def test_a_bad_nats_address_or_prefix_is_a_config_error_naming_the_key(tmp_path, url, says):
+    from bot.config import load_bot_config
+    from msmon.config.errors import ConfigError
+    from notifier.config import load_config
+
+    job = tmp_path / "job.yaml"
+    job.write_text(f"monitor_config:\n  monitor_on: true\n  bot:\n    url: {url}\n    nats_prefix: a.*\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(job))
+    text = str(err.value)
+    assert "monitor_config.bot.url" in text and says in text and "bot.nats_prefix" in text and "job.yaml:4" in text
+    with pytest.raises(ConfigError) as err:
+        load_bot_config({"bot": {"nats": {"url": url, "stream": "A.B", "batch": 0}}})
+    text = str(err.value)
+    assert "bot.nats.url" in text and "bot.nats.stream" in text and "bot.nats.batch" in text
+
+
 def _bot_config(tmp_path, slack, nats_url: str, prefix: str, stream: str, **nats: Any) -> dict[str, Any]:
     return {"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
