@@ -455,3 +455,25 @@ def test_two_replicas_on_postgres_share_the_nats_consumer_through_a_nats_restart
             job.close(timeout=3)
             a.stop()
             b.stop()
+
+
+def test_a_batch_sent_again_has_the_same_message_id_and_another_batch_another():
+    """The Nats-Msg-Id JetStream deduplicates by: a digest of what the batch carries, so a retry of the same
+    items (a lost PubAck, a restart from the spool) is stored once, and any other content is a new message."""
+    import random
+
+    from notifier.sendq import Limits, SendQueue
+    from notifier.transport import batch_key
+    from tests.fakes.records import ev
+
+    def first_batch(items: list[Any]) -> Any:
+        q = SendQueue(Limits(), random.Random(0))
+        for i, item in enumerate(items):
+            q.enqueue(item, float(i), 100)
+        return q.take(100.0)
+
+    one = [ev(1), ev(2)]
+    assert batch_key("run-1", "0", first_batch(one)) == batch_key("run-1", "0", first_batch([ev(1), ev(2)]))
+    assert batch_key("run-1", "0", first_batch(one)) != batch_key("run-1", "0", first_batch([ev(1), ev(3)]))
+    assert batch_key("run-1", "0", first_batch(one)) != batch_key("run-1", "1", first_batch(one))  # another rank
+    assert batch_key("run-1", "0", first_batch(one)) != batch_key("run-2", "0", first_batch(one))
