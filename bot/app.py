@@ -144,6 +144,12 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
         resp = _error(exc.status, exc.reason)
         if "Allow" in exc.headers:  # a 405 says which methods the route takes
             resp.headers["Allow"] = exc.headers["Allow"]
+    except request.app[STORE].Error as exc:  # the database went away or refused: not a bug of the request
+        log.error("msmon bot: the state store failed on %s (%s); answered 503, the sender retries; check %s",
+                  request.path, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                  request.app[STORE].where)
+        resp = _error(503, "the bot's state store is unavailable; retry later")
+        resp.headers["Retry-After"] = "2"
     except Exception:  # noqa: BLE001 - a bug: say so, keep serving
         log.exception("msmon bot: internal error on %s", request.path)
         resp = _error(500, "internal error (logged by the bot)")

@@ -206,8 +206,10 @@ class Store:
         return out
 
     def touch_alerts(self, rows: list[tuple[int, float, str]]) -> None:
-        """(last step, updated at, fingerprint): a suppressed repeat moved the alert's last step."""
-        self.db.executemany("UPDATE alerts SET last_step=?, updated_at=? WHERE fingerprint=?", rows)
+        """(last step, updated at, fingerprint): a suppressed repeat moved the alert's last step (forward
+        only: another replica may have written a later one)."""
+        self.db.executemany("UPDATE alerts SET last_step=CASE WHEN last_step IS NULL OR ?1>last_step THEN ?1"
+                            " ELSE last_step END, updated_at=?2 WHERE fingerprint=?3", rows)
 
     def save_alerts(self, rows: list[AlertRow]) -> None:
         """Upsert alerts. A new episode (the row was resolved) starts at this step and is not acknowledged."""
@@ -230,7 +232,9 @@ class Store:
                             " VALUES(?,?,?,?,?,?,?,?)", map(msgspec.structs.astuple, entries))
 
     def ack(self, run_id: str, rule: str, device: str | None, user: str) -> list[str]:
-        """Acknowledge the firing alerts of a run's rule (one device, or all); their fingerprints."""
+        """Acknowledge the firing alerts of a run's rule (one device, or all); their fingerprints. Under the
+        run's lock (replicas: after any envelope of the run deciding on these alerts, never crossed with one)."""
+        self.lock_run(run_id)
         q, args = "SELECT fingerprint FROM alerts WHERE run_id=? AND rule=? AND status='firing'", [run_id, rule]
         if device is not None:
             q += " AND device=?"

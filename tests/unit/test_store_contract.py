@@ -5,6 +5,7 @@ answer). Then what only several replicas on one PostgreSQL need: claims, leases,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 import time
@@ -364,3 +365,110 @@ def test_a_schema_newer_than_this_msmon_is_refused(store: Store, tmp_path: Any) 
     schema = None if store.dialect == "sqlite" else store.schema  # type: ignore[attr-defined]
     with pytest.raises(StoreUnavailable, match="version 99, newer than this msmon"):
         open_store(load_bot_config({"bot": {"store": {"url": url, "schema": schema}}}))
+
+
+def test_a_held_last_step_never_moves_an_alert_back(store: Store) -> None:
+    store.save_alerts([AlertRow("fp", "r", "loss", "0", "WARNING", "firing", 50, 1.0)])
+    store.touch_alerts([(40, 2.0, "fp")])  # a replica's older touch, written late
+    store.touch_alerts([(60, 3.0, "fp")])
+    (a,) = store.alerts("r")
+    assert (a["last_step"], a["updated_at"]) == (60, 3.0)
+    store.touch_alerts([(55, 4.0, "fp")])
+    (a,) = store.alerts("r")
+    assert a["last_step"] == 60
+
+
+def test_a_lost_connection_is_reopened_on_the_next_call(pg_pair: Any) -> None:
+    import psycopg
+
+    a, b = pg_pair
+    pid = a.pg.raw("SELECT pg_backend_pid() AS p").fetchone()["p"]
+    b.pg.raw("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(psycopg.OperationalError):
+        a.depth()  # the call that finds it gone fails (its caller retries or answers 5xx/counts)
+    assert a.depth() == 0 and a.pg.raw("SELECT pg_backend_pid() AS p").fetchone()["p"] != pid
+
+
+
+class CutProxy:
+    """A TCP forwarder to PostgreSQL that can be cut (every connection dropped, new ones refused) and mended."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import socket
+
+        self.target, self.conns, self.up = (host, port), [], True
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            server = socket.create_connection(self.target)
+            self.conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: Any, b: Any) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def cut(self) -> None:
+        import socket
+
+        self.up = False
+        for c in self.conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        self.conns = []
+
+    def close(self) -> None:
+        self.cut()
+        self.sock.close()
+
+
+def test_an_envelope_while_the_database_is_away_is_a_503_to_retry_then_accepted(monkeypatch: Any) -> None:
+    _pg_or_skip()
+    from urllib.parse import urlsplit
+
+    from tests.fakes.bot_server import BotServer
+    from tests.fakes.records import envelope, event
+
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    pg = urlsplit(postgres.PG_URL)
+    proxy = CutProxy(pg.hostname or "127.0.0.1", pg.port or 5432)
+    url = postgres.PG_URL.replace(f"{pg.hostname}:{pg.port}", f"127.0.0.1:{proxy.port}")
+    with postgres.fresh_schema() as schema:
+        bot = BotServer({"bot": {"port": 0, "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
+                                 "store": {"url": url, "schema": schema}}})
+        try:
+            assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
+            proxy.cut()  # the database is away: every call fails, a reconnection too
+            for _ in range(3):
+                code, body = bot.request("POST", "/v1/ingest", envelope([event(step=200)]))
+                assert code == 503 and "retry later" in body["error"], body
+            proxy.up = True  # back: the next call reconnects
+            assert bot.request("POST", "/v1/ingest", envelope([event(step=300)]))[0] == 202
+            assert bot.store.run("run-42")["last_step"] == 300
+        finally:
+            bot.stop()
+            proxy.close()
