@@ -255,3 +255,22 @@ def test_the_edge_raises_through_emit_and_retries_what_the_ingest_refused():
     refuse[0] = False
     assert watch.check() == 1 and calls == [("rank_missing", "llm", 2)] and woken == [1]
     assert watch.check() == 0  # raised once
+
+
+def test_the_storm_text_escapes_the_device_it_names_in_every_markup():
+    from bot.receivers.render import escape_feishu, escape_html
+
+    ev = Event(run_id="r", device="<!channel>", step=5, time=0.0, rule="nonfinite", severity=Severity.ERROR,
+               status=Status.FIRING, value=math.nan, threshold=0.0, message="NaN")
+    other = msgspec_replace(ev, device="1")
+    msg = Message(key="k", run_id="r", project="p", rule="nonfinite", severity=Severity.ERROR,
+                  status=Status.FIRING, events=[ev, other], known_ranks=4)
+    assert "(first: device &lt;!channel&gt; at step 5)" in title(msg, escape_slack)
+    assert "on 2/4 devices" in title(msg, escape_html) and "<!channel>" not in title(msg, escape_html)
+    assert "&lt;\\!channel&gt;" in title(msg, escape_feishu)  # the ! backslashed: no Feishu markup
+
+
+def msgspec_replace(ev: Event, **kw: object) -> Event:
+    import msgspec
+
+    return msgspec.structs.replace(ev, **kw)
