@@ -108,7 +108,9 @@ class RunRanks:
         self.members: dict[str, RankState] = {}
         self.refused = 0  # samples of ranks past max_ranks
         self.firing: dict[tuple[str, str], Firing] = {}  # (rule, rank key) -> its state
-        self.by_device: dict[str, str] = {}  # device -> rank key (heartbeats on their own name a device)
+        # (host, device) -> rank key: a heartbeat posted on its own names its device and host, not its rank
+        # (device ids repeat across hosts); (None, device) for the first rank seen with that device
+        self.by_device: dict[tuple[str | None, str], str] = {}
 
     def member(self, rank: int | None, device: str, host: str) -> RankState | None:
         key = member_key(rank, device)
@@ -119,7 +121,8 @@ class RunRanks:
                 return None
             m = self.members[key] = RankState(key, rank, device, host, history=deque(maxlen=self.history),
                                               losses=deque(maxlen=self.history), norms=deque(maxlen=self.history))
-            self.by_device.setdefault(device, key)
+            self.by_device.setdefault((host, device), key)
+            self.by_device.setdefault((None, device), key)
         else:
             if host and m.host != host:
                 m.host = host
@@ -209,7 +212,7 @@ class RankViews:
         """A heartbeat posted on its own (POST /v1/heartbeat): liveness of the rank of that device."""
         run = self.run(hb.run_id, create=True)
         assert run is not None
-        key = run.by_device.get(hb.device)
+        key = run.by_device.get((hb.host, hb.device)) or (None if hb.host else run.by_device.get((None, hb.device)))
         m = run.members.get(key) if key is not None else run.member(None, hb.device, hb.host)
         if m is not None:
             self._beat(m, hb, now)
@@ -239,6 +242,6 @@ class RankViews:
             return None
         m = r.members.get(device)
         if m is None:
-            key = r.by_device.get(device)
+            key = r.by_device.get((None, device))
             m = r.members.get(key) if key is not None else None
         return None if m is None else m.rank

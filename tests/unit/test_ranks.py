@@ -274,3 +274,14 @@ def msgspec_replace(ev: Event, **kw: object) -> Event:
     import msgspec
 
     return msgspec.structs.replace(ev, **kw)
+
+
+def test_a_heartbeat_on_its_own_keeps_the_rank_of_its_host_and_device_alive():
+    views = RankViews(10, 100, 4)
+    views.envelope(Envelope(run_id="r", device="0", sent_at=1.0, rank=0, host="a", samples=[
+        Sample(run_id="r", device="0", step=1, time=1.0, step_time=0.1)]), 1.0)
+    views.envelope(Envelope(run_id="r", device="0", sent_at=1.0, rank=8, host="b", samples=[
+        Sample(run_id="r", device="0", step=1, time=1.0, step_time=0.1)]), 1.0)
+    views.heartbeat(Heartbeat(run_id="r", device="0", time=9.0, step=2, host="b"), 9.0)
+    run = views.runs["r"]
+    assert (run.members["0"].last_seen, run.members["8"].last_seen) == (1.0, 9.0)
