@@ -188,6 +188,7 @@ def _command(bot, text: str) -> dict:
 
 @pytest.mark.mindspore
 @pytest.mark.slow
+@pytest.mark.timing  # both ranks at the apply step: the bot's lead over the run's pace, on a loaded machine too
 def test_a_pause_fired_on_one_ranks_alert_pauses_every_rank_at_the_same_step(tmp_path, env):
     msrun = _msrun()
     bot = BotServer(config(tmp_path, project="*", apply_lead=0.5))  # margin for a 2-core CI machine
