@@ -156,6 +156,9 @@ class Monitor:
             self.transport.total_steps, self.transport.target_loss = cfg.training.total_steps, cfg.training.target_loss
         for line in describe(cfg, self.run_id):
             log.info("msmon: %s", line)
+        if self.world.multi and cfg.actions:
+            log.info("msmon: %s: the actions above are asked of the bot, which has every rank of run %s apply them "
+                     "at the same step", self.world.describe(), self.run_id)
 
     @classmethod
     def from_config(
