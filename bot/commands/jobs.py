@@ -88,6 +88,7 @@ def rule_request(state: BotState, apply_step: Callable[[dict[str, Any], float], 
                                     "no configured action can reach the ranks of a multi-rank run")
     if req.action not in AUTOMATIC:
         raise RuleRequestError(422, f"{req.action!r} is not an action a rule may run; those are {', '.join(AUTOMATIC)}")
+    _check_params(req)
     run = state.store.run(req.run_id)
     if run is None:
         raise RuleRequestError(409, f"run {req.run_id!r} has not reported yet; ask again in a moment", retry=True)
@@ -111,6 +112,25 @@ def rule_request(state: BotState, apply_step: Callable[[dict[str, Any], float], 
     state.open_runs.add(req.run_id)
     state.waiters.wake(req.run_id)
     return cmd, True
+
+
+_POSITIVE = {"factor": 100.0, "timeout": 30 * 86400.0}  # the bounds monitor_config's actions: give them
+
+
+def _check_params(req: ActionRequest) -> None:
+    """The action's own parameters only, each a number in its bounds (what the job's config allows): every
+    rank is handed them, so a request that would fail there is refused here, once."""
+    action = ACTIONS[req.action]
+    for name, value in req.params.items():
+        if action.param(name) is None:
+            raise RuleRequestError(422, f"{req.action} takes no parameter {name[:40]!r}")
+        hi = _POSITIVE.get(name)
+        if hi is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                   and 0 < value <= hi):
+            raise RuleRequestError(422, f"{req.action}'s {name} must be a number in (0, {hi:g}]")
+    for p in action.params:
+        if p.required and p.name not in req.params:
+            raise RuleRequestError(422, f"{req.action} needs a {p.name}, e.g. {p.example}")
 
 
 LEVEL_ACTIONS = ("set_threshold", "loosen_threshold", "restore_threshold")

@@ -97,6 +97,14 @@ def test_what_the_bot_will_not_queue_is_a_clear_4xx(tmp_path, env, bot):
     report(bot)
     code, body = ask(bot, "resume")
     assert code == 422 and "not an action a rule may run" in body["error"]
+    for params, why in (({"factor": 0.5}, "pause takes no parameter 'factor'"), ({"timeout": "x"}, "timeout must be"),
+                        ({"timeout": float("inf")}, "timeout must be")):
+        code, body = ask(bot, **params)
+        assert code == 422 and why in body["error"], body
+    code, body = ask(bot, "scale_lr")
+    assert code == 422 and "scale_lr needs a factor" in body["error"]
+    code, body = ask(bot, "scale_lr", factor=1e9)
+    assert code == 422 and "factor must be a number in (0, 100]" in body["error"]
     code, body = ask(bot, run="never-seen")
     assert code == 409 and "has not reported yet" in body["error"]  # the job asks again (Retry-After 1)
     assert ask(bot, token="other-token")[0] == 403  # another project's token
