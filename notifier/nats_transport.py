@@ -81,6 +81,7 @@ class NatsBackend:
         self._replies: Any = None  # the subscription to this rank's command subject
         self._lock: asyncio.Lock | None = None
         self._closing = False
+        self._inflight: set[asyncio.Task[Reply]] = set()  # exchanges on the loop, ended by close()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="msmon-nats", daemon=True)
         self._thread.start()
@@ -97,6 +98,8 @@ class NatsBackend:
         except concurrent.futures.TimeoutError:
             future.cancel()
             return Reply(Fault.TIMEOUT, detail=f"no answer from NATS at {self.where} within {timeout:g} s")
+        except concurrent.futures.CancelledError:  # close() ended what was in flight
+            return Reply(Fault.UNREACHABLE, detail="the NATS backend is closed")
         except Exception as exc:  # noqa: BLE001 - whatever happened on the loop is a Fault here
             return Reply(Fault.BUG, detail=f"{type(exc).__name__}: {exc}"[:300])
 
@@ -115,6 +118,10 @@ class NatsBackend:
     # -- on the loop ----------------------------------------------------------------------------------
 
     async def _exchange(self, path: str, body: bytes, timeout: float, key: str | None) -> Reply:
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
         import nats.errors
         import nats.js.errors
 
@@ -201,6 +208,8 @@ class NatsBackend:
             return nc
 
     async def _close(self) -> None:
+        for task in list(self._inflight):  # a poll still waiting: ended now, not destroyed pending at exit
+            task.cancel()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
 
