@@ -7,10 +7,12 @@ JobControl, BotTransport) in process; and a real 2-rank data-parallel MindSpore 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -178,7 +180,15 @@ def _launch(msrun: str, tmp_path: Path, bot_url: str, **knobs: str) -> subproces
            "MSMON_SPOOL_DIR": str(tmp_path / "spool"), "PYTHONPATH": str(JOB.parents[2]), **knobs}
     return subprocess.Popen([msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
                              f"--log_dir={tmp_path / 'logs'}", "--join=True", str(JOB)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own process group: a failed test ends the ranks too
+
+
+def _end(job: subprocess.Popen[str]) -> None:
+    """msrun and its workers, whatever is left of them (a paused rank outlives a killed or dead msrun otherwise)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(job.pid, signal.SIGKILL)
+    job.wait(30)
 
 
 PAUSE_ON_SPIKE = json.dumps([{"rule": "loss_spike", "severity": "ERROR", "action": "pause"}])
@@ -243,9 +253,7 @@ def test_a_pause_fired_on_one_ranks_alert_pauses_every_rank_at_the_same_step(tmp
         n = bot.store.db.execute("SELECT count(*) FROM commands WHERE source LIKE 'rule %'").fetchone()[0]
         assert n == 1  # one pause for the run, not one per rank
     finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait(30)
+        _end(job)
         bot.stop()
 
 
@@ -257,9 +265,7 @@ def test_without_a_bot_the_same_config_is_refused_at_start_up(tmp_path):
     try:
         out, _ = job.communicate(timeout=240)
     finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait(30)
+        _end(job)
     logs = out + "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
     assert job.returncode != 0, out[-3000:]
     assert "monitor_config.actions[0].action: pause cannot run in this 2-rank run" in logs, logs[-3000:]
