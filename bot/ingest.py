@@ -11,6 +11,7 @@ writes what they decided and counts what they dropped.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import msgspec
@@ -58,8 +59,9 @@ class Ingest:
         as received, whose events' JSON goes to the outbox as is (bot/payload.py)."""
         state = self.state
         now = state.clock()
-        with state.tx():
-            if env.events or env.actions:
+        decides = bool(env.events or env.actions)  # else the run's liveness only: its one write, no transaction
+        with state.tx() if decides else contextlib.nullcontext():
+            if decides:
                 state.store.lock_run(env.run_id)  # replicas on one database: one decides on this run's alerts at a time
             self._record(env, now)
             queued = jobs.record_results(state, env.actions)
