@@ -9,7 +9,9 @@ and the knobs:
 - MSMON_RANKS_SLOW=RANK:SECONDS: that rank's data pipeline sleeps SECONDS per batch (a slow loader or disk);
 - MSMON_RANKS_BAD=RANK: that rank's shard is corrupted (its labels are noise: a bad shard, its loss apart);
 - MSMON_RANKS_NAN_STEP=N: every rank's labels are NaN from its N-th batch (a NaN on every rank);
-- MSMON_RANKS_PID_DIR: each rank writes its pid to rank_<N>.pid there (so a test can kill one).
+- MSMON_RANKS_PID_DIR: each rank writes its pid to rank_<N>.pid there (so a test can stop or kill one);
+- MSMON_RANKS_MODE=pynative: PyNative mode (default: graph mode);
+- MSMON_RANKS_PACE=SECONDS: every rank sleeps that long after each step (a run long enough to be watched).
 
 Gradients are averaged across ranks (every step is a collective), as in a real data-parallel job.
 """
@@ -37,6 +39,15 @@ def _pair(name: str) -> tuple[int, float]:
         return -1, 0.0
     rank, amount = value.split(":")
     return int(rank), float(amount)
+
+
+class Pace(ms.train.Callback):  # type: ignore[misc]
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_step_end(self, run_context):  # noqa: ANN001, ANN201
+        time.sleep(self.seconds)
 
 
 class Batches:
@@ -69,7 +80,8 @@ class Batches:
 
 
 def main() -> None:
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    pynative = os.environ.get("MSMON_RANKS_MODE") == "pynative"
+    ms.set_context(mode=ms.PYNATIVE_MODE if pynative else ms.GRAPH_MODE, device_target="CPU")
     init()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     rank, size = get_rank(), get_group_size()
@@ -86,7 +98,8 @@ def main() -> None:
                                   "url": os.environ["MSMON_BOT_URL"], "token_env": "MSMON_JOB_TOKEN",
                                   "heartbeat_interval": 0.5, "spool_dir": os.environ["MSMON_SPOOL_DIR"]}}}
     cb = MonitorCallback(cfg, run_id=os.environ.get("MSMON_RANKS_RUN") or "ranks-run", device=rank)
-    m.train(1, data, callbacks=[cb], dataset_sink_mode=False)
+    pace = float(os.environ.get("MSMON_RANKS_PACE") or 0)
+    m.train(1, data, callbacks=[Pace(pace), cb] if pace else [cb], dataset_sink_mode=False)
     print(f"rank {rank} finished at step {cb.control.last_step}", flush=True)
 
 
