@@ -56,7 +56,9 @@ def job_config(bot: BotServer, tmp_path: Any) -> dict[str, Any]:
     return {"monitor_config": {
         "monitor_on": True, "step_interval": 1, "log_interval": 0,
         "alert": {"baseline_steps": 20, "grad_norm_threshold": 1e-9, "alert_interval": 10_000,
-                  "rules": {"grad_norm_spike": {"enable": False}, "loss_spike": {"enable": False},
+                  # out_of_scale off: 1e-9 is meant, not a level of another model's scale
+                  "rules": {"grad_norm": {"out_of_scale": None}, "grad_norm_spike": {"enable": False},
+                            "loss_spike": {"enable": False},
                             "grad_norm_creep": {"enable": False}, "convergence": {"enable": False}}},
         "bot": {"url": bot.url, "token_env": "MSMON_TEST_TOKEN", "project": "llm", "heartbeat_interval": 0.2,
                 "spool_dir": str(tmp_path / "spool")}}}
