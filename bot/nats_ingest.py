@@ -323,7 +323,8 @@ class NatsIngest:
             await self._reply(msg, _STATUS.get(exc.reason, 422), {"error": str(exc)})
             return
         except jobs.RuleRequestError as exc:
-            await self._reply(msg, exc.status, {"error": exc.reason}, retry_after="1" if exc.status == 503 else None)
+            # the exception's own hint, as over HTTP: a 409 "not reported yet" is asked again after a second
+            await self._reply(msg, exc.status, {"error": exc.reason}, retry_after="1" if exc.retry else None)
             return
         if new:
             log.warning("msmon bot: run %s: %s asks for %s: queued as %s, every rank applies it at step %d",

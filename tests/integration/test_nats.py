@@ -25,7 +25,16 @@ pytest.importorskip("nats")
 pytest.importorskip("aiohttp")
 
 from bot.app import METRICS  # noqa: E402
-from msmon.contract.subjects import COMMANDS, ENVELOPE, POLL, STATUS_HEADER, TOKEN_HEADER, subject, token  # noqa: E402
+from msmon.contract.subjects import (  # noqa: E402
+    ACTION,
+    COMMANDS,
+    ENVELOPE,
+    POLL,
+    STATUS_HEADER,
+    TOKEN_HEADER,
+    subject,
+    token,
+)
 from msmon.contract.wire import Envelope, Poll, encode  # noqa: E402
 from notifier import JobControl, Monitor  # noqa: E402
 from notifier.nats_transport import nats_transport  # noqa: E402
@@ -477,3 +486,46 @@ def test_a_batch_sent_again_has_the_same_message_id_and_another_batch_another():
     assert batch_key("run-1", "0", first_batch(one)) != batch_key("run-1", "0", first_batch([ev(1), ev(3)]))
     assert batch_key("run-1", "0", first_batch(one)) != batch_key("run-1", "1", first_batch(one))  # another rank
     assert batch_key("run-1", "0", first_batch(one)) != batch_key("run-2", "0", first_batch(one))
+
+
+@needs_shared
+def test_an_action_request_for_a_run_not_reported_yet_is_answered_409_with_the_retry_hint_as_over_http(
+        tmp_path, slack, names):
+    """The 'run not reported yet' answer carries Retry-After over NATS as over HTTP, so the rank asks again
+    after the hinted second rather than on its own backoff."""
+    import urllib.error
+
+    from msmon.contract.wire import ActionRequest, Severity
+
+    prefix, stream = names
+    bot = BotServer(_bot_config(tmp_path, slack, SHARED, prefix, stream))
+    req = encode(ActionRequest(run_id="run-new", device="0", step=10, time=time.time(), rule="nonfinite",
+                               severity=Severity.ERROR, action="pause", rank=0))
+
+    async def over_nats() -> tuple[str | None, str | None, dict[str, Any]]:
+        import nats
+
+        nc = await nats.connect(SHARED)
+        try:
+            msg = await nc.request(subject(prefix, "llm", "run-new", ACTION), req, timeout=10,
+                                   headers={TOKEN_HEADER: "job-token"})
+        finally:
+            await nc.close()
+        headers = msg.headers or {}
+        return headers.get(STATUS_HEADER), headers.get("Retry-After"), json.loads(msg.data)
+
+    try:
+        assert wait_for(lambda: _consumer_ready(SHARED, stream, f"bot-{prefix}"), timeout=20)
+        http = urllib.request.Request(bot.url + "/v1/actions/request", data=req, method="POST",
+                                      headers={"Content-Type": "application/json",
+                                               "Authorization": "Bearer job-token"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(http, timeout=10)
+        assert refused.value.code == 409 and refused.value.headers.get("Retry-After") == "1"
+        status, retry, answer = asyncio.run(over_nats())
+        assert (status, retry) == ("409", "1"), answer
+        assert "has not reported yet" in answer["error"]
+        assert bot.store.commands.open_for("run-new") == []
+    finally:
+        bot.stop()
+        delete_streams(SHARED, stream)
