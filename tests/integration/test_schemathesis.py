@@ -88,3 +88,52 @@ def test_the_live_bot_matches_its_openapi_spec(bot, capsys):
               "operation/mode pairs")
     assert not failures, "\n\n".join(failures)
     assert ran[0] >= 200  # the run really covered the API
+
+
+def test_a_store_that_fails_answers_the_job_routes_with_the_spec_s_503_and_its_retry_after(monkeypatch):
+    """The database away (PostgreSQL behind a proxy that is cut): each job-facing route answers 503 with
+    Retry-After, and that answer is one docs/openapi.yaml lists (status, body and headers)."""
+    import json
+
+    from schemathesis.specs.openapi.checks import response_headers_conformance
+
+    from msmon.contract.wire import ActionRequest, Heartbeat, Poll, Severity, encode
+    from tests.fakes import postgres
+    from tests.fakes.records import envelope, event
+    from tests.unit.test_store_contract import CutProxy
+
+    if (reason := postgres.unavailable()) is not None:
+        pytest.skip(reason)
+    from urllib.parse import urlsplit
+
+    monkeypatch.setenv("MSMON_ST_JOB", JOB)
+    now = time.time()
+    bodies = {
+        "/v1/ingest": json.loads(envelope([event(step=200)], project="default")),
+        "/v1/heartbeat": json.loads(encode(Heartbeat(run_id="run-42", device="0", time=now, step=200))),
+        "/v1/commands/poll": json.loads(encode(Poll(run_id="run-42", device="0", after=0, wait=0))),
+        "/v1/actions/request": json.loads(encode(ActionRequest(
+            run_id="run-42", device="0", step=200, time=now, rule="nonfinite", severity=Severity.ERROR,
+            action="pause", rank=0))),
+    }
+    schema = schemathesis.openapi.from_path(str(ROOT / "docs" / "openapi.yaml"))
+    pg = urlsplit(postgres.PG_URL)
+    proxy = CutProxy(pg.hostname or "127.0.0.1", pg.port or 5432)
+    url = postgres.PG_URL.replace(f"{pg.hostname}:{pg.port}", f"127.0.0.1:{proxy.port}")
+    with postgres.fresh_schema() as store_schema:
+        bot = BotServer({"bot": {"port": 0, "tokens": [{"project": "default", "env": "MSMON_ST_JOB"}],
+                                 "store": {"url": url, "schema": store_schema},
+                                 "commands": {"long_poll": 0.01}}})
+        try:
+            assert bot.request("POST", "/v1/ingest", envelope([event()], project="default"))[0] == 202
+            proxy.cut()  # the database is away: every call fails, a reconnection too
+            for path, body in bodies.items():
+                case = schema[path]["POST"].Case(body=body, media_type="application/json")
+                response = case.call(base_url=bot.url, headers={"Authorization": f"Bearer {JOB}"}, timeout=10)
+                assert response.status_code == 503, (path, response.text)
+                assert response.headers.get("retry-after") == ["2"], path
+                case.validate_response(response, checks=[status_code_conformance, response_schema_conformance,
+                                                         response_headers_conformance])
+        finally:
+            bot.stop()
+            proxy.close()
