@@ -6,101 +6,47 @@ escalation chain escalates once. Skipped with the reason when PostgreSQL does no
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from msmon.contract.wire import Envelope, Severity, encode
 from tests.fakes import postgres
-from tests.fakes.bot_server import send, wait_for
+from tests.fakes.bot_server import wait_for
 from tests.fakes.records import event
+from tests.fakes.serve_process import ServeProcess
 from tests.fakes.slack_api import SlackAPIServer
 
 pytestmark = pytest.mark.slow
 
-MSMON = str(Path(sys.executable).parent / "msmon")
 LEASE = 4.0
 ENV = {"MSMON_TEST_TOKEN": "job-token", "MSMON_OPERATOR": "operator-token", "SLACK_BOT_TOKEN": "xoxb-test"}
 ESCALATE = {"levels": [{"after": 0, "mention": ["U0ONCALL"]}, {"after": 3, "mention": ["U0LEAD"]}]}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Replica:
-    """One `msmon serve` process; `request` as BotServer's (the tests' helpers take either)."""
-
-    def __init__(self, tmp: Path, name: str, schema: str, slack_url: str, escalation: bool = False) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        route: dict[str, Any] = {"receiver": "slack", "channel": "C0ALERTS"}
-        if escalation:
-            route["escalation"] = "oncall"
-        cfg = {"bot": {
-            "port": self.port, "state_path": str(tmp / f"{name}.unused.sqlite"),
-            "store": {"url": postgres.PG_URL, "schema": schema, "lease": LEASE},
-            "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
-            "routes": [route], "escalations": {"oncall": ESCALATE},
-            "slack": {"base_url": slack_url, "max_retries": 0},
-            "console": {"charts": False},
-            "pipeline": {"group_wait": 0.2},
-            "rate_limit": {"per_channel": 1000, "per_run": 1000, "global_rate": 1000, "burst": 100},
-            "commands": {"allow": [{"project": "llm", "users": ["cli:carol"]}],
-                         "operators": [{"user": "cli:carol", "env": "MSMON_OPERATOR"}], "long_poll": 30}}}
-        path = tmp / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        self.log = tmp / f"{name}.log"
-        out = open(self.log, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen([MSMON, "serve", "--config", str(path)], env={**os.environ, **ENV}, stdout=out,
-                                     stderr=out)
-        if not wait_for(lambda: self.health().get("ok"), timeout=60):
-            self.stop()
-            raise AssertionError(f"replica {name} did not start: {self.log.read_text()[-2000:]}")
-
-    def health(self) -> dict[str, Any]:
-        try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
-                return dict(json.loads(r.read()))
-        except OSError:
-            return {}
-
-    def request(self, method: str, path: str, body: bytes | None = None, token: str | None = "job-token",
-                content_type: str = "application/json") -> tuple[int, Any]:
-        req = urllib.request.Request(self.url + path, data=body, method=method)
-        if body is not None:
-            req.add_header("Content-Type", content_type)
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        return send(req)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+def replica(tmp: Path, name: str, schema: str, slack_url: str, escalation: bool = False) -> ServeProcess:
+    """One replica: a `msmon serve` process on the PostgreSQL schema, posting to `slack_url`."""
+    route: dict[str, Any] = {"receiver": "slack", "channel": "C0ALERTS"}
+    if escalation:
+        route["escalation"] = "oncall"
+    cfg = {"bot": {
+        "state_path": str(tmp / f"{name}.unused.sqlite"),
+        "store": {"url": postgres.PG_URL, "schema": schema, "lease": LEASE},
+        "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
+        "routes": [route], "escalations": {"oncall": ESCALATE},
+        "slack": {"base_url": slack_url, "max_retries": 0},
+        "console": {"charts": False},
+        "pipeline": {"group_wait": 0.2},
+        "rate_limit": {"per_channel": 1000, "per_run": 1000, "global_rate": 1000, "burst": 100},
+        "commands": {"allow": [{"project": "llm", "users": ["cli:carol"]}],
+                     "operators": [{"user": "cli:carol", "env": "MSMON_OPERATOR"}], "long_poll": 30}}}
+    return ServeProcess(tmp, name, cfg, ENV)
 
 
 class BlackHole:
@@ -144,7 +90,7 @@ def db(sql: str, schema: str) -> list[tuple[Any, ...]]:
         return list(conn.execute(sql))
 
 
-def post(replica: Replica, run: str, step: int, sev: Severity = Severity.ERROR) -> int:
+def post(replica: ServeProcess, run: str, step: int, sev: Severity = Severity.ERROR) -> int:
     body = encode(Envelope(run_id=run, device="0", sent_at=time.time(), project="llm",
                            events=[event(run=run, step=step, sev=sev)]))
     return replica.request("POST", "/v1/ingest", body)[0]
@@ -158,8 +104,8 @@ def alert_posts(slack: SlackAPIServer) -> list[str]:
 
 def test_1000_events_over_two_replicas_for_50_alerts_are_50_posts(tmp_path, schema):
     with SlackAPIServer() as slack:
-        a = Replica(tmp_path, "a", schema, slack.base_url)
-        b = Replica(tmp_path, "b", schema, slack.base_url)
+        a = replica(tmp_path, "a", schema, slack.base_url)
+        b = replica(tmp_path, "b", schema, slack.base_url)
         try:
             jobs = [(f"run-{i % 50}", 100 + i // 50, (a, b)[(i // 7) % 2]) for i in range(1000)]
             with ThreadPoolExecutor(8) as pool:
@@ -179,7 +125,7 @@ def test_1000_events_over_two_replicas_for_50_alerts_are_50_posts(tmp_path, sche
 def test_a_replica_killed_while_delivering_leaves_its_rows_to_the_other_after_the_lease(tmp_path, schema):
     hole = BlackHole()
     with SlackAPIServer() as slack:
-        a = Replica(tmp_path, "a", schema, hole.url)  # its Slack never answers: it hangs in its first post
+        a = replica(tmp_path, "a", schema, hole.url)  # its Slack never answers: it hangs in its first post
         b = None
         try:
             for i in range(5):
@@ -189,7 +135,7 @@ def test_a_replica_killed_while_delivering_leaves_its_rows_to_the_other_after_th
             claimed = db("SELECT id, run_id, claim_until FROM outbox WHERE claimed_by IS NOT NULL", schema)
             assert len({r[1] for r in claimed}) == 1  # one group at a time: the one in flight
             a.kill()  # SIGKILL with its rows claimed
-            b = Replica(tmp_path, "b", schema, slack.base_url)
+            b = replica(tmp_path, "b", schema, slack.base_url)
             assert wait_for(lambda: len(alert_posts(slack)) >= 5, timeout=30)
             time.sleep(1.5)
             posts = alert_posts(slack)
@@ -207,8 +153,8 @@ def test_a_command_on_replica_a_reaches_a_job_long_polling_replica_b_and_its_res
     from tests.integration import test_commands as tc
 
     with SlackAPIServer() as slack:
-        a = Replica(tmp_path, "a", schema, slack.base_url)
-        b = Replica(tmp_path, "b", schema, slack.base_url)
+        a = replica(tmp_path, "a", schema, slack.base_url)
+        b = replica(tmp_path, "b", schema, slack.base_url)
         try:
             tc.report(b)
             got: list[Any] = []
@@ -233,8 +179,8 @@ def test_a_command_on_replica_a_reaches_a_job_long_polling_replica_b_and_its_res
 
 def test_one_escalation_chain_escalates_once_with_two_replicas(tmp_path, schema):
     with SlackAPIServer() as slack:
-        a = Replica(tmp_path, "a", schema, slack.base_url, escalation=True)
-        b = Replica(tmp_path, "b", schema, slack.base_url, escalation=True)
+        a = replica(tmp_path, "a", schema, slack.base_url, escalation=True)
+        b = replica(tmp_path, "b", schema, slack.base_url, escalation=True)
         try:
             assert post(a, "run-42", 100) == 202
             assert post(b, "run-42", 101) == 202
