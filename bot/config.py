@@ -381,6 +381,8 @@ class RanksConfig:
     straggler_sigmas: float = _f(4.0, "straggler: and by this many robust sigmas (MAD) of the others", ge=0,
                                  le=1000)
     straggler_checks: int = _f(3, "straggler: checks in a row before its WARNING", ge=1, le=10_000)
+    straggler_wait_share: float = _f(0.1, "straggler by input wait (ranks that report data_time): it waits this "
+                                     "fraction of its step more than the others' median", gt=0, le=1000)
     outlier_sigmas: float = _f(6.0, "outlier: loss or grad norm this many robust sigmas (MAD) from the others",
                                ge=0, le=1000)
     outlier_rel: float = _f(0.2, "outlier: and at least this fraction of the others' median away", ge=0,

@@ -71,7 +71,7 @@ class _Device:
     """Everything the Monitor keeps for one device; bounded whatever the length of the run."""
 
     __slots__ = ("name", "rules", "prev_t", "prev_step", "max_dt", "last_t", "last_step",
-                 "tokens", "samples", "acc_loss", "acc_n", "recent", "whatif")
+                 "tokens", "samples", "data", "data_n", "acc_loss", "acc_n", "recent", "whatif")
 
     def __init__(self, name: str, rules: list[_Rule]) -> None:
         self.name = name
@@ -83,6 +83,8 @@ class _Device:
         self.last_step = 0  # step number (as passed in) of the last sample
         self.tokens = 0.0
         self.samples = 0.0
+        self.data = 0.0  # seconds waited for input since the last sample (step(data_time=)), over data_n calls
+        self.data_n = 0
         self.acc_loss = 0.0  # gradient accumulation: sum of micro-step losses
         self.acc_n = 0
         self.recent: deque[Sample] = deque(maxlen=WINDOW_SAMPLES)
@@ -244,6 +246,7 @@ class Monitor:
         time: float | None = None,
         device: str | int | None = None,
         local_grad_norm: float | None = None,
+        data_time: float | None = None,
     ) -> list[Event]:
         """Report one finished step; returns the events it raised (usually none).
 
@@ -252,7 +255,11 @@ class Monitor:
         counts for this step (throughput is derived); `throughput=` is an already measured
         tokens/s; `time=` a timestamp (for replays); `device` labels per-device metrics;
         `local_grad_norm` this rank's own grad norm before the all-reduce (data parallel; `grad_norm` is
-        then the reduced gradient's), reported as is (the bot compares it across ranks).
+        then the reduced gradient's), reported as is (the bot compares it across ranks); `data_time` the
+        seconds this step waited for its input (from the previous step's end to this one's begin, measured
+        on the host: a custom loop times its `next(batch)`; MonitorCallback does it), reported as its mean per
+        step over the sample's span, `Sample.data_time` (the bot's straggler rule compares it across ranks:
+        in lockstep data parallel the step time is every rank's, the input wait is its own).
         """
         if not self.enabled:
             return _EMPTY
@@ -274,6 +281,9 @@ class Monitor:
             d.tokens += tokens
         if samples is not None:
             d.samples += samples
+        if data_time is not None and data_time >= 0.0:
+            d.data += data_time
+            d.data_n += 1
         si, li = self._si, self._li
         raw = step
         k = self._accum
@@ -309,12 +319,14 @@ class Monitor:
         grad_norm: float | None, throughput: float | None, timed: bool = True, local_grad_norm: float | None = None,
     ) -> list[Event]:
         want_tp = self._want_throughput
-        step_time = tokens_s = samples_s = elapsed = None
+        step_time = tokens_s = samples_s = elapsed = data_s = None
         if d.last_t is not None:
             elapsed = now - d.last_t
             steps = raw - d.last_step
             if elapsed > 0.0 and steps > 0:
                 step_time = elapsed / steps
+                if d.data_n:
+                    data_s = d.data / steps
                 if want_tp:
                     if d.samples:
                         samples_s = d.samples / elapsed
@@ -328,6 +340,7 @@ class Monitor:
                 elapsed = None  # a rate measured elsewhere: how fast step() is called is not its span
         max_dt = d.max_dt if d.max_dt > 0.0 else None
         d.last_t, d.last_step, d.max_dt, d.tokens, d.samples = now, raw, 0.0, 0.0, 0.0
+        d.data, d.data_n = 0.0, 0
         s = Sample(
             run_id=self.run_id, device=d.name, step=step, time=now,
             loss=float(loss) if loss is not None and self._want_loss else None,
@@ -335,7 +348,7 @@ class Monitor:
             grad_norm=float(grad_norm) if grad_norm is not None and self._want_grad else None,
             local_grad_norm=float(local_grad_norm) if local_grad_norm is not None and self._want_grad else None,
             samples_per_s=samples_s, tokens_per_s=tokens_s, step_time=step_time, max_step_time=max_dt,
-            elapsed=elapsed,
+            elapsed=elapsed, data_time=data_s,
         )
         d.recent.append(s)
         d.whatif.add(s)

@@ -45,6 +45,7 @@ class RankState:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     step_time: float | None = None
+    data_time: float | None = None  # its own mean input wait per step (the step time is the slowest rank's)
     time: float | None = None  # the job's clock at its latest sample
     last_seen: float = 0.0  # the bot's clock at its latest envelope or heartbeat
     ended: bool = False  # its final heartbeat came: it finished normally
@@ -52,6 +53,7 @@ class RankState:
     history: deque[float] = dataclasses.field(default_factory=deque)  # recent step times (or 1/throughput)
     losses: deque[float] = dataclasses.field(default_factory=deque)  # recent finite losses
     norms: deque[float] = dataclasses.field(default_factory=deque)  # recent finite own grad norms
+    waits: deque[float] = dataclasses.field(default_factory=deque)  # recent input waits (data_time)
 
     def name(self) -> str:
         """"rank 3 (device 3 on node-2)": how a message names it (job data: the receiver escapes it)."""
@@ -73,6 +75,11 @@ class RankState:
         """The median of its recent step times: its own usual pace, which one slow step (a checkpoint, a
         compile) does not move."""
         xs = sorted(self.history)
+        return median_of_sorted(xs) if xs else None
+
+    def usual_wait(self) -> float | None:
+        """The median of its recent input waits: how long it usually waits for its input each step."""
+        xs = sorted(self.waits)
         return median_of_sorted(xs) if xs else None
 
     def typical(self, what: str) -> float | None:
@@ -120,7 +127,8 @@ class RunRanks:
                 self.refused += 1
                 return None
             m = self.members[key] = RankState(key, rank, device, host, history=deque(maxlen=self.history),
-                                              losses=deque(maxlen=self.history), norms=deque(maxlen=self.history))
+                                              losses=deque(maxlen=self.history), norms=deque(maxlen=self.history),
+                                              waits=deque(maxlen=self.history))
             self.by_device.setdefault((host, device), key)
             self.by_device.setdefault((None, device), key)
         else:
@@ -137,9 +145,12 @@ class RunRanks:
         m.step = s.step if m.step is None else max(m.step, s.step)
         m.loss, m.grad_norm, m.local_grad_norm = s.loss, s.grad_norm, s.local_grad_norm
         m.samples_per_s, m.tokens_per_s, m.step_time = s.samples_per_s, s.tokens_per_s, s.step_time
+        m.data_time = s.data_time
         spp = m.seconds_per_step()
         if spp is not None:
             m.history.append(spp)
+        if s.data_time is not None and 0.0 <= s.data_time < math.inf:
+            m.waits.append(s.data_time)
         if m.loss is not None and m.loss - m.loss == 0.0:
             m.losses.append(m.loss)
         norm = m.norm()
@@ -152,7 +163,7 @@ class RunRanks:
 
     def spread(self, what: str) -> Spread | None:
         """The spread across live ranks of one of: step, loss, norm (the ranks' own grad norms), grad_norm
-        (the reduced one), step_time, tokens_per_s, samples_per_s."""
+        (the reduced one), step_time, data_time, tokens_per_s, samples_per_s."""
         return Spread.of(_value(m, what) for m in self.live())
 
     def mean_local_norm(self) -> float | None:

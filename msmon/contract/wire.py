@@ -71,6 +71,9 @@ class Sample(msgspec.Struct, kw_only=True, gc=False):
     step_time: float | None = None  # mean seconds per step since the previous sample
     max_step_time: float | None = None  # slowest single step since the previous sample
     elapsed: float | None = None  # seconds since the previous sample: the span the rates cover
+    # This rank's own mean wait for its input per step over the same span (from one step's end to the next's
+    # begin, on the host): in lockstep data parallel every rank's step_time is the slowest's, this is not.
+    data_time: float | None = None
 
 
 class Window(msgspec.Struct, kw_only=True):

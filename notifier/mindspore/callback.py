@@ -106,10 +106,12 @@ class _Kept:
     """A sampled step's outputs, with what `Monitor.step` will be told about it: read at once, or later with
     deferred_read (`time`: the step's end, None for now)."""
 
-    __slots__ = ("step", "time", "samples", "tokens", "outputs")
+    __slots__ = ("step", "time", "samples", "tokens", "outputs", "data_time")
 
-    def __init__(self, step: int, time: float | None, samples: int | None, tokens: int | None, outputs: Any) -> None:
+    def __init__(self, step: int, time: float | None, samples: int | None, tokens: int | None, outputs: Any,
+                 data_time: float | None = None) -> None:
         self.step, self.time, self.samples, self.tokens, self.outputs = step, time, samples, tokens, outputs
+        self.data_time = data_time
 
 
 def state_path(checkpoint: str | os.PathLike[str]) -> str:
@@ -202,6 +204,11 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         self._batch: int | None = None
         self._tokens_per_sample: int | None = None
         self._last_step = 0
+        # this rank's input wait: the clock at the previous step's end, the wait before this step's begin; not
+        # in dataset sink mode (the input is fed on the device there, the host sees no wait)
+        self._ended: float | None = None
+        self._wait: float | None = None
+        self._time_input = True
         self._resumed_at: int | None = None  # the step of the state loaded (resume_from)
         self._offset = 0  # added to MindSpore's step numbers when they restart from 0 on a resume
         self.backend.on_saved = self.save_state
@@ -228,12 +235,20 @@ class MonitorCallback(Callback):  # type: ignore[misc]
                      "checkpoint's step %d", first, resumed)
         self._last_step = first + self._offset
         self._batch = None  # read from the first batch's shape (a dataset's get_batch_size() may say 1)
+        self._ended = self._wait = None
+        self._time_input = not getattr(cb, "dataset_sink_mode", False)
         if getattr(cb, "dataset_sink_mode", False):
             log.info("msmon: dataset sink mode: MindSpore calls back once per sink of %s steps, so per-step values "
                      "are seen once per sink (throughput is computed over the whole sink)", cb.batch_num)
         if self.deferred:
             log.info("msmon: deferred_read: the metrics of step N are read at the end of step N+1, so its alerts "
                      "and their actions come one step later")
+
+    def on_train_step_begin(self, run_context: Any) -> None:
+        """The time since the previous step's end: what this step waited for its input (MindSpore fetches the
+        next batch between the two callbacks). A clock reading on the host: no device sync, no collective."""
+        ended = self._ended
+        self._wait = None if ended is None else max(self.monitor._clock() - ended, 0.0)
 
     def on_train_step_end(self, run_context: Any) -> None:
         cb = run_context.original_args()
@@ -246,10 +261,11 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         n = self._batch * steps if self._batch else None
         tokens = None if n is None or self._tokens_per_sample is None else n * self._tokens_per_sample
         self._flush(step)
+        wait, self._wait = self._wait, None
         if not mon.samples(step):
-            mon.step(step, samples=n, tokens=tokens)
+            mon.step(step, samples=n, tokens=tokens, data_time=wait)
         else:
-            kept = _Kept(step, mon._clock() if self.deferred else None, n, tokens, cb.net_outputs)
+            kept = _Kept(step, mon._clock() if self.deferred else None, n, tokens, cb.net_outputs, wait)
             if self.deferred:
                 self._kept = kept
             else:
@@ -257,6 +273,8 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         if self.control.has_pending:
             self._flush(step)  # an action syncs the device anyway, and a pause must not split a step from its report
             self.control.apply(step, run_context)
+        if self._time_input:
+            self._ended = mon._clock()  # after a pause or an action: neither is an input wait
 
     def on_train_end(self, run_context: Any) -> None:
         """The last kept step is read now, and the actions its events ask for run at this last boundary."""
@@ -281,7 +299,8 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         """Hand a sampled step to the monitor, at its own step number and end time; `step` is the step now."""
         (loss, lr, grad_norm), local = self._metrics(kept.outputs, step - kept.step)
         self._dispatch_all(self.monitor.step(kept.step, loss=loss, lr=lr, grad_norm=grad_norm, samples=kept.samples,
-                                             tokens=kept.tokens, time=kept.time, local_grad_norm=local))
+                                             tokens=kept.tokens, time=kept.time, local_grad_norm=local,
+                                             data_time=kept.data_time))
 
     def _flush(self, step: int) -> None:
         """Report the step kept by deferred_read, if any (`step`: the step now)."""

@@ -13,6 +13,7 @@ from msmon.contract.wire import Sample
 CSV_COLUMNS: tuple[str, ...] = (
     "time", "run_id", "device", "step", "loss", "learning_rate", "grad_norm",
     "samples_per_s", "tokens_per_s", "step_time", "max_step_time", "local_grad_norm",
+    "data_time",
 )
 
 

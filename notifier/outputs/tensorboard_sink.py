@@ -16,6 +16,7 @@ TAGS: tuple[tuple[str, str], ...] = (
     ("samples_per_s", "throughput/samples_per_s"),
     ("step_time", "time/step_time_s"),
     ("max_step_time", "time/max_step_time_s"),
+    ("data_time", "time/data_time_s"),
 )
 
 

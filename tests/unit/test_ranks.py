@@ -17,10 +17,10 @@ from msmon.contract.wire import Envelope, Event, Heartbeat, Sample, Severity, St
 
 
 def env(rank: int, step: int, now: float, *, step_time: float = 0.1, loss: float = 1.0,
-        local: float | None = 2.0, host: str = "node-a", run: str = "r") -> Envelope:
+        local: float | None = 2.0, host: str = "node-a", run: str = "r", data_time: float | None = None) -> Envelope:
     return Envelope(run_id=run, device=str(rank), sent_at=now, rank=rank, host=host, samples=[Sample(
         run_id=run, device=str(rank), step=step, time=now, loss=loss, grad_norm=5.0, local_grad_norm=local,
-        step_time=step_time, tokens_per_s=1000.0 / step_time)])
+        step_time=step_time, tokens_per_s=1000.0 / step_time, data_time=data_time)])
 
 
 class Sim:
@@ -90,6 +90,78 @@ def test_two_ranks_the_slower_is_named():
     for _ in range(5):
         out += sim.tick(step_time={1: 0.2})
     assert fired(out, "rank_straggler") == [("1", "WARNING", "firing")]
+
+
+LOCKSTEP = {r: 0.05 for r in range(4)}  # every rank's wall step time is the slowest one's
+
+
+def test_in_lockstep_the_rank_that_waits_for_its_input_is_the_straggler_and_only_it():
+    sim = Sim(4)
+    out: list[Event] = []
+    for i in range(6):
+        waits = {r: 0.0002 + 0.00005 * ((r + i) % 3) for r in range(4)} | {2: 0.03 + 0.001 * (i % 2)}
+        out += sim.tick(step_time=LOCKSTEP, data_time=waits)
+    assert fired(out, "rank_straggler") == [("2", "WARNING", "firing")]
+    ev = next(e for e in out if e.rule == "rank_straggler")
+    assert ev.metric == "data_time" and ev.value == pytest.approx(0.0305, abs=6e-4)
+    assert "rank 2" in ev.message and "device 2" in ev.message and "node-a" in ev.message, ev.message
+    assert "input wait" in ev.message and "60% of its 0.05 s step" in ev.message, ev.message
+    back: list[Event] = []
+    for _ in range(sim.cfg.history + 1):  # its pipeline is fast again: resolved once its usual wait is back
+        back += sim.tick(step_time=LOCKSTEP, data_time=dict.fromkeys(range(4), 0.0002))
+    assert fired(back, "rank_straggler") == [("2", "WARNING", "resolved")]
+
+
+def test_an_input_wait_small_against_the_step_is_no_straggler_however_many_times_the_others():
+    sim = Sim(4)
+    out: list[Event] = []
+    for _ in range(8):  # 20x the others' wait, but 4% of its step (under straggler_wait_share 0.1)
+        out += sim.tick(step_time=LOCKSTEP, data_time=dict.fromkeys(range(4), 0.0001) | {1: 0.002})
+    assert not fired(out, "rank_straggler")
+    out = []
+    for _ in range(8):  # noisy waits on every rank, none apart
+        out += sim.tick(step_time=LOCKSTEP, data_time={0: 0.004, 1: 0.009, 2: 0.006, 3: 0.012})
+    assert not fired(out, "rank_straggler")
+
+
+def test_one_long_input_wait_is_not_a_straggler():
+    sim = Sim(3)
+    out = sim.tick(step_time=LOCKSTEP, data_time={0: 0.0002, 1: 0.0002, 2: 2.0})  # an epoch's first batch
+    for _ in range(8):
+        out += sim.tick(step_time=LOCKSTEP, data_time=dict.fromkeys(range(3), 0.0002))
+    assert not fired(out, "rank_straggler")
+
+
+def test_without_input_waits_the_step_time_still_names_the_straggler():
+    sim = Sim(3)
+    out: list[Event] = []
+    for _ in range(6):  # ranks that report data_time, none apart, and one whose steps are slower (no lockstep)
+        out += sim.tick(step_time={2: 0.35}, data_time=dict.fromkeys(range(3), 0.001))
+    ev = next(e for e in out if e.rule == "rank_straggler")
+    assert (ev.device, ev.metric) == ("2", "step_time")
+
+
+def test_the_notifier_reports_its_input_wait_per_step_over_the_samples_span():
+    from notifier import Monitor
+    from tests.fakes.helpers import FakeClock, ListSink, config
+
+    clock, sink = FakeClock(), ListSink()
+    mon = Monitor(config(step_interval=5), "r", sinks=[sink], clock=clock)
+    for step in range(11):
+        clock.advance(0.1)
+        mon.step(step, loss=1.0, data_time=0.02 if step < 8 else 0.04)
+    mon.step(11, loss=1.0)
+    mon.close()
+    assert [s.step for s in sink.samples] == [0, 5, 10]
+    assert sink.samples[0].data_time is None  # no span yet, as its step time
+    assert sink.samples[1].data_time == pytest.approx(0.02) and sink.samples[1].step_time == pytest.approx(0.1)
+    assert sink.samples[2].data_time == pytest.approx((2 * 0.02 + 3 * 0.04) / 5)  # steps 6 to 10
+    plain = ListSink()
+    other = Monitor(config(step_interval=5), "r", sinks=[plain], clock=FakeClock())
+    for step in range(6):
+        other.step(step, loss=1.0)
+    other.close()
+    assert [s.data_time for s in plain.samples] == [None, None]  # a loop that does not time its input
 
 
 def test_an_outlier_loss_is_a_warning_then_an_error_when_it_persists():
