@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.fakes.process import terminate
+
 SHARED = "nats://127.0.0.1:4222"
 
 
@@ -112,13 +114,7 @@ class NatsServer:
         raise RuntimeError(f"nats-server did not answer on port {self.port} within {timeout:g} s; see {self.log}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
         self.proc = None
 
     def __enter__(self) -> NatsServer:

@@ -22,6 +22,7 @@ import pytest
 from msmon.contract.wire import Envelope, Event, Sample, encode
 from tests.fakes.bot_server import BotServer
 from tests.fakes.helpers import wait_for
+from tests.fakes.process import terminate
 
 ALERTMANAGER = "prometheus-alertmanager"
 PROMETHEUS = "prometheus"
@@ -131,13 +132,7 @@ class Daemon:
             return False
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
 
 
 def alertmanager(folder: Path, webhook_url: str, *, bearer: str = "") -> Daemon:

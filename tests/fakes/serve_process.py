@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from tests.fakes.bot_server import send, wait_for
+from tests.fakes.process import terminate
 
 MSMON = str(Path(sys.executable).parent / "msmon")
 
@@ -72,10 +73,4 @@ class ServeProcess:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc, 15)

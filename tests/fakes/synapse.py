@@ -19,6 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
+from tests.fakes.process import terminate
+
 SERVER_NAME = "localhost"
 START_TIMEOUT = 90.0  # seconds: Synapse builds its SQLite schema on the first start
 
@@ -91,13 +93,7 @@ class Synapse:
         raise RuntimeError(f"synapse did not answer /health in {START_TIMEOUT:.0f} s: {self.log_tail()}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc, 15)
         if self.log is not None:
             self.log.close()
 

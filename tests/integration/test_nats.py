@@ -7,19 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 pytest.importorskip("nats")
 pytest.importorskip("aiohttp")
@@ -41,7 +35,7 @@ from notifier.nats_transport import nats_transport  # noqa: E402
 from tests.fakes.bot_server import BotServer, send, wait_for  # noqa: E402
 from tests.fakes.nats_server import SHARED, NatsServer, delete_streams, private_problem, shared_problem  # noqa: E402
 from tests.fakes.records import event  # noqa: E402
-from tests.integration.test_replicas import free_port  # noqa: E402
+from tests.fakes.serve_process import ServeProcess  # noqa: E402
 
 _SHARED_PROBLEM = shared_problem()
 needs_shared = pytest.mark.skipif(_SHARED_PROBLEM is not None, reason=str(_SHARED_PROBLEM))
@@ -319,23 +313,12 @@ def test_a_rank_s_configured_action_reaches_the_bot_over_nats_as_one_command(tmp
         delete_streams(SHARED, stream)
 
 
-class _Replica:
-    """One `msmon serve` process on the PostgreSQL schema, consuming NATS (SIGKILL-able)."""
+class _Replica(ServeProcess):
+    """One `msmon serve` process on the PostgreSQL schema, consuming NATS (SIGKILL-able); ready once its
+    /metrics answers."""
 
     def __init__(self, tmp_path, name: str, cfg: dict[str, Any]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cfg = json.loads(json.dumps(cfg))
-        cfg["bot"]["port"] = self.port
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        self.log = tmp_path / f"{name}.log"
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([str(Path(sys.executable).parent / "msmon"), "serve", "--config", str(path)],
-                                         env=dict(os.environ), stdout=out, stderr=out)
-        if not wait_for(lambda: self.metric("ingested") is not None or self.proc.poll() is not None, timeout=60):
-            self.stop()  # /metrics never answered
-        assert self.proc.poll() is None, self.log.read_text()[-3000:]
+        super().__init__(tmp_path, name, cfg, ready=lambda p: p.metric("ingested") is not None)
 
     def metric(self, outcome: str) -> float | None:
         """msmon_nats_messages_total{outcome} from /metrics (None: no answer yet; 0: not counted yet)."""
@@ -357,26 +340,6 @@ class _Replica:
         assert code == 200, body
         command: dict[str, Any] = body["command"]
         return command
-
-    def health(self) -> dict[str, Any]:
-        try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
-                return dict(json.loads(r.read()))
-        except OSError:
-            return {}
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
 
 
 @needs_private
