@@ -197,11 +197,12 @@ class Store:
         for i in range(0, len(uniq), 500):
             chunk = uniq[i:i + 500]
             rows = self.db.execute("SELECT fingerprint, severity, status, sent_severity, sent_at, sent_resolved,"
-                                   f" acked_by FROM alerts WHERE fingerprint IN ({','.join('?' * len(chunk))})", chunk)
+                                   " sent_step, acked_by FROM alerts"
+                                   f" WHERE fingerprint IN ({','.join('?' * len(chunk))})", chunk)
             for r in rows:
                 sent = r["sent_severity"]
                 notify = NotifyState() if sent is None else NotifyState(Severity(sent), r["sent_at"],
-                                                                        bool(r["sent_resolved"]))
+                                                                        bool(r["sent_resolved"]), r["sent_step"])
                 out[r["fingerprint"]] = (notify, r["severity"], r["status"], r["acked_by"] is not None)
         return out
 
@@ -215,9 +216,9 @@ class Store:
         """Upsert alerts. A new episode (the row was resolved) starts at this step and is not acknowledged."""
         self.db.executemany(
             "INSERT INTO alerts(fingerprint, run_id, rule, device, severity, status, first_step, last_step,"
-            " updated_at, event, sent_severity, sent_at, sent_resolved)"
+            " updated_at, event, sent_severity, sent_at, sent_resolved, sent_step)"
             " VALUES(?1,?2,?3,?4,?5,?6,?7,?7,?8,?9,CASE WHEN ?10 THEN ?11 END,CASE WHEN ?10 THEN CAST(?12 AS REAL) END,"
-            " CASE WHEN ?10 THEN ?13 ELSE 0 END)"
+            " CASE WHEN ?10 THEN ?13 ELSE 0 END,CASE WHEN ?10 THEN CAST(?14 AS BIGINT) END)"
             " ON CONFLICT(fingerprint) DO UPDATE SET severity=excluded.severity, status=excluded.status,"
             " last_step=excluded.last_step, updated_at=excluded.updated_at,"
             " event=COALESCE(excluded.event, alerts.event),"
@@ -225,7 +226,8 @@ class Store:
             " acked_by=CASE WHEN alerts.status='resolved' THEN NULL ELSE alerts.acked_by END,"
             " sent_severity=CASE WHEN ?10 THEN ?11 ELSE alerts.sent_severity END,"
             " sent_at=CASE WHEN ?10 THEN CAST(?12 AS REAL) ELSE alerts.sent_at END,"
-            " sent_resolved=CASE WHEN ?10 THEN ?13 ELSE alerts.sent_resolved END", map(_alert_params, rows))
+            " sent_resolved=CASE WHEN ?10 THEN ?13 ELSE alerts.sent_resolved END,"
+            " sent_step=CASE WHEN ?10 THEN CAST(?14 AS BIGINT) ELSE alerts.sent_step END", map(_alert_params, rows))
 
     def enqueue_many(self, entries: list[OutboxEntry]) -> None:
         self.db.executemany("INSERT INTO outbox(created_at, receiver, channel, kind, key, run_id, payload, next_at)"
@@ -382,13 +384,13 @@ class Store:
 
 
 def _alert_params(r: AlertRow) -> tuple[Any, ...]:
-    """save_alerts' 13 parameters for one row (?10: whether a notification was queued)."""
+    """save_alerts' 14 parameters for one row (?10: whether a notification was queued)."""
     sent = r.sent
     if sent is None:
         return (r.fingerprint, r.run_id, r.rule, r.device, r.severity, r.status, r.step, r.at, r.event, False,
-                None, None, 0)
+                None, None, 0, None)
     return (r.fingerprint, r.run_id, r.rule, r.device, r.severity, r.status, r.step, r.at, r.event, True,
-            None if sent.severity is None else sent.severity.value, sent.sent_at, int(sent.resolved))
+            None if sent.severity is None else sent.severity.value, sent.sent_at, int(sent.resolved), sent.step)
 
 
 # -- commands: every one received, allowed or not (the audit log), and the open ones' delivery state ---

@@ -221,7 +221,7 @@ class CommandService:
         firing = self.store.alerts(run_id, "firing")
         for a in firing:
             acked = f", acknowledged by {a['acked_by']}" if a["acked_by"] else ""
-            lines.append(f"FIRING {a['severity']} {a['rule']} on device {a['device']} since step {a['first_step']:,}"
+            lines.append(f"FIRING {a['severity']} {a['rule']} on device {a['device']} {_since(a)}"
                          f"{acked} (ack: `ack {run_id}/{a['rule']}`)")
         if not firing:
             lines.append("no alert firing")
@@ -267,6 +267,18 @@ class CommandService:
         msg = f"Silenced {what} of run {p.run} for {format_duration(duration)} (silence {sid}, by {origin.who})."
         self._audit(now, origin, p.text(), p.verb, p.run, "done", msg, project)
         return Answer(msg)
+
+
+def _since(alert: dict[str, Any]) -> str:
+    """Since when a firing alert fires and, where that differs, the step of the alert that was posted
+    (the notification log's sent_step): the episode's first event may have been held back (inhibited,
+    silenced) and the message in the channel raised at a later step."""
+    first, posted = alert["first_step"], alert.get("sent_step")
+    if alert["sent_severity"] is None or alert["sent_resolved"]:  # nothing sent in this episode
+        return f"since step {first:,} (not posted: held back by an inhibit or a silence)"
+    if posted is None or posted == first:  # posted is None: a row from before the notification log had steps
+        return f"since step {first:,}"
+    return f"since step {first:,}, posted at step {posted:,}"
 
 
 def _level_change_lines(changes: list[dict[str, Any]], shown: int = 3) -> list[str]:

@@ -32,8 +32,9 @@ def kind(ev: Event, state: NotifyState) -> str:
 def record(ev: Event, state: NotifyState, now: float) -> NotifyState:
     """The state after `ev` was sent."""
     if ev.status is Status.RESOLVED:
-        return NotifyState(state.severity, state.sent_at, resolved=True)
-    return NotifyState(ev.severity, now, resolved=False)
+        return NotifyState(state.severity, state.sent_at, True, state.step)
+    step = state.step if kind(ev, state) == "repeat" else ev.step  # a reminder is of the alert posted before
+    return NotifyState(ev.severity, now, False, step)
 
 
 def stage(ctx: Context, n: Notification) -> Notification | None:

@@ -56,6 +56,7 @@ class NotifyState:
     severity: Severity | None = None
     sent_at: float | None = None
     resolved: bool = False
+    step: int | None = None  # the step of the alert posted (a reminder keeps it): what `status` names
 
 
 NEVER = NotifyState()  # nothing was ever sent

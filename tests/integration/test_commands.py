@@ -306,6 +306,35 @@ def test_ack_and_silence(bot, slack):
     assert s.rule == "loss_spike" and s.run_id == "run-42" and 7190 < s.expires_at - time.time() <= 7200
 
 
+def test_status_names_the_step_of_the_alert_posted_when_the_first_warning_was_held_back(bot, slack):
+    """The episode's first WARNING (step 640) is inhibited by a firing ERROR; the one posted comes at 650,
+    after the ERROR resolved: status says both, so the person finds the message in the channel."""
+    from tests.fakes.records import envelope, event
+
+    def ingest(*events: Event) -> None:
+        assert bot.request("POST", "/v1/ingest", envelope(list(events)))[0] == 202
+
+    def status() -> str:
+        code, body = bot.request("POST", "/v1/commands", b'{"text": "status run-42"}', token="operator-token")
+        assert code == 200, body
+        return str(body["text"])
+
+    report(bot, step=600)
+    ingest(event(step=600))
+    assert slack.wait_for(lambda s: len(s.messages()) == 1, timeout=10)
+    ingest(event(rule="loss_spike", sev=Severity.WARNING, step=640, value=4.0))  # inhibited
+    assert "FIRING WARNING loss_spike on device 0 since step 640 (not posted: held back by an inhibit" in status()
+    ingest(event(status=Status.RESOLVED, step=645))
+    assert slack.wait_for(lambda s: len(s.messages()) == 2, timeout=10)  # the ERROR's resolution
+    ingest(event(rule="loss_spike", sev=Severity.WARNING, step=650, value=4.0))
+    assert slack.wait_for(lambda s: len(s.messages()) == 3, timeout=10)
+    assert "step 650" in slack.messages()[2]["text"]
+    text = status()
+    assert "FIRING WARNING loss_spike on device 0 since step 640, posted at step 650" in text, text
+    ingest(event(rule="loss_spike", sev=Severity.WARNING, step=660, value=4.0))  # a repeat, suppressed
+    assert "since step 640, posted at step 650" in status()
+
+
 def test_commands_can_be_switched_off(tmp_path, slack, env):
     b = BotServer(config(tmp_path, slack, enable=False))
     try:

@@ -31,6 +31,21 @@ def test_dedup_repeat_interval_and_rises():
     assert not dedup.decide(ev(status=Status.RESOLVED), NotifyState(), 0.0, 60)  # nothing was sent
 
 
+def test_the_notification_log_keeps_the_step_of_the_alert_posted_through_reminders():
+    import msgspec
+
+    def at(step: int, sev: Severity = Severity.WARNING, status: Status = Status.FIRING) -> Event:
+        return msgspec.structs.replace(ev(sev, status), step=step)
+
+    s = dedup.record(at(650), NotifyState(), 0.0)
+    assert s.step == 650
+    assert dedup.record(at(900), s, 100.0).step == 650  # a reminder is of the alert posted at 650
+    assert dedup.record(at(700, Severity.ERROR), s, 1.0).step == 700  # a rise is a new alert
+    s = dedup.record(at(950, status=Status.RESOLVED), s, 2.0)
+    assert s.resolved and s.step == 650
+    assert dedup.record(at(1200), s, 3.0).step == 1200  # a new episode
+
+
 def test_inhibit_holds_warnings_of_a_run_with_an_error():
     assert inhibit.inhibited(ev(), True)
     assert not inhibit.inhibited(ev(Severity.ERROR), True)
