@@ -459,6 +459,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     svc = CommandService(state)
     app[COMMANDS], app[STATE] = svc, state
     escalator = Escalator(state, clock, period=escalation_period, links=_ack_links(cfg))
+    escalator.on_ack = lambda run, rule, who, now: svc.tell_job_acked(run, rule, None, Origin(source="email", user=who),
+                                                                       now)
     app[ESCALATOR] = escalator
     digests = app[DIGESTS] = Digests(state, clock)
     app.router.add_post("/v1/ingest", ingest)

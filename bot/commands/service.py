@@ -249,14 +249,24 @@ class CommandService:
         msg = (f"{origin.who} acknowledged {rule} on {where} of run {run_id}: no reminders until it resolves, and "
                "its escalation stops (a rise to ERROR still pages).")
         self._audit(now, origin, p.text(), p.verb, run_id, "done", msg, project)
-        run = self.store.run(run_id)
-        if run is None:
+        cmd = self.tell_job_acked(run_id, rule, p.device, origin, now)
+        if cmd is None:
             return Answer(msg)
-        # The job hears of it too: a level shift its rule holds against the pre-shift reference is the new normal.
-        params = {"rule": rule} if p.device is None else {"rule": rule, "device": p.device}
-        cmd, _ = self._enqueue(p, run, origin, now, "acknowledge", params)
         return Answer(f"{msg} The job takes the level it holds now as the new normal at step {cmd['apply_step']:,} "
                       f"({cmd['id']}; reported here).", command=cmd)
+
+    def tell_job_acked(self, run_id: str, rule: str, device: str | None, origin: Origin,
+                       now: float) -> dict[str, Any] | None:
+        """The job hears of an acknowledgement (from chat, the console or an email link): an `acknowledge`
+        command for every rank, so a level shift its rule holds against the pre-shift reference becomes the
+        new normal. The command, or None for a run the bot does not know."""
+        run = self.store.run(run_id)
+        if run is None:
+            return None
+        params = {"rule": rule} if device is None else {"rule": rule, "device": device}
+        cmd, _ = self._enqueue(Parsed("ack", run=run_id, rule=rule, device=device), run, origin, now, "acknowledge",
+                               params)
+        return cmd
 
     def _silence(self, p: Parsed, origin: Origin, now: float, project: str) -> Answer:
         duration = float(p.duration or 0.0)

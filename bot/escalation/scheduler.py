@@ -103,6 +103,9 @@ class Escalator:
         self.state, self.cfg, self.clock, self.period, self.links = state, state.cfg, clock, period, links
         self.owner = owner or f"bot-{uuid.uuid4().hex[:8]}"
         self.scheduler: AsyncIOScheduler | None = None
+        # (run, rule, who, now) after an email link acknowledged a firing alert: bot/app.py tells the job
+        # through the command service, as for an ack typed in chat
+        self.on_ack: Callable[[str, str, str, float], object] | None = None
         self.steps = Counter("msmon_escalation_steps_total", "escalation steps taken, by receiver (and the acks and "
                              "resolutions that closed one)", ["how"], registry=state.metrics.registry)
 
@@ -316,6 +319,12 @@ class Escalator:
         self.sync()
         if not fps:
             return 200, f"{row['rule']} of run {row['run_id']} is no longer firing; nothing left to acknowledge"
+        if self.on_ack is not None:  # the job hears of it as of a chat ack; the page says done whatever it answers
+            try:
+                self.on_ack(row["run_id"], row["rule"], f"email link (escalation {esc_id})", now)
+            except Exception:  # noqa: BLE001 - the acknowledgement stands; the job keeps its rule's state
+                log.exception("msmon bot: run %s: %s was acknowledged by an email link, but telling the job failed; "
+                              "ack it in chat to reset the rule's reference in the job", row["run_id"], row["rule"])
         return 200, f"acknowledged {row['rule']} of run {row['run_id']}: the escalation stops"
 
 

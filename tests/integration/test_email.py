@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from msmon.contract.wire import Poll, encode
 from tests.fakes.bot_server import BotServer, send, wait_for
 from tests.fakes.helpers import FakeClock
 from tests.fakes.records import envelope, event
@@ -81,6 +82,12 @@ def test_the_ack_link_works_once_and_not_after_it_expires(tmp_path, slack, smtp)
         assert status == 200 and "acknowledged grad_norm of run run-42" in page
         assert wait_for(lambda: bot.store.escalations.of()[0]["state"] == "acked", 5)
         assert bot.store.escalations.of()[0]["acked_by"] == "email link (escalation 1)"
+        # the job hears of it as of an ack in chat: its rule takes the level it holds as the new normal
+        code, polled = bot.request("POST", "/v1/commands/poll", encode(Poll(run_id="run-42", device="0", wait=0)))
+        assert code == 200, polled
+        acks = [c for c in polled["commands"] if c["action"] == "acknowledge"]
+        assert [c["params"] for c in acks] == [{"rule": "grad_norm"}], polled
+        assert acks[0]["issued_by"].startswith("email link"), acks
         assert post(bot, path)[0] == 409  # once only
         clock.advance(600)
         time.sleep(0.5)
