@@ -172,9 +172,7 @@ class EmailConfig:
     ack_link_ttl: float = _f(86_400.0, "seconds an acknowledge link stays valid", ge=60, le=30 * DAY)
 
     def check(self) -> Iterator[tuple[str, str]]:
-        problem = url_problem(self.public_url) if self.public_url is not None else None
-        if problem:
-            yield "public_url", problem
+        yield from _url_problems(self, "public_url", empty_ok=False)
 
 
 @dataclasses.dataclass
@@ -219,9 +217,7 @@ class SlackConfig:
                             "Socket Mode")
 
     def check(self) -> Iterator[tuple[str, str]]:
-        problem = url_problem(self.base_url) if self.base_url is not None else None
-        if problem:
-            yield "base_url", problem
+        yield from _url_problems(self, "base_url", empty_ok=False)
 
 
 @dataclasses.dataclass
@@ -267,9 +263,7 @@ class WebConsoleConfig:
                                            "closed (a stalled client holds no memory)", ge=0.1, le=600)
 
     def check(self) -> Iterator[tuple[str, str]]:
-        problem = url_problem(self.public_url) if self.public_url is not None else None
-        if problem:
-            yield "public_url", problem
+        yield from _url_problems(self, "public_url", empty_ok=False)
 
 
 @dataclasses.dataclass
@@ -357,11 +351,12 @@ class WebhookConfig:
         yield from _url_problems(self, "url")
 
 
-def _url_problems(section: object, *keys: str) -> Iterator[tuple[str, str]]:
-    """(key, why) for each of `keys` set to something that is not a usable http(s) URL."""
+def _url_problems(section: object, *keys: str, empty_ok: bool = True) -> Iterator[tuple[str, str]]:
+    """(key, why) for each of `keys` set to something that is not a usable http(s) URL. Unset (None) is
+    fine; so is an empty string where `empty_ok` (a key whose empty default means "off")."""
     for key in keys:
         value = getattr(section, key)
-        problem = url_problem(value) if value else None
+        problem = url_problem(value) if value is not None and (value or not empty_ok) else None
         if problem:
             yield key, problem
 
@@ -412,9 +407,7 @@ class ChartLinksConfig:
     ttl: float = _f(7 * DAY, "seconds a chart link works", ge=60, le=90 * DAY)
 
     def check(self) -> Iterator[tuple[str, str]]:
-        problem = url_problem(self.public_url) if self.public_url is not None else None
-        if problem:
-            yield "public_url", problem
+        yield from _url_problems(self, "public_url", empty_ok=False)
 
 
 @dataclasses.dataclass
