@@ -12,7 +12,7 @@ from bot.config import load_bot_config
 from bot.server import BotThread
 from tests.fakes.helpers import wait_for
 
-__all__ = ["BotServer", "send", "wait_for"]
+__all__ = ["BotServer", "request", "send", "wait_for"]
 
 
 class BotServer(BotThread):
@@ -21,12 +21,18 @@ class BotServer(BotThread):
 
     def request(self, method: str, path: str, body: bytes | None = None, token: str | None = "job-token",
                 content_type: str = "application/json") -> tuple[int, Any]:
-        req = urllib.request.Request(self.url + path, data=body, method=method)
-        if body is not None:
-            req.add_header("Content-Type", content_type)
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        return send(req)
+        return request(self.url, method, path, body, token, content_type)
+
+
+def request(url: str, method: str, path: str, body: bytes | None = None, token: str | None = "job-token",
+            content_type: str = "application/json") -> tuple[int, Any]:
+    """One request to the bot at `url` (a job's token by default): (status, JSON or text answer)."""
+    req = urllib.request.Request(url + path, data=body, method=method)
+    if body is not None:
+        req.add_header("Content-Type", content_type)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    return send(req)
 
 
 def with_test_store(config: dict[str, Any]) -> dict[str, Any]:

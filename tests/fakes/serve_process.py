@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tests.fakes.bot_server import send, wait_for
+from tests.fakes.bot_server import request, wait_for
 from tests.fakes.process import terminate
 
 MSMON = str(Path(sys.executable).parent / "msmon")
@@ -61,12 +61,7 @@ class ServeProcess:
 
     def request(self, method: str, path: str, body: bytes | None = None, token: str | None = "job-token",
                 content_type: str = "application/json") -> tuple[int, Any]:
-        req = urllib.request.Request(self.url + path, data=body, method=method)
-        if body is not None:
-            req.add_header("Content-Type", content_type)
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        return send(req)
+        return request(self.url, method, path, body, token, content_type)
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
