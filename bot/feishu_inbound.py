@@ -1,13 +1,18 @@
 """Feishu/Lark's way in: an app bot's event subscription (`POST /feishu/events`), the group message
 `@msmon pause run-42` as `im.message.receive_v1` (schema 2.0).
 
-Checked as Feishu's event subscription guide says, before anything is acted on: with an Encrypt Key,
-the body is `{"encrypt": ...}` (AES-256-CBC, the key SHA-256 of the Encrypt Key, the IV the first 16
-bytes) and the request is signed (`X-Lark-Signature` = hex SHA-256 of timestamp + nonce + Encrypt Key +
-body); the Verification Token in the event (or in the url_verification challenge) must match; an
-event_id counts once (Feishu pushes an event again when it got no 200 in time). A bot without a
-Verification Token refuses everything. The sender is `feishu:<open_id>` in `commands.allow`; the answer
-goes through the outbox to the Feishu receiver, with the chat and the message in its ReplyTo.
+Checked as Feishu's event subscription guide says, before anything is acted on, in this order: with an
+Encrypt Key, the request's signature first (`X-Lark-Signature` = hex SHA-256 of timestamp + nonce +
+Encrypt Key + the raw body) and its `X-Lark-Request-Timestamp` inside a 5-minute window, and only then the
+body is decrypted (`{"encrypt": ...}`: AES-256-CBC, the key SHA-256 of the Encrypt Key, the IV the first
+16 bytes); the Verification Token in the event must match. Every refusal is the same 401 with one reason
+(the cause is only logged), so nothing answers whether a forged ciphertext's padding was good. Feishu
+does not sign its url_verification challenge: an unsigned request is decrypted only to be that
+challenge. An event_id counts once, remembered in the store for a day (Feishu pushes an unanswered event
+again, up to 6 hours later), across restarts. Without an Encrypt Key Feishu signs nothing: the
+Verification Token alone says the event is Feishu's (docs/security.md). A bot without a Verification
+Token refuses everything. The sender is `feishu:<open_id>` in `commands.allow`; the answer goes through
+the outbox to the Feishu receiver, with the chat and the message in its ReplyTo.
 """
 
 from __future__ import annotations
@@ -38,12 +43,17 @@ from .slack_inbound import ReplayGuard
 log = logging.getLogger("msmon.bot")
 
 ROUTE = "/feishu/events"
-WINDOW = 3600.0  # seconds an event_id is remembered in memory (Feishu retries within the hour, then at 6 h)
 _MENTION_KEY = re.compile(r"@_user_\d+")
 
 
 class Refused(Exception):
-    """A request that is not Feishu's (the message says why); answered 401."""
+    """A request that is not Feishu's; answered 401 with REFUSED whatever the cause (logged only)."""
+
+
+REFUSED = "not a Feishu event for this bot (signature, timestamp, encryption or verification token)"
+SIGNED_WINDOW = 300.0  # seconds between X-Lark-Request-Timestamp and the bot's clock
+EVENT_MEMORY = 86_400.0  # seconds an event_id is remembered (Feishu re-pushes at 15 s, 5 min, 1 h and 6 h)
+MAX_COMMAND = 4000  # characters of a command message's text; a longer one is not a command
 
 
 def decrypt(encrypt: str, encrypt_key: str) -> bytes:
@@ -73,46 +83,61 @@ def command_text(content: str, prefix: str = "/msmon") -> str:
     `/msmon` removed."""
     try:
         text = json.loads(content).get("text", "")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return ""
     text = _MENTION_KEY.sub(" ", str(text)).strip()
     return text[len(prefix):].strip() if text.startswith(prefix) else text
 
 
+def _json_object(raw: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise Refused(f"{what} is not JSON") from None
+    if not isinstance(value, dict):
+        raise Refused(f"{what} is not a JSON object")
+    return value
+
+
 class FeishuInbound:
     def __init__(self, svc: CommandService, token: str | None, encrypt_key: str | None,
-                 replays: ReplayGuard) -> None:
-        self.svc, self.token, self.encrypt_key, self.replays = svc, token, encrypt_key, replays
+                 replays: ReplayGuard, clock: Callable[[], float] = time.time) -> None:
+        self.svc, self.token, self.encrypt_key, self.replays, self.clock = svc, token, encrypt_key, replays, clock
+
+    def _signed(self, headers: Any, body: bytes) -> bool:
+        """Whether the request carries a signature; Refused when it is wrong or outside the window (checked
+        on the raw body, before anything is decrypted)."""
+        assert self.encrypt_key
+        given = headers.get("X-Lark-Signature", "")
+        if not given:
+            return False
+        ts, nonce = headers.get("X-Lark-Request-Timestamp", ""), headers.get("X-Lark-Request-Nonce", "")
+        if not hmac.compare_digest(given.encode("utf-8", "replace"),
+                                   signature(ts, nonce, self.encrypt_key, body).encode()):
+            raise Refused("invalid X-Lark-Signature")
+        if not (ts.isascii() and ts.isdigit() and len(ts) <= 12) or abs(self.clock() - int(ts)) > SIGNED_WINDOW:
+            raise Refused(f"X-Lark-Request-Timestamp {ts[:20]!r} is not within {SIGNED_WINDOW:.0f} s of the clock")
+        return True
 
     def _plain(self, headers: Any, body: bytes) -> dict[str, Any]:
-        """The event as JSON, decrypted and its signature checked when the bot has an Encrypt Key."""
-        try:
-            outer = json.loads(body)
-        except (ValueError, RecursionError):
-            raise web.HTTPBadRequest(reason="not an event: the body is not JSON") from None
-        if not isinstance(outer, dict):
-            raise web.HTTPBadRequest(reason="not an event: the body is not a JSON object")
-        if self.encrypt_key:
-            if "encrypt" not in outer:
-                raise Refused("this bot has an Encrypt Key: events must be encrypted")
-            try:
-                plain = json.loads(decrypt(str(outer["encrypt"]), self.encrypt_key))
-            except (ValueError, RecursionError):
-                raise Refused("the decrypted event is not JSON") from None
-            if not isinstance(plain, dict):
-                raise Refused("the decrypted event is not a JSON object")
-            if plain.get("type") != "url_verification":
-                ts, nonce = headers.get("X-Lark-Request-Timestamp", ""), headers.get("X-Lark-Request-Nonce", "")
-                given = headers.get("X-Lark-Signature", "")
-                if not hmac.compare_digest(given.encode(), signature(ts, nonce, self.encrypt_key, body).encode()):
-                    raise Refused("invalid X-Lark-Signature")
-            return plain
-        if "encrypt" in outer:
-            raise Refused("an encrypted event, and this bot has no Encrypt Key (feishu.encrypt_key_env)")
-        return outer
+        """The event as JSON; with an Encrypt Key: its signature and timestamp checked, then decrypted (an
+        unsigned request may only be the url_verification challenge)."""
+        outer = _json_object(body, "the body")
+        if not self.encrypt_key:
+            if "encrypt" in outer:
+                raise Refused("an encrypted event, and this bot has no Encrypt Key (feishu.encrypt_key_env)")
+            return outer
+        signed = self._signed(headers, body)
+        if not isinstance(outer.get("encrypt"), str) or len(outer["encrypt"]) > (4096 if not signed else 1 << 24):
+            raise Refused("this bot has an Encrypt Key: events must be encrypted")
+        plain = _json_object(decrypt(outer["encrypt"], self.encrypt_key), "the decrypted event")
+        if not signed and plain.get("type") != "url_verification":
+            raise Refused("an unsigned event (only the url_verification challenge comes unsigned)")
+        return plain
 
     def _check_token(self, given: Any) -> None:
-        if not (self.token and isinstance(given, str) and hmac.compare_digest(given.encode(), self.token.encode())):
+        if not (self.token and isinstance(given, str)
+                and hmac.compare_digest(given.encode("utf-8", "replace"), self.token.encode())):
             raise Refused("invalid verification token")
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -124,12 +149,12 @@ class FeishuInbound:
             event = self._plain(request.headers, body)
             if event.get("type") == "url_verification":
                 self._check_token(event.get("token"))
-                return web.json_response({"challenge": str(event.get("challenge", ""))})
+                return web.json_response({"challenge": str(event.get("challenge", ""))[:1024]})
             header = _object(event.get("header"))
             self._check_token(header.get("token"))
         except Refused as exc:
             log.warning("msmon bot: refused a Feishu event from %s: %s", request.remote, exc)
-            raise web.HTTPUnauthorized(reason=str(exc)) from None
+            raise web.HTTPUnauthorized(reason=REFUSED) from None
         if header.get("event_type") == "im.message.receive_v1":
             self._message(header, _object(event.get("event")))
         return web.json_response({"msg": "success"})
@@ -137,18 +162,23 @@ class FeishuInbound:
     def _message(self, header: dict[str, Any], ev: dict[str, Any]) -> None:
         msg = _object(ev.get("message"))
         sender = _object(_object(ev.get("sender")).get("sender_id"))
-        open_id = str(sender.get("open_id") or "")
+        open_id = str(sender.get("open_id") or "")[:256]
         if msg.get("message_type") != "text" or not open_id:
             return
-        event_id = str(header.get("event_id") or msg.get("message_id") or "")
-        created = str(header.get("create_time") or "0")
-        ts = int(created) // 1000 if created.isdigit() else int(self.svc.clock())
-        if not self.replays.first("feishu:" + event_id, ts):
+        event_id = str(header.get("event_id") or msg.get("message_id") or "")[:256]
+        # Remembered from when it came (never from the event's own create_time, which Feishu keeps on a re-push)
+        if not self.replays.first("feishu:" + event_id, int(self.clock())):
             log.info("msmon bot: Feishu pushed event %s again; it was taken once, nothing is done twice", event_id)
             return
-        reply_to = ReplyTo(channel=str(msg.get("chat_id") or ""), thread=str(msg.get("message_id") or ""))
+        reply_to = ReplyTo(channel=str(msg.get("chat_id") or "")[:256], thread=str(msg.get("message_id") or "")[:256])
         origin = Origin(source="feishu", user=f"feishu:{open_id}", receiver="feishu", reply_to=reply_to)
-        answer = self.svc.submit(command_text(str(msg.get("content") or "")), origin)
+        content = str(msg.get("content") or "")
+        text = command_text(content) if len(content) <= 4 * MAX_COMMAND else content
+        if len(text) > MAX_COMMAND:
+            log.info("msmon bot: ignored a Feishu message of %d characters from %s (not a command)",
+                     len(content), origin.who)
+            return
+        answer = self.svc.submit(text, origin)
         jobs.note(self.svc.state, origin, f"{origin.who}: {answer.text}", private=answer.private)
 
 
@@ -163,7 +193,7 @@ def add_feishu_routes(app: web.Application, cfg: BotConfig, svc: CommandService,
     token = os.environ.get(cfg.feishu.verification_token_env) or None
     if token is None:
         return None
-    replays = ReplayGuard(clock, window=WINDOW, persist=svc.store.commands.first_signed)
-    inbound = FeishuInbound(svc, token, os.environ.get(cfg.feishu.encrypt_key_env) or None, replays)
+    replays = ReplayGuard(clock, window=EVENT_MEMORY, persist=svc.store.commands.first_signed)
+    inbound = FeishuInbound(svc, token, os.environ.get(cfg.feishu.encrypt_key_env) or None, replays, clock)
     app.router.add_post(ROUTE, inbound.handle)
     return inbound

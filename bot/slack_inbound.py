@@ -49,9 +49,11 @@ class ReplayGuard:
     counts once (a replay of `/msmon scale-lr run 0.5` would otherwise scale the LR again).
 
     Bounded: at most `capacity` in memory, each forgotten once its timestamp is outside the window (the
-    verifier refuses it as stale from then on). `persist(signature, ts, now)` (the Store's, optional) keeps
-    them in SQLite too and returns False for one already there, so a restart inside the window still
-    refuses a replay, and one evicted from memory is still caught. Pure otherwise: the clock is injected.
+    verifier refuses it as stale from then on). `persist(key, forget_after, now)` (the Store's, optional)
+    keeps them in the store too and returns False for one already there, so a restart inside the window
+    still refuses a replay, and one evicted from memory is still caught; each key carries its own time to
+    be forgotten (the Feishu and DingTalk event ids are kept far longer than Slack's 5 minutes, in the
+    same table). Pure otherwise: the clock is injected.
     """
 
     def __init__(self, clock: Callable[[], float] = time.time, window: float = WINDOW, capacity: int = 100_000,
@@ -73,7 +75,7 @@ class ReplayGuard:
         if signature in self._seen:
             return False
         self._seen[signature] = ts
-        return self.persist is None or self.persist(signature, ts, now - self.window)
+        return self.persist is None or self.persist(signature, int(ts + self.window), now)
 
 
 _Str = Annotated[str, msgspec.Meta(max_length=2000)]  # Slack's own longest values (a button's value: 2000)
@@ -216,6 +218,11 @@ class SlackInbound:
         if not (sig.isascii() and sig.startswith("v0=") and len(sig) <= 128):
             log.warning("msmon bot: refused a Slack request from %s: malformed signature", request.remote)
             raise web.HTTPUnauthorized(reason="X-Slack-Signature must be v0=<hex digest>")
+        try:
+            body.decode("utf-8")  # what Slack sends (slack-sdk's verifier decodes it; anything else is not Slack's)
+        except UnicodeDecodeError:
+            log.warning("msmon bot: refused a Slack request from %s: its body is not UTF-8", request.remote)
+            raise web.HTTPBadRequest(reason="the body is not UTF-8: not a request Slack sends") from None
         if not self.verifier.is_valid(body, ts, sig):
             stale = abs(self.verifier.clock.now() - int(ts)) > WINDOW
             log.warning("msmon bot: refused a Slack request from %s: %s", request.remote,

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import hmac
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -140,9 +141,11 @@ def message_event(text: str, token: str, open_id: str = "ou_alice", chat_id: str
                                   "mentions": [{"key": "@_user_1", "id": {"open_id": "ou_bot"}, "name": "msmon"}]}}}
 
 
-def event_request(event: dict[str, Any], encrypt_key: str | None = None, timestamp: str = "1700000000",
+def event_request(event: dict[str, Any], encrypt_key: str | None = None, timestamp: str | None = None,
                   nonce: str = "n0nce") -> tuple[dict[str, str], bytes]:
-    """The headers and body Feishu posts for `event`: encrypted and signed when there is an Encrypt Key."""
+    """The headers and body Feishu posts for `event`: encrypted and signed when there is an Encrypt Key
+    (signed now, unless `timestamp` says when)."""
+    timestamp = str(int(time.time())) if timestamp is None else timestamp
     plain = json.dumps(event).encode()
     if encrypt_key is None:
         return {"Content-Type": "application/json"}, plain

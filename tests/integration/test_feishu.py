@@ -184,7 +184,7 @@ def test_url_verification_echoes_the_challenge_and_forgeries_are_401(tmp_path, m
         assert _post(bot, {**headers, "X-Lark-Signature": "0" * 64}, body)[0] == 401  # bad signature
         assert _post(bot, *event_request(message_event("pause run-42", TOKEN), "another-key"))[0] == 401
         assert _post(bot, *event_request(message_event("pause run-42", TOKEN)))[0] == 401  # not encrypted
-        assert _post(bot, {}, b"not json")[0] == 400
+        assert _post(bot, {}, b"not json")[0] == 401  # one answer for every refusal
     finally:
         bot.stop()
 
@@ -301,3 +301,123 @@ def test_with_app_credentials_the_answer_is_a_reply_to_the_command_message(tmp_p
             finally:
                 await asyncio.to_thread(bot.stop)
     asyncio.run(scenario())
+
+
+# -- hostile: replays, forgeries, the padding oracle, odd fields ---------------------------------------------
+
+def _queued(bot) -> list[str]:
+    return [c["text"] if "text" in c else str(c) for c in bot.store.commands.recent()]
+
+
+def _hostile_bot(tmp_path, monkeypatch):
+    from tests.fakes.records import envelope
+
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("FEISHU_VERIFICATION_TOKEN", TOKEN)
+    monkeypatch.setenv("FEISHU_ENCRYPT_KEY", KEY)
+    monkeypatch.setenv("FEISHU_WEBHOOK_URL", "http://127.0.0.1:9/open-apis/bot/v2/hook/none")
+    bot = _commands_bot(tmp_path)
+    assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
+    return bot
+
+
+def test_a_replayed_or_old_signed_event_is_never_applied_twice_even_after_a_restart(tmp_path, monkeypatch):
+    from tests.fakes.feishu_api import event_request, message_event
+
+    bot = _hostile_bot(tmp_path, monkeypatch)
+    try:
+        request = event_request(message_event("scale-lr run-42 0.5", TOKEN, event_id="ev-scale"), KEY)
+        assert _post(bot, *request) == (200, {"msg": "success"})
+        assert len(bot.store.commands.recent()) == 1
+        for _ in range(3):  # the same signed request again: taken once
+            assert _post(bot, *request)[0] == 200
+        assert len(bot.store.commands.recent()) == 1
+        old = event_request(message_event("scale-lr run-42 0.5", TOKEN, event_id="ev-old"), KEY,
+                            timestamp=str(int(time.time()) - 7200))  # signed two hours ago
+        assert _post(bot, *old)[0] == 401
+        assert len(bot.store.commands.recent()) == 1
+    finally:
+        bot.stop()
+    bot = _commands_bot(tmp_path)
+    try:  # Feishu re-pushes the event after the restart, freshly signed: its event_id is remembered
+        again = event_request(message_event("scale-lr run-42 0.5", TOKEN, event_id="ev-scale"), KEY)
+        assert _post(bot, *again)[0] == 200
+        assert len(bot.store.commands.recent()) == 1
+        other = event_request(message_event("pause run-42", TOKEN, event_id="ev-other"), KEY)
+        assert _post(bot, *other)[0] == 200
+        assert len(bot.store.commands.recent()) == 2
+    finally:
+        bot.stop()
+
+
+def test_every_refusal_is_the_same_answer_so_nothing_tells_a_good_padding_from_a_bad_one(tmp_path, monkeypatch):
+    import base64
+    import hashlib
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from tests.fakes.feishu_api import encrypt, event_request, message_event
+
+    def raw_cipher(plain_blocks: bytes) -> str:  # no padding added: the last byte decides the padding's fate
+        iv = b"\0" * 16
+        enc = Cipher(algorithms.AES(hashlib.sha256(KEY.encode()).digest()), modes.CBC(iv)).encryptor()
+        return base64.b64encode(iv + enc.update(plain_blocks) + enc.finalize()).decode()
+
+    def unsigned(encrypt_field: str) -> tuple[dict[str, str], bytes]:
+        return {"Content-Type": "application/json"}, json.dumps({"encrypt": encrypt_field}).encode()
+
+    def signed_as(body: bytes, ts: str) -> dict[str, str]:
+        from bot.feishu_inbound import signature
+
+        return {"Content-Type": "application/json", "X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": "n",
+                "X-Lark-Signature": signature(ts, "n", KEY, body)}
+
+    bot = _hostile_bot(tmp_path, monkeypatch)
+    try:
+        good_headers, good_body = event_request(message_event("pause run-42", TOKEN, event_id="ev-x"), KEY)
+        bad_padding = raw_cipher(b"A" * 31 + b"\x07")
+        good_padding_not_json = raw_cipher(b"A" * 31 + b"\x01")
+        now = str(int(time.time()))
+        tampered = good_body.replace(good_body[20:24], b"AAAA")
+        answers = [
+            _post(bot, *unsigned(bad_padding)),
+            _post(bot, *unsigned(good_padding_not_json)),
+            _post(bot, *unsigned(encrypt(json.dumps(message_event("pause run-42", TOKEN)).encode(), KEY))),
+            _post(bot, *unsigned("not base64!")),
+            _post(bot, {**good_headers, "X-Lark-Signature": "0" * 64}, good_body),
+            _post(bot, good_headers, tampered),
+            _post(bot, signed_as(json.dumps({"encrypt": bad_padding}).encode(), now),
+                  json.dumps({"encrypt": bad_padding}).encode()),
+            _post(bot, signed_as(json.dumps({"encrypt": good_padding_not_json}).encode(), now),
+                  json.dumps({"encrypt": good_padding_not_json}).encode()),
+            _post(bot, *event_request(message_event("pause run-42", "wrong-token", event_id="ev-y"), KEY)),
+            _post(bot, *event_request(message_event("pause run-42", TOKEN, event_id="ev-z"), KEY,
+                                      timestamp=str(int(time.time()) + 3600))),
+        ]
+        assert {a[0] for a in answers} == {401}
+        assert len({str(a[1]) for a in answers}) == 1, answers
+        assert bot.store.commands.recent() == []
+    finally:
+        bot.stop()
+
+
+@pytest.mark.parametrize("field", ["create_time", "content"])
+def test_odd_create_times_and_huge_or_deep_contents_are_never_a_5xx(tmp_path, monkeypatch, field):
+    from tests.fakes.feishu_api import event_request, message_event
+
+    bot = _hostile_bot(tmp_path, monkeypatch)
+    odd = {"create_time": ["\u00b2", "9" * 400, "-5", "", "1e99", "\U0001d7d9" * 3],
+           "content": ["[" * 100_000, json.dumps({"text": "pause run-42 " + "x" * 600_000}),
+                       json.dumps({"text": ["a"]}), "\ud800"]}[field]
+    try:
+        for i, value in enumerate(odd):
+            ev = message_event("pause run-42", TOKEN, event_id=f"ev-{field}-{i}")
+            if field == "create_time":
+                ev["header"]["create_time"] = ev["event"]["message"]["create_time"] = value
+            else:
+                ev["event"]["message"]["content"] = value
+            status, _ = _post(bot, *event_request(ev, KEY))
+            assert status < 500, (value[:20], status)
+        assert bot.request("GET", "/healthz", token=None)[0] == 200
+    finally:
+        bot.stop()
