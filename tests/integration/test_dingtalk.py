@@ -149,11 +149,11 @@ def test_an_allowed_users_pause_is_answered_at_once_and_a_strangers_refused(tmp_
         status, answer = _callback(bot, *callback_request("pause run-42", APP_SECRET, now))
         assert status == 200 and answer["msgtype"] == "markdown"
         assert "\\`pause run-42\\` queued as c1" in answer["markdown"]["text"]
-        status, answer = _callback(bot, *callback_request("stop run-42 confirm", APP_SECRET, now,
+        status, answer = _callback(bot, *callback_request("stop run-42 confirm", APP_SECRET, now + 1,
                                                           staff_id="mallory", msg_id="msg-2"))
         assert "may not \\`stop\\` runs of project llm" in answer["markdown"]["text"]
-        assert _callback(bot, *callback_request("pause run-42", APP_SECRET, now))[1] == {}  # msg-1 again: once
-        assert _callback(bot, *callback_request("pause run-42", "wrong", now, msg_id="m3"))[0] == 401
+        assert _callback(bot, *callback_request("pause run-42", APP_SECRET, now + 2))[1] == {}  # msg-1 again: once
+        assert _callback(bot, *callback_request("pause run-42", "wrong", now + 3, msg_id="m3"))[0] == 401
         assert _callback(bot, *callback_request("pause run-42", APP_SECRET, now - 3_700_000, msg_id="m4"))[0] == 401
     finally:
         bot.stop()
@@ -197,3 +197,37 @@ def test_the_chart_goes_as_an_actioncard_opening_its_signed_link(tmp_path):
             bot.close()
             await rx.close()
     asyncio.run(scenario())
+
+
+def test_a_captured_timestamp_and_sign_carry_no_second_body_and_msg_ids_outlive_a_restart(tmp_path, monkeypatch):
+    """DingTalk's sign covers the timestamp only: one (timestamp, sign) pair is taken once, whatever body
+    comes with it; a 6-minute-old pair is stale; a msgId counts once, after a restart too."""
+    import time
+
+    from tests.fakes.dingtalk_api import callback_request
+    from tests.fakes.records import envelope
+
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("DINGTALK_APP_SECRET", APP_SECRET)
+    bot = _commands_bot(tmp_path)
+    try:
+        assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
+        now = int(time.time() * 1000)
+        headers, body = callback_request("pause run-42", APP_SECRET, now, msg_id="m-1")
+        assert "queued as c1" in _callback(bot, headers, body)[1]["markdown"]["text"]
+        for i, text in enumerate(["scale-lr run-42 0.5", "scale-lr run-42 0.25", "resume run-42"]):
+            _, other = callback_request(text, APP_SECRET, now, msg_id=f"forged-{i}")
+            assert _callback(bot, headers, other)[0] == 401  # the captured pair with a new body
+        assert _callback(bot, *callback_request("scale-lr run-42 0.5", APP_SECRET, now - 360_000,
+                                                msg_id="m-old"))[0] == 401
+        assert len(bot.store.commands.recent()) == 1
+    finally:
+        bot.stop()
+    bot = _commands_bot(tmp_path)
+    try:
+        now = int(time.time() * 1000) + 5
+        assert _callback(bot, *callback_request("pause run-42", APP_SECRET, now, msg_id="m-1")) == (200, {})
+        assert _callback(bot, *callback_request("resume run-42", APP_SECRET, now + 1, msg_id="m-2"))[0] == 200
+        assert len(bot.store.commands.recent()) == 2
+    finally:
+        bot.stop()
