@@ -4,9 +4,12 @@
 This is where a Matrix message becomes an `Origin` for the command service: the sender's user ID
 (what `commands.allow` names, @alice:example.org) and the `ReplyTo` the Matrix receiver answers
 through: the room, and the thread (the command's own thread root, or the command message itself,
-which the answer starts a thread under). Only messages sent after the bot started are read (the first
-sync's timeline is skipped), never the bot's own, never edits or notices; the homeserver's sync is
-the authentication: the sender is the user the homeserver says sent the event.
+which the answer starts a thread under). Only messages sent after the bot started are read: the first
+sync's timeline is read back to the bot's start (by the homeserver's origin_server_ts), so a command
+typed while the homeserver was unreachable from the bot is taken when it answers again, and nothing
+typed before the start is; never the bot's own, never edits or notices. A room that could not be joined
+because the homeserver was down is joined on the next try. The homeserver's sync is the
+authentication: the sender is the user the homeserver says sent the event.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import contextlib
 import logging
 from typing import Any
 
-from nio import AsyncClient, ErrorResponse, JoinError, RoomMessageText, SyncResponse  # type: ignore[import-untyped]
+from nio import AsyncClient, ErrorResponse, RoomMessageText, SyncResponse  # type: ignore[import-untyped]
 
 from .commands import jobs
 from .commands.origin import Origin
@@ -65,6 +68,8 @@ class MatrixInbound:
         self.client = nio or client(cfg.homeserver, cfg.user_id, token, cfg.timeout + LONG_POLL_MS / 1000)
         self.since: str | None = None
         self.task: asyncio.Task[None] | None = None
+        self.started_ms = int(svc.clock() * 1000)  # the first sync reads messages from here on
+        self.unjoined = list(cfg.rooms)  # rooms still to join (the homeserver was down)
 
     async def start(self) -> None:
         """Start the loop in the background; nothing here waits on the homeserver, so a slow or absent one
@@ -72,12 +77,16 @@ class MatrixInbound:
         self.task = asyncio.create_task(self._loop())
 
     async def _join(self) -> None:
-        """Join the rooms; a room that cannot be joined is logged (its commands are not read)."""
-        for room in self.cfg.rooms:
+        """Join the rooms not joined yet; one the homeserver refuses is logged (its commands are not read),
+        one it could not be asked about (down) is tried again before the next sync."""
+        for room in list(self.unjoined):
             try:
                 joined = await self.client.join(room)
-            except Exception as exc:  # noqa: BLE001 - no homeserver now: the sync below keeps trying
-                joined = JoinError(f"{type(exc).__name__}: {exc}")
+            except Exception:  # noqa: BLE001 - no homeserver now: tried again with the next sync
+                continue
+            if isinstance(joined, ErrorResponse) and _unreachable(joined):
+                continue
+            self.unjoined.remove(room)
             if isinstance(joined, ErrorResponse):
                 log.error("msmon bot: Matrix: could not join room %s as %s (%s); commands typed there are not read "
                           "until the bot is invited and restarted", room, self.cfg.user_id, joined)
@@ -95,17 +104,17 @@ class MatrixInbound:
         if not isinstance(resp, SyncResponse):
             raise RuntimeError(str(resp))
         first, self.since = self.since is None, resp.next_batch
-        if first:
-            return []
         return [(room, ev) for room, info in resp.rooms.join.items() if room in self.cfg.rooms
-                for ev in info.timeline.events if isinstance(ev, RoomMessageText)]
+                for ev in info.timeline.events if isinstance(ev, RoomMessageText)
+                and (not first or ev.server_timestamp >= self.started_ms)]
 
     async def _loop(self) -> None:
-        """Join, then sync until cancelled: the first sync marks "after start" (its timeline is skipped)."""
-        await self._join()
+        """Join, then sync until cancelled: the first sync's messages are read back to the bot's start."""
         wait = BACKOFF[0]
         while True:
             try:
+                if self.unjoined:
+                    await self._join()
                 messages = await self._sync(LONG_POLL_MS if self.since is not None else 0)
             except asyncio.CancelledError:
                 raise
@@ -130,3 +139,10 @@ class MatrixInbound:
                         reply_to=ReplyTo(channel=room, thread=thread_of(ev.event_id, ev.source)))
         answer = self.svc.submit(command, origin)
         jobs.note(self.svc.state, origin, f"{origin.who}: {answer.text}")
+
+
+def _unreachable(resp: ErrorResponse) -> bool:
+    """A join that failed because the homeserver was not there (a proxy's 5xx: no Matrix errcode) or is
+    limiting the rate, not because it refused (M_FORBIDDEN...): tried again."""
+    errcode = str(getattr(resp, "status_code", None) or "")
+    return not errcode.startswith("M_") or errcode == "M_LIMIT_EXCEEDED"
