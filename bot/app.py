@@ -401,7 +401,8 @@ def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
                       "in the outbox until the bot runs with a token", cfg.slack.token_env)
         from .receivers.slack import SlackReceiver
 
-        receivers["slack"] = SlackReceiver(token or "", cfg.slack.base_url, cfg.slack.max_retries, cfg.console.charts)
+        receivers["slack"] = SlackReceiver(token or "", cfg.slack.base_url, cfg.slack.max_retries, cfg.console.charts,
+                                          cfg.slack.timeout)
     if cfg.matrix.homeserver:
         from .receivers.matrix import MatrixReceiver
 

@@ -215,6 +215,8 @@ class SlackConfig:
     socket_mode: bool = _f(False, "receive commands over Socket Mode (no public URL needed) instead of HTTP")
     app_token_env: str = _f("SLACK_APP_TOKEN", "environment variable with the app-level token (xapp-...) for "
                             "Socket Mode")
+    timeout: float = _f(10.0, "seconds before a silent Slack API call counts as a failed try (slack-sdk's own "
+                        "default is 30; each retry of max_retries waits as long)", gt=0, le=600)
 
     def check(self) -> Iterator[tuple[str, str]]:
         yield from _url_problems(self, "base_url", empty_ok=False)
@@ -424,6 +426,8 @@ class FeishuConfig:
     app_id: str = _f("", "the app's App ID (cli_...), to upload charts as images (empty: chart links, if any)")
     app_secret_env: str = _f("FEISHU_APP_SECRET", "environment variable with the app's App Secret")
     api_base: str = _f("https://open.feishu.cn", "Open API address (Lark: https://open.larksuite.com)")
+    timeout: float = _f(10.0, "seconds before an unanswered POST counts as a failed try (its lane alone waits)", gt=0,
+                        le=600)
 
 
 @dataclasses.dataclass
@@ -437,6 +441,8 @@ class DingTalkConfig:
     at_user_ids: list[str] = _f([], "DingTalk user IDs of the on-call, @-mentioned on a firing ERROR")
     app_secret_env: str = _f("DINGTALK_APP_SECRET", "environment variable with the enterprise robot app's AppSecret, "
                              "which signs its message callbacks (unset: /dingtalk/callback refuses every request)")
+    timeout: float = _f(10.0, "seconds before an unanswered POST counts as a failed try (its lane alone waits)", gt=0,
+                        le=600)
 
     def check(self) -> Iterator[tuple[str, str]]:
         for i, m in enumerate(self.at_mobiles):
@@ -450,6 +456,8 @@ class WeComConfig:
 
     webhook_env: str = _f("WECOM_WEBHOOK_URL", "environment variable with the robot's webhook URL "
                           "(https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=...)")
+    timeout: float = _f(10.0, "seconds before an unanswered POST counts as a failed try (its lane alone waits)", gt=0,
+                        le=600)
 
 
 @dataclasses.dataclass

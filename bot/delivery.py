@@ -11,7 +11,8 @@ worker (bot/outbox.py) is the edge that reads rows, calls receivers and applies 
   channel): no other row goes to that channel before it has passed. Due order: rows never tried
   first, then retries, each oldest first.
 - After `max_attempts` failed tries (`max_error_attempts` when the receiver raised something that is
-  not a delivery error: a bug or data it cannot handle; at once for a payload that cannot be decoded)
+  not a delivery error: a bug or data it cannot handle; at once for a payload that cannot be decoded
+  and for a refusal the platform documents as permanent: a bad signature, a removed robot)
   the group is a dead letter: kept, reported once, never tried again by this process.
 - An outage is not a poison row: while a lane is down (another group failed on it too since its
   last success) a delivery error does not bring a row nearer its dead-letter bound; the rows keep
@@ -34,7 +35,7 @@ import msgspec
 GroupKey = tuple[str, str, str, str]  # receiver, channel, key, kind: rows sent together as one message
 Lane = tuple[str, str]  # receiver, channel: what a Retry-After paces
 
-FailureKind = Literal["transient", "rate_limited", "error", "undecodable"]
+FailureKind = Literal["transient", "rate_limited", "error", "undecodable", "permanent"]
 
 
 class OutboxRow(msgspec.Struct):
@@ -112,7 +113,7 @@ class Policy:
         return lo + (hi - lo) * min(max(u, 0.0), 1.0)
 
     def limit(self, kind: FailureKind) -> int:
-        if kind == "undecodable":
+        if kind in ("undecodable", "permanent"):
             return 1
         return self.max_error_attempts if kind == "error" else self.max_attempts
 

@@ -8,7 +8,9 @@ that go together, the rate limits). The worker reads typed rows, runs each due g
 stages, decodes each payload once per attempt, calls the receiver, turns whatever happened into an
 outcome and writes the scheduler's verdict back. Whatever a receiver raises stays with its row group:
 counted, retried with backoff, dead-lettered after a bound, never a hot loop, never in the way of
-the other rows. A new message's reference is stored the moment it is posted, before its chart is
+the other rows. Each destination (receiver and channel) is a lane with a task of its own, as
+Alertmanager has a queue per integration: a receiver that hangs until its timeout holds its own lane
+and no other. A new message's reference is stored the moment it is posted, before its chart is
 attached, so a retry attaches the chart without posting the text again. A message is re-sent only
 if the process dies between the receiver's OK and the SQLite write right after it.
 
@@ -32,7 +34,19 @@ import msgspec
 
 from msmon.contract.wire import Event, Severity, Status, decode
 
-from .delivery import Deferred, Failed, FailureKind, OutboxRow, Outcome, Plan, Policy, Scheduler, Sent, Verdict
+from .delivery import (
+    Deferred,
+    Failed,
+    FailureKind,
+    GroupKey,
+    OutboxRow,
+    Outcome,
+    Plan,
+    Policy,
+    Scheduler,
+    Sent,
+    Verdict,
+)
 from .metrics import BotMetrics
 from .payload import Payload
 from .pipeline import DELIVERY, flow
@@ -129,6 +143,7 @@ class Outbox:
         self._unwritten: dict[int, tuple[Verdict, float]] = {}
         self._charts: OrderedDict[tuple[str, tuple[int, ...]], tuple[bytes | None, str | None]] = OrderedDict()
         self._round = flow.Round(self.scheduler, limiter, self._posted, self._unwritten)
+        self._busy: dict[tuple[str, str], asyncio.Task[int]] = {}  # lane (receiver, channel) -> its task sending
 
     def wake(self) -> None:
         self.doorbell.set()
@@ -149,39 +164,88 @@ class Outbox:
                         dead)
         while not stop.is_set():
             try:
-                await self.deliver_due()
+                self._start_lanes()  # each lane's task sends on its own: this loop never waits on a receiver
+                self._gauges()
             except Exception:  # noqa: BLE001 - SQLite trouble; every row's own failure is handled in _send
                 log.exception("msmon bot: delivery round failed; retrying in 1 s")
                 await asyncio.sleep(1.0)
             nxt = self.store.next_due_at() if self.lane is None else self.lane.next_due_at(self.store)
             wait = 1.0 if nxt is None or self._unwritten else min(max(nxt - self.clock(), 0.01), 1.0)
+            if self._busy:  # rows due on a lane still sending are its task's: no spinning on them
+                wait = max(wait, 0.25)
             self.doorbell.clear()
             stop_task = asyncio.ensure_future(stop.wait())
             bell_task = asyncio.ensure_future(self.doorbell.wait())
             await asyncio.wait({stop_task, bell_task}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
             for t in (stop_task, bell_task):
                 t.cancel()
+        await self.close()
+
+    async def close(self, grace: float = 2.0) -> None:
+        """Stopping: the lanes' sends in flight get `grace` seconds, then are cancelled (their rows stay
+        pending and go after the restart)."""
+        busy = list(self._busy.values())
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=grace)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*busy, return_exceptions=True)
 
     async def deliver_due(self) -> int:
-        """One pass over the due groups, oldest first, each through the DELIVERY stages at its turn (a
-        429 earlier in the round paces the rest of its lane); returns how many messages went out."""
-        self._write_unwritten()
-        now = self.clock()
-        sent = 0
-        rows = self.store.due(now) if self.lane is None else self.lane.due(self.store, now)
-        for gk in self.scheduler.groups(rows, now):
-            claimed = self.store.claim(gk, now)  # none: another replica is delivering this group
-            if not claimed:
-                continue
-            due, dropped_by = flow.run_stages(DELIVERY, self._round, flow.Due(claimed, self.clock()))
-            if dropped_by is not None:
-                continue
-            if due.wait > 0.0:
-                self._settle(due.rows, Deferred(due.wait), due.rows[0].receiver)
-            elif await self._send(due.rows):
-                sent += 1
+        """One round, waited for: every lane with due groups that is not already sending gets its task
+        (`_start_lanes`), and this returns when they are done; how many messages went out. The worker's
+        own loop (`run`) starts the lanes and does not wait: a hanging receiver holds its lane only."""
+        tasks = self._start_lanes()
+        sent = sum(await asyncio.gather(*tasks)) if tasks else 0
+        self._gauges()
+        return sent
+
+    def _gauges(self) -> None:
         self.metrics.outbox_depth.set(self.store.depth())
         self.metrics.outbox_dead.set(self.store.dead_count())
+
+    def _start_lanes(self) -> list[asyncio.Task[int]]:
+        """Per destination (receiver and channel, as Alertmanager has one queue per integration): a task
+        that sends the lane's due groups in turn, oldest first, each through the DELIVERY stages at its
+        turn (a 429 earlier in the lane paces the rest of it). A lane whose task is still sending (a
+        receiver that hangs until its timeout) is left to it; the others go at once."""
+        self._write_unwritten()
+        now = self.clock()
+        rows = self.store.due(now) if self.lane is None else self.lane.due(self.store, now)
+        lanes: dict[tuple[str, str], list[GroupKey]] = {}
+        for gk in self.scheduler.groups(rows, now):
+            if (gk[0], gk[1]) not in self._busy:
+                lanes.setdefault((gk[0], gk[1]), []).append(gk)
+        tasks = []
+        for lane, groups in lanes.items():
+            task = asyncio.create_task(self._send_lane(lane, groups))
+            self._busy[lane] = task
+            task.add_done_callback(lambda _t, lane=lane: self._lane_done(lane, _t))
+            tasks.append(task)
+        return tasks
+
+    def _lane_done(self, lane: tuple[str, str], task: asyncio.Task[int]) -> None:
+        if self._busy.get(lane) is task:
+            del self._busy[lane]
+        self.doorbell.set()  # what came due for this lane meanwhile goes now
+
+    async def _send_lane(self, lane: tuple[str, str], groups: list[GroupKey]) -> int:
+        sent = 0
+        for gk in groups:
+            try:
+                claimed = self.store.claim(gk, self.clock())  # none: another replica is delivering this group
+                if not claimed:
+                    continue
+                due, dropped_by = flow.run_stages(DELIVERY, self._round, flow.Due(claimed, self.clock()))
+                if dropped_by is not None:
+                    continue
+                if due.wait > 0.0:
+                    self._settle(due.rows, Deferred(due.wait), due.rows[0].receiver)
+                elif await self._send(due.rows):
+                    sent += 1
+            except Exception:  # noqa: BLE001 - store trouble; a row's own failure is handled in _send
+                log.exception("msmon bot: delivery to %s %s failed in the store; the lane retries next round", *lane)
+                break
         return sent
 
     def _write_unwritten(self) -> None:
@@ -204,7 +268,7 @@ class Outbox:
         except Held as exc:  # a robot keeping its platform's rate (bot/receivers/im_webhook.py): not a failed try
             outcome = Deferred(exc.wait)
         except DeliveryError as exc:
-            kind: FailureKind = "rate_limited" if exc.retry_after else "transient"
+            kind: FailureKind = "permanent" if exc.permanent else "rate_limited" if exc.retry_after else "transient"
             outcome = Failed(kind, str(exc), exc.retry_after, attempt.posted)
         except Exception as exc:  # noqa: BLE001 - a receiver bug or data it cannot take: this row's problem only
             if max(r.attempts for r in attempt.rows) == 0:

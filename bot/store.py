@@ -299,8 +299,7 @@ class Store:
         """Due rows of `receiver` (only) or of every other receiver (not only): the email lane has a worker
         of its own, so a hanging SMTP server never holds a chat message."""
         op = "=" if only else "<>"
-        return self._rows(f"SELECT * FROM outbox WHERE {self._AVAILABLE} AND next_at<=? AND receiver{op}? ORDER BY id"
-                          " LIMIT ?", (now, receiver, limit))
+        return self._due(f"next_at<=? AND receiver{op}?", (now, receiver), limit)
 
     def next_due_lane(self, receiver: str, only: bool) -> float | None:
         op = "=" if only else "<>"
@@ -309,8 +308,14 @@ class Store:
         return None if r is None else r["t"]
 
     def due(self, now: float, limit: int = 200) -> list[OutboxRow]:
-        return self._rows(f"SELECT * FROM outbox WHERE {self._AVAILABLE} AND next_at<=? ORDER BY id LIMIT ?",
-                          (now, limit))
+        return self._due("next_at<=?", (now,), limit)
+
+    def _due(self, where: str, args: tuple[Any, ...], limit: int) -> list[OutboxRow]:
+        """Due rows, oldest first, at most `limit` of each lane (receiver and channel): a lane with a backlog
+        (a storm to one robot, a receiver that hangs) never hides another lane's rows."""
+        return self._rows(f"SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY receiver, channel ORDER BY id)"
+                          f" AS lane_n FROM outbox WHERE {self._AVAILABLE} AND {where}) AS due WHERE lane_n<=?"
+                          " ORDER BY id LIMIT ?", (*args, limit, 20 * limit))
 
     def next_due_at(self) -> float | None:
         r = self.db.execute(f"SELECT MIN(next_at) AS t FROM outbox WHERE {self._AVAILABLE}").fetchone()

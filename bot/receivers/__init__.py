@@ -24,11 +24,14 @@ from msmon.contract.wire import Event, Severity, Status, decode
 
 
 class DeliveryError(Exception):
-    """A failed delivery; the outbox retries it later (after `retry_after` seconds if given)."""
+    """A failed delivery; the outbox retries it later (after `retry_after` seconds if given). `permanent`:
+    the platform said the same request can never succeed (a bad signature, a removed robot, a refused
+    body): a dead letter at once, named in the log, instead of retries for half an hour."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, retry_after: float | None = None, permanent: bool = False) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.permanent = permanent
 
 
 @dataclasses.dataclass

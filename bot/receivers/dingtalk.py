@@ -24,6 +24,14 @@ BODY_LIMIT = 20_000  # bytes: DingTalk documents no markdown limit; kept as Feis
 RATES = ((20, 60.0),)  # per robot: 20 a minute
 PACE = Pace(direct=15, spacing=12.0)  # 15 alone a minute, then a summary every 12 s (5 a minute)
 THROTTLED = {130101: 600.0}  # "send too fast, exceed 20 times per minute": the robot is throttled 10 minutes
+PERMANENT = {  # codes no retry can fix: a dead letter at once, with what to fix
+    300001: "the access_token is not a robot's (check DINGTALK_WEBHOOK_URL)",
+    310000: "the robot's security settings refuse the message: its signature (DINGTALK_SECRET, the host's clock), "
+            "keyword or IP allow-list",
+    400013: "the robot's group was dissolved",
+    400101: "the access_token does not exist (check DINGTALK_WEBHOOK_URL)",
+    400102: "the robot is disabled",
+}
 
 
 class DingTalkReceiver(ChatWebhookReceiver):
@@ -32,8 +40,9 @@ class DingTalkReceiver(ChatWebhookReceiver):
     limit_text = "DingTalk's 20 messages a minute per robot"
 
     def __init__(self, url: str, secret: str | None, clock: Callable[[], float], at_mobiles: Sequence[str] = (),
-                 at_user_ids: Sequence[str] = (), links: ChartLinks | None = None) -> None:
-        super().__init__(url, WebhookPoster("DingTalk", Budget(RATES), clock, "errcode", THROTTLED), PACE, links)
+                 at_user_ids: Sequence[str] = (), links: ChartLinks | None = None, timeout: float = 10.0) -> None:
+        super().__init__(url, WebhookPoster("DingTalk", Budget(RATES), clock, "errcode", THROTTLED, timeout, PERMANENT),
+                         PACE, links)
         self.secret, self.clock = secret, clock
         self.at_mobiles, self.at_user_ids = list(at_mobiles), list(at_user_ids)
 

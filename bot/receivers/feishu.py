@@ -26,6 +26,12 @@ BODY_LIMIT = 20 * 1024  # bytes of a request body
 RATES = ((100, 60.0), (5, 1.0))  # per bot: 100 a minute, 5 a second
 PACE = Pace(direct=90, spacing=6.0)  # 90 alone a minute, then a summary every 6 s (10 a minute)
 THROTTLED = {11232: 60.0}  # Feishu's "frequency limited": wait out the minute
+PERMANENT = {  # codes no retry can fix: a dead letter at once, with what to fix
+    19001: "the webhook URL's token is not a bot's (check FEISHU_WEBHOOK_URL)",
+    19021: "the signature does not match (check FEISHU_SECRET, and the bot host's clock)",
+    19022: "the bot's IP allow-list refuses this host",
+    19024: "the message lacks the bot's custom keyword (set in the bot's security settings)",
+}
 TEMPLATE = {Severity.ERROR: "red", Severity.WARNING: "orange"}
 
 
@@ -91,8 +97,10 @@ class FeishuReceiver(ChatWebhookReceiver):
     limit_text = "Feishu's 100 messages a minute and 5 a second per bot"
 
     def __init__(self, url: str, secret: str | None, clock: Callable[[], float],
-                 links: ChartLinks | None = None, app: tuple[str, str, str] | None = None) -> None:
-        super().__init__(url, WebhookPoster("Feishu", Budget(RATES), clock, "code", THROTTLED), PACE, links)
+                 links: ChartLinks | None = None, app: tuple[str, str, str] | None = None,
+                 timeout: float = 10.0) -> None:
+        super().__init__(url, WebhookPoster("Feishu", Budget(RATES), clock, "code", THROTTLED, timeout, PERMANENT),
+                         PACE, links)
         self.secret, self.clock = secret, clock
         self.app = FeishuApp(*app, self.poster) if app else None  # (app_id, app_secret, api_base)
         self.charts = self.charts or self.app is not None

@@ -35,11 +35,11 @@ def im_receivers(cfg: BotConfig, clock: Callable[[], float] = time.time) -> dict
         app_secret = os.environ.get(fs.app_secret_env, "")
         app = (fs.app_id, app_secret, fs.api_base) if fs.app_id and app_secret else None
         out["feishu"] = FeishuReceiver(_url("feishu", fs.webhook_env), os.environ.get(fs.secret_env) or None, clock,
-                                       chart_links(cfg, clock), app)
+                                       chart_links(cfg, clock), app, fs.timeout)
     if "dingtalk" in used:
         dt = cfg.dingtalk
         out["dingtalk"] = DingTalkReceiver(_url("dingtalk", dt.webhook_env), os.environ.get(dt.secret_env) or None,
-                                           clock, dt.at_mobiles, dt.at_user_ids, chart_links(cfg, clock))
+                                           clock, dt.at_mobiles, dt.at_user_ids, chart_links(cfg, clock), dt.timeout)
     if "wecom" in used:
-        out["wecom"] = WeComReceiver(_url("wecom", cfg.wecom.webhook_env), clock)
+        out["wecom"] = WeComReceiver(_url("wecom", cfg.wecom.webhook_env), clock, cfg.wecom.timeout)
     return out

@@ -86,9 +86,11 @@ class WebhookPoster:
     dropped connection are DeliveryErrors with Retry-After where known."""
 
     def __init__(self, platform: str, budget: Budget, clock: Callable[[], float], code_key: str,
-                 throttled: Mapping[int, float], timeout: float = 10.0) -> None:
+                 throttled: Mapping[int, float], timeout: float = 10.0,
+                 permanent: Mapping[int, str] | None = None) -> None:
         self.platform, self.budget, self.clock, self.code_key = platform, budget, clock, code_key
         self.throttled = throttled  # platform code -> seconds to wait (its documented throttle)
+        self.permanent = permanent or {}  # platform code -> what to fix: a retry cannot succeed (a dead letter at once)
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
 
@@ -131,7 +133,9 @@ class WebhookPoster:
             return answer
         reason = answer.get("msg") or answer.get("errmsg") or answer.get("StatusMessage") or ""
         wait = retry_after(retry) or (self.throttled.get(code) if isinstance(code, int) else None)
-        raise DeliveryError(f"{self.platform} {what} refused: HTTP {status}, code {code}: {str(reason)[:200]}", wait)
+        fix = self.permanent.get(code) if isinstance(code, int) and wait is None else None
+        raise DeliveryError(f"{self.platform} {what} refused: HTTP {status}, code {code}: {str(reason)[:200]}"
+                            + (f" (permanent: {fix})" if fix else ""), wait, permanent=fix is not None)
 
 
 def fit_body(build: Callable[[str], dict[str, Any]], text: str, limit: int) -> dict[str, Any]:

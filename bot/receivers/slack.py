@@ -106,8 +106,9 @@ def buttons(msg: Message) -> dict[str, Any]:
 class SlackReceiver:
     name = "slack"
 
-    def __init__(self, token: str, base_url: str | None = None, max_retries: int = 5, charts: bool = True) -> None:
-        kwargs: dict[str, Any] = {"token": token}
+    def __init__(self, token: str, base_url: str | None = None, max_retries: int = 5, charts: bool = True,
+                 timeout: float = 10.0) -> None:
+        kwargs: dict[str, Any] = {"token": token, "timeout": timeout}  # slack-sdk's own default: 30 s
         if base_url:
             kwargs["base_url"] = base_url
         self.client = AsyncWebClient(**kwargs)

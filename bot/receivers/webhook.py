@@ -50,7 +50,7 @@ def verify(secret: bytes, headers: Mapping[str, str], body: bytes, now: float,
 
 
 async def post_json(url: str, body: bytes, headers: Mapping[str, str] | None = None, timeout: float = 10.0) -> None:
-    """POST `body` as JSON; DeliveryError to be retried (no answer, 429, 5xx), ValueError for a refusal.
+    """POST `body` as JSON; DeliveryError to be retried (no answer, 429, 5xx), or permanent for a refusal (4xx).
     A session per message: alerts are rate-limited to a few a second, and nothing is left open at exit."""
     try:
         async with aiohttp.ClientSession() as session, session.post(
@@ -62,7 +62,8 @@ async def post_json(url: str, body: bytes, headers: Mapping[str, str] | None = N
             if resp.status == 429 or resp.status >= 500:
                 raise DeliveryError(f"{url} answered {resp.status}: {text}",
                                     retry_after(resp.headers.get("Retry-After")))
-            raise ValueError(f"{url} refused the message with {resp.status}: {text}")
+            # A 4xx (but 429) is the receiver refusing this request: the same again cannot succeed (as Alertmanager).
+            raise DeliveryError(f"{url} refused the message with {resp.status}: {text}", permanent=True)
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise DeliveryError(f"{url} not reached: {type(exc).__name__}: {exc}") from None
 

@@ -22,6 +22,13 @@ IMAGE_LIMIT = 2 * 1024 * 1024  # bytes of the image before base64
 RATES = ((20, 60.0),)
 PACE = Pace(direct=15, spacing=12.0)  # 15 alone a minute, then a summary every 12 s (5 a minute)
 THROTTLED = {45009: 60.0}  # "api freq out of limit"
+PERMANENT = {  # codes no retry can fix: a dead letter at once, with what to fix
+    93000: "the webhook key is not a robot's (check WECOM_WEBHOOK_URL; was the robot removed?)",
+    40008: "WeCom does not take this message type",
+    40009: "the image is over WeCom's 2 MB",
+    40035: "WeCom refused a parameter of the message",
+    40058: "the message is over WeCom's 4,096 bytes",
+}
 
 
 def image_body(png: bytes) -> dict[str, Any]:
@@ -36,8 +43,9 @@ class WeComReceiver(ChatWebhookReceiver):
     # The content's limit, plus the body around it: JSON is never shorter than the text it encodes.
     body_limit = MARKDOWN_LIMIT + len('{"msgtype": "markdown", "markdown": {"content": ""}}')
 
-    def __init__(self, url: str, clock: Callable[[], float]) -> None:
-        super().__init__(url, WebhookPoster("WeCom", Budget(RATES), clock, "errcode", THROTTLED), PACE)
+    def __init__(self, url: str, clock: Callable[[], float], timeout: float = 10.0) -> None:
+        super().__init__(url, WebhookPoster("WeCom", Budget(RATES), clock, "errcode", THROTTLED, timeout, PERMANENT),
+                         PACE)
 
     def escape(self, value: str) -> str:
         return escape_wecom(value)

@@ -1,0 +1,97 @@
+"""Peers for delivery under real faults, on loopback: a robot server (tests/fakes/im_robot.py) served from
+a thread of its own (for a bot that runs in another thread: BotServer, `msmon serve`), and a peer that
+hangs: it accepts TCP connections and reads what comes, and never answers (a hung platform, a
+blackholed load balancer), until it is told to answer again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+from tests.fakes.im_robot import FakeRobot
+
+
+class ThreadedRobot:
+    """`robot` served on 127.0.0.1 from a thread's event loop; `url` once started."""
+
+    def __init__(self, robot: FakeRobot) -> None:
+        self.robot = robot
+        self.url = ""
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="robot", daemon=True)
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        async with self.robot.serving() as url:
+            self.url = url
+            self._ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> ThreadedRobot:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the robot server did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+class HangingPeer:
+    """Accepts connections and never answers while `hanging`; `answer` (a full HTTP response) is sent to the
+    connections that come after `hanging` is cleared. `connections`: how many came."""
+
+    def __init__(self, answer: bytes = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 29"
+                                      b"\r\nConnection: close\r\n\r\n{\"errcode\": 0, \"errmsg\": \"ok\"}") -> None:
+        self.answer = answer
+        self.hanging = True
+        self.connections = 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._held: list[socket.socket] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hanging-peer", daemon=True)
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            if self.hanging:
+                self._held.append(conn)  # read nothing, answer nothing, keep it open
+                continue
+            with conn:
+                conn.settimeout(2)
+                with contextlib.suppress(OSError):
+                    conn.recv(65536)
+                    conn.sendall(self.answer)
+
+    def __enter__(self) -> HangingPeer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(5)
+        for c in self._held:
+            c.close()
+        self._sock.close()
+
+
+@contextlib.contextmanager
+def robots(*items: FakeRobot) -> Iterator[list[ThreadedRobot]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(ThreadedRobot(r)) for r in items]
