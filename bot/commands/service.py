@@ -66,15 +66,32 @@ class CommandService:
     def submit(self, text: str, origin: Origin) -> Answer:
         """Handle one command; every one is recorded (the audit log), allowed or not."""
         now = self.clock()
-        if not self.cfg.commands.enable:
-            msg = "Commands are switched off on this bot (commands.enable in its bot.yaml)."
-            self._audit(now, origin, text, "?", None, "rejected", msg)
-            return Answer(msg, ok=False, status=403, private=True)
+        off = self._switched_off(now, origin, text)
+        if off is not None:
+            return off
         try:
             p = parse(text)
         except CommandError as exc:
             self._audit(now, origin, text, exc.verb or "?", None, "invalid", str(exc))
             return Answer(str(exc), ok=False, status=422, private=True)
+        return self._handle(p, origin, text, now)
+
+    def submit_parsed(self, p: Parsed, origin: Origin) -> Answer:
+        """Handle one command given as a structure (the console's ack and silence buttons: the run, rule and
+        device are the alert's own fields, never text joined from job data and parsed back), exactly as
+        `submit` handles its text: the same permissions and audit log."""
+        now = self.clock()
+        off = self._switched_off(now, origin, p.text())
+        return off if off is not None else self._handle(p, origin, p.text(), now)
+
+    def _switched_off(self, now: float, origin: Origin, text: str) -> Answer | None:
+        if self.cfg.commands.enable:
+            return None
+        msg = "Commands are switched off on this bot (commands.enable in its bot.yaml)."
+        self._audit(now, origin, text, "?", None, "rejected", msg)
+        return Answer(msg, ok=False, status=403, private=True)
+
+    def _handle(self, p: Parsed, origin: Origin, text: str, now: float) -> Answer:
         if p.verb in ("help", "runs"):
             rec = self._audit(now, origin, p.text(), p.verb, None, "done", "")
             return Answer(help_text(p.topic) if p.verb == "help" else self._runs_text(), record=rec["id"])
@@ -186,17 +203,21 @@ class CommandService:
         now = self.clock()
         for r in runs[:30]:
             firing = self.store.alerts(r["run_id"], "firing")
-            state = "gone" if r["gone"] else "paused" if r["paused"] else "running"
-            lines.append(f"`{r['run_id']}` ({r['project']}) step {r['last_step'] or 0:,}, {state}, seen "
+            attempt = f" attempt {r['attempt']}" if r["attempt"] > 1 else ""
+            lines.append(f"`{r['run_id']}` ({r['project']}){attempt} step {r['last_step'] or 0:,}, {r['state']}, seen "
                          f"{now - r['last_seen']:.0f} s ago, {len(firing)} alert(s) firing")
         return "\n".join(lines)
 
     def _status(self, run: dict[str, Any]) -> Answer:
         run_id = run["run_id"]
         self.state.flush()
-        state = "GONE (no heartbeat)" if run["gone"] else "PAUSED" if run["paused"] else "running"
-        lines = [f"*{run_id}* ({run['project']}): step {run['last_step'] or 0:,}, {state}, devices "
+        state = (f"ENDED ({run['end_reason']})" if run["ended"] else "GONE (no heartbeat)" if run["gone"]
+                 else "PAUSED" if run["paused"] else "running")
+        attempt = f", attempt {run['attempt']}" if run["attempt"] > 1 else ""
+        lines = [f"*{run_id}* ({run['project']}{attempt}): step {run['last_step'] or 0:,}, {state}, devices "
                  f"{', '.join(run['devices'])}"]
+        lines += [f"attempt {a['attempt']}: {a['end_reason'] or 'going on'} at step {a['last_step'] or 0:,}"
+                  for a in self.store.attempts.of(run_id)[-4:] if a["attempt"] < run["attempt"]]
         hist = self._history(run)
         if hist:
             window = Window.of(hist)

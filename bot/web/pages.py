@@ -121,14 +121,15 @@ def alert_rows(rows: list[dict[str, Any]], csrf: str, with_run: bool) -> Markup:
         if a["status"] == "firing":
             actions = page(
                 '<form method="post" action="{base}/commands" class="cmd"><input type="hidden" name="csrf" '
-                'value="{csrf}"><input type="hidden" name="text" value="{ack}"><button type="submit">ack</button>'
+                'value="{csrf}"><input type="hidden" name="verb" value="ack"><input type="hidden" name="run" '
+                'value="{run}"><input type="hidden" name="rule" value="{rule}"><input type="hidden" name="device" '
+                'value="{device}"><button type="submit">ack</button>'
                 '</form><form method="post" action="{base}/commands" class="cmd silence"><input type="hidden" '
                 'name="csrf" value="{csrf}"><input type="hidden" name="verb" value="silence"><input type="hidden" '
                 'name="run" value="{run}"><input type="hidden" name="rule" value="{rule}"><select name="duration" '
                 'aria-label="silence for"><option>30m</option><option>1h</option><option>4h</option><option>1d'
                 '</option></select><button type="submit">silence</button></form>',
-                base=BASE, csrf=csrf, ack=f"ack {a['run_id']} {a['rule']} {a['device']}", run=a["run_id"],
-                rule=a["rule"])
+                base=BASE, csrf=csrf, run=a["run_id"], rule=a["rule"], device=a["device"])
         run_cell = page('<td><a href="{href}">{run}</a></td>', href=run_href(a["run_id"]), run=a["run_id"]) \
             if with_run else Markup("")
         out.append(page('<tr class="alert sev-{sev} st-{st}" data-rule="{rule}" data-device="{dev}">{run_cell}'

@@ -29,9 +29,10 @@ from urllib.parse import quote
 from aiohttp import web
 from yarl import URL
 
-from msmon.contract.wire import tag_nonfinite
+from msmon.contract.wire import MAX_ID, tag_nonfinite
 
 from ..commands.origin import Origin
+from ..commands.parse import CommandError, Parsed, parse_duration
 from ..commands.service import CommandService
 from ..config import BotConfig
 from ..receivers.render import console_url
@@ -51,6 +52,7 @@ _HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
             "Referrer-Policy": "same-origin", "Cross-Origin-Opener-Policy": "same-origin"}
 _PING = 15.0  # seconds of silence after which a stream sends a comment (proxies keep it; a gone client shows)
 
+_BUTTONS = ("ack", "silence")  # the commands an alert's buttons send as structures
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 VIEWER = web.RequestKey("console_viewer", Viewer)
 
@@ -232,21 +234,48 @@ class Console:
         if as_json:
             try:
                 body = await request.json()
-            except ValueError:
+            except (ValueError, RecursionError):
                 return _json({"error": "body is not valid JSON"}, 400)
-            text = body.get("text") if isinstance(body, dict) else None
+            fields = body if isinstance(body, dict) else {}
         else:
-            form = await _form(request)
-            text = form.get("text")
-            if not text and form.get("verb") == "silence":
-                text = " ".join(str(form.get(k, "")) for k in ("run", "rule", "duration"))
-                text = f"silence {text}"
-        if not isinstance(text, str):
-            return _json({"error": "give the command as text, e.g. {\"text\": \"status run-42\"}"}, 422)
-        answer = self.svc.submit(text, Origin(source="console", user=v.user))
+            fields = await _form(request)
+        text = fields.get("text")
+        origin = Origin(source="console", user=v.user)
+        if fields.get("verb") in _BUTTONS and not text:
+            parsed = self._button(fields, v)
+            if isinstance(parsed, web.Response):
+                return parsed
+            answer = self.svc.submit_parsed(parsed, origin)
+        elif isinstance(text, str):
+            answer = self.svc.submit(text, origin)
+        else:
+            return _json({"error": "give the command as text, e.g. {\"text\": \"status run-42\"}, or a button's "
+                                   "{\"verb\": \"ack\", \"run\": ..., \"rule\": ..., \"device\": ...}"}, 422)
         if as_json:
             return _json(tag_nonfinite({**answer.to_json(), "status": answer.status}), answer.status)
         return _html(pages.answer_page(answer.text, answer.ok, _back(request), v.user, v.csrf), answer.status)
+
+    def _button(self, fields: Any, v: Viewer) -> Parsed | web.Response:
+        """An ack or silence button's command as a structure: the alert's run, rule and device taken as they
+        are (a run named `fz-a grad_norm` stays one run id), the run one this viewer may see; else a 4xx."""
+        verb = str(fields.get("verb"))
+        values = {k: fields.get(k) for k in ("run", "rule", "device", "duration")}
+        if any(x is not None and (not isinstance(x, str) or len(x) > MAX_ID) for x in values.values()):
+            return _json({"error": f"run, rule, device and duration are strings of at most {MAX_ID} characters"},
+                         422)
+        run_id, rule, device = values["run"] or "", values["rule"] or None, values["device"] or None
+        run = self.state.store.run(run_id) if run_id else None
+        if run is None or not views.visible(v.project, run):
+            return _json({"error": f"no run {run_id[:80]!r}"}, 404)
+        if verb == "ack":
+            if rule is None:
+                return _json({"error": "an ack names the alert's rule (and its device)"}, 422)
+            return Parsed("ack", run=run_id, rule=rule, device=device)
+        try:
+            duration = parse_duration(values["duration"] or "")
+        except CommandError as exc:
+            return _json({"error": str(exc)}, 422)
+        return Parsed("silence", run=run_id, rule=rule, duration=duration)
 
     # -- live updates ----------------------------------------------------------------------------------
 

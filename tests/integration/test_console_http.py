@@ -196,7 +196,8 @@ def test_a_viewer_reads_but_cannot_pause(bot):
                          {"Content-Type": "application/json", "X-CSRF-Token": csrf})
     assert code == 200 and "FIRING ERROR grad_norm" in json.loads(body)["text"]
     # the ack button (a form) works for a viewer, as `ack` does in chat
-    code, _, page, _ = c.form("/console/commands", {"csrf": csrf, "text": "ack run-42 grad_norm 0"})
+    code, _, page, _ = c.form("/console/commands", {"csrf": csrf, "verb": "ack", "run": "run-42", "rule": "grad_norm",
+                                                    "device": "0"})
     assert code == 200 and "acknowledged grad_norm" in page
     assert bot.store.alerts("run-42", "firing")[0]["acked_by"] == "cli:viewer"
     code, _, page, _ = c.form("/console/commands", {"csrf": csrf, "verb": "silence", "run": "run-42",
@@ -393,3 +394,36 @@ def test_messages_link_to_the_run_console_page_when_public_url_is_set(tmp_path, 
 def _seen(capsys: Any, out: list[str]) -> str:
     out.append(capsys.readouterr().out)
     return "".join(out)
+
+
+def test_an_alerts_ack_button_acknowledges_that_alert_only_whatever_its_run_is_named(bot, monkeypatch):
+    """Project B's run `fz-a grad_norm` with a rule `0`: its ack button (the form the alerts page shows,
+    posted as a browser would) acknowledges B's alert, never project A's run fz-a's grad_norm."""
+    import html
+
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    report(bot, run="fz-a", rule="grad_norm")
+    code, body = bot.request("POST", "/v1/ingest", envelope([event(run="fz-a grad_norm", rule="0")],
+                                                             run="fz-a grad_norm"))
+    assert code == 202, body
+    c = Client(bot)
+    c.login("viewer-token")
+    _, _, page, _ = c("GET", "/console/alerts")
+    (row,) = [r for r in re.findall(r"<tr class=\"alert.*?</tr>", page) if ">fz-a grad_norm</a>" in r]
+    form = re.search(r'<form method="post" action="/console/commands" class="cmd">(.*?)</form>', row)
+    assert form, row
+    b_ack = {k: html.unescape(v) for k, v in re.findall(r'name="(\w+)" value="([^"]*)"', form.group(1))}
+    code, _, answer, _ = c.form("/console/commands", b_ack)
+    assert code == 200 and "acknowledged 0" in html.unescape(answer), answer
+    assert bot.store.alerts("fz-a", "firing")[0]["acked_by"] is None
+    assert bot.store.alerts("fz-a grad_norm", "firing")[0]["acked_by"] == "cli:viewer"
+    # the same as JSON (what console.js sends), and a run out of sight or a bad field is a 4xx
+    csrf = c.csrf()
+    headers = {"Content-Type": "application/json", "X-CSRF-Token": csrf}
+    code, _, body, _ = c("POST", "/console/commands", json.dumps(
+        {"verb": "silence", "run": "fz-a grad_norm", "rule": "0", "duration": "1h"}).encode(), headers)
+    assert code == 200 and "Silenced 0 alerts of run fz-a grad_norm for 1h" in json.loads(body)["text"]
+    for bad in ({"verb": "ack", "run": "nope", "rule": "x"}, {"verb": "ack", "run": "fz-a"},
+                {"verb": "silence", "run": "fz-a", "duration": "forever"}, {"verb": "ack", "run": ["fz-a"]}):
+        code, _, _, _ = c("POST", "/console/commands", json.dumps(bad).encode(), headers)
+        assert 400 <= code < 500, bad

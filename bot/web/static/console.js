@@ -23,11 +23,16 @@
   function runHref(id) { return BASE + "/runs/" + encodeURIComponent(id); }
 
   // -- commands --------------------------------------------------------------------------------------
-  function commandText(form) {
+  // The command box sends its text; an alert's ack / silence button sends its fields as they are (a run
+  // id with a space in it stays one run id: never joined into a text that parses back as another alert).
+  function commandBody(form) {
     var f = new FormData(form);
-    if (f.get("text")) return String(f.get("text"));
-    if (f.get("verb") === "silence") return ["silence", f.get("run"), f.get("rule"), f.get("duration")].join(" ");
-    return "";
+    if (f.get("text")) return {text: String(f.get("text"))};
+    var verb = f.get("verb");
+    if (verb !== "ack" && verb !== "silence") return null;
+    var body = {verb: verb};
+    ["run", "rule", "device", "duration"].forEach(function (k) { if (f.get(k) !== null) body[k] = String(f.get(k)); });
+    return body;
   }
 
   function showAnswer(text, ok) {
@@ -37,11 +42,11 @@
     box.className = ok ? "ok" : "refused";
   }
 
-  function send(text) {
+  function send(body) {
     return fetch(BASE + "/commands", {
       method: "POST", credentials: "same-origin",
       headers: {"Content-Type": "application/json", "X-CSRF-Token": CSRF, "Accept": "application/json"},
-      body: JSON.stringify({text: text})
+      body: JSON.stringify(body)
     }).then(function (r) { return r.json(); }).then(function (a) {
       showAnswer(a.text || a.error || "", !!a.ok);
       return a;
@@ -52,9 +57,9 @@
     var form = ev.target;
     if (!form.classList || !form.classList.contains("cmd")) return;
     ev.preventDefault();
-    var text = commandText(form);
-    if (!text) return;
-    send(text).then(function () {
+    var body = commandBody(form);
+    if (!body) return;
+    send(body).then(function () {
       var input = document.getElementById("command-text");
       if (input && form.id === "command-form") input.value = "";
     });
@@ -72,8 +77,9 @@
     if (a.status !== "firing") return td;
     var ack = document.createElement("form");
     ack.method = "post"; ack.action = BASE + "/commands"; ack.className = "cmd";
-    ack.appendChild(hidden("csrf", CSRF));
-    ack.appendChild(hidden("text", "ack " + a.run_id + " " + a.rule + " " + a.device));
+    [["csrf", CSRF], ["verb", "ack"], ["run", a.run_id], ["rule", a.rule], ["device", a.device]].forEach(function (kv) {
+      ack.appendChild(hidden(kv[0], kv[1]));
+    });
     ack.appendChild(el("button", "ack"));
     var sil = document.createElement("form");
     sil.method = "post"; sil.action = BASE + "/commands"; sil.className = "cmd silence";
