@@ -1,6 +1,9 @@
 """`msmon serve --config config/bot.yaml`: run the bot until SIGINT/SIGTERM.
 
-It prints one line when it listens (the real port, also for `--port 0`) and one when it has stopped. On a
+It prints one line when it listens (the real port, also for `--port 0`) and one when it has stopped. Its log
+is quiet by default (`setup_logging`): alerts (the console receiver), warnings and errors, and one line per
+lifecycle change (a command queued, a run ended, an escalation step); the scheduler's ticks and the HTTP
+access log only with `-v`. On a
 signal it stops taking connections, answers the jobs' long polls at once (bot/app.py `drain`; a job polls
 again later) and gives the requests still running `SHUTDOWN_TIMEOUT` seconds, so it is gone in about a
 second, not after the longest long poll.
@@ -21,13 +24,27 @@ from aiohttp import web
 
 from msmon.config.errors import ConfigError
 
-from .app import STORE, create_app
+from .app import STORE, TOKENS, create_app
 from .config import BotConfig, load_bot_config
 from .stores import StoreUnavailable
+from .web import announce_console
+
+# Libraries whose INFO lines are per tick or per request: shown with -v only.
+_CHATTY = ("apscheduler", "aiohttp.access", "aiohttp.server", "matplotlib", "nio", "nats", "urllib3")
 
 
-def serve(config_path: str | None, host: str | None = None, port: int | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+def setup_logging(verbose: int = 0) -> None:
+    """0: msmon's INFO lines (lifecycle) and every library's warnings; 1 (-v): every library's INFO too,
+    with the HTTP access log; 2 (-vv): DEBUG."""
+    logging.basicConfig(level=logging.DEBUG if verbose >= 2 else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
+
+
+def serve(config_path: str | None, host: str | None = None, port: int | None = None, *, verbose: int = 0,
+          allow_no_tokens: bool = False) -> int:
+    setup_logging(verbose)
     try:
         cfg = load_bot_config(config_path)
     except ConfigError as exc:
@@ -42,8 +59,14 @@ def serve(config_path: str | None, host: str | None = None, port: int | None = N
     except StoreUnavailable as exc:
         print(f"msmon serve: {exc}", file=sys.stderr, flush=True)
         return 2
+    if not app[TOKENS] and not allow_no_tokens:
+        app[STORE].close()
+        print("msmon serve: no job token and no operator token is set, so this bot would refuse every job and every "
+              "command. Set the variables that bot.tokens and commands.operators name (the warnings above say "
+              "which), or start it with --allow-no-tokens if that is on purpose.", file=sys.stderr, flush=True)
+        return 2
     try:
-        why = asyncio.run(_serve(app, cfg))
+        why = asyncio.run(_serve(app, cfg, access_log=verbose > 0))
     except OSError as exc:  # the port is taken, the address is not this machine's
         print(f"msmon serve: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc} (--host, --port or "
               "bot.host, bot.port in bot.yaml)", file=sys.stderr, flush=True)
@@ -55,7 +78,7 @@ def serve(config_path: str | None, host: str | None = None, port: int | None = N
 SHUTDOWN_TIMEOUT = 3.0  # s the requests still running get once the long polls are answered
 
 
-async def _serve(app: web.Application, cfg: BotConfig) -> str:
+async def _serve(app: web.Application, cfg: BotConfig, access_log: bool = False) -> str:
     """Serve `app` until SIGINT or SIGTERM; what stopped it."""
     stop = asyncio.Event()
     why = ["stopped"]
@@ -68,13 +91,16 @@ async def _serve(app: web.Application, cfg: BotConfig) -> str:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' event loop
             loop.add_signal_handler(sig, stop_on, sig)
-    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT)
+    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT,  # -v: aiohttp's line per request
+                           access_log=logging.getLogger("aiohttp.access") if access_log else None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, cfg.host, cfg.port)
         await site.start()
-        print(f"msmon bot: listening on http://{cfg.host}:{_bound_port(site, cfg.port)} (state {app[STORE].where}); "
+        port = _bound_port(site, cfg.port)
+        print(f"msmon bot: listening on http://{cfg.host}:{port} (state {app[STORE].where}); "
               "Ctrl-C or SIGTERM stops it", flush=True)
+        announce_console(app, port)
         await stop.wait()
         started = time.monotonic()
         print(f"msmon bot: {why[0]}: stopping (the jobs' long polls are answered now; they poll again later)",
@@ -115,6 +141,7 @@ class BotThread:
             site = web.TCPSite(self.runner, self.cfg.host, self.cfg.port)
             self.loop.run_until_complete(site.start())
             self.port = _bound_port(site, self.cfg.port)
+            announce_console(self.app, self.port)
         except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
             self._error = exc
             self._ready.set()

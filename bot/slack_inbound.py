@@ -278,9 +278,10 @@ def _message(answer: Answer) -> dict[str, Any]:
 def add_slack_routes(app: web.Application, cfg: BotConfig, svc: CommandService,
                      clock: Callable[[], float] = time.time) -> SlackInbound:
     secret = os.environ.get(cfg.slack.signing_secret_env)
-    if not secret:
-        log.info("msmon bot: no Slack signing secret in %s: /slack/commands and /slack/interactions refuse every "
-                 "request", cfg.slack.signing_secret_env)
+    if not secret:  # a warning where Slack is used (a route to it), a DEBUG line where it is not
+        uses_slack = any(r.receiver == "slack" for r in cfg.routes) and not cfg.slack.socket_mode
+        log.log(logging.WARNING if uses_slack else logging.DEBUG, "msmon bot: no Slack signing secret in %s: "
+                "/slack/commands and /slack/interactions refuse every request", cfg.slack.signing_secret_env)
     verifier = SignatureVerifier(secret, clock=_AppClock(clock)) if secret else None
     replays = ReplayGuard(clock, persist=svc.store.commands.first_signed)
     inbound = SlackInbound(svc, verifier, cfg.console.charts, replays)

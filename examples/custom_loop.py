@@ -1,6 +1,6 @@
 """msmon in a custom MindSpore training loop (mindspore.value_and_grad), no Model.train.
 
-    python examples/custom_loop.py [--steps 300] [--config config/monitor.yaml]
+    python examples/custom_loop.py [--steps 300] [--config config/monitor.yaml] [--run-id my-run]
 
 The grad norm is computed inside the compiled step with `notifier.mindspore.global_norm` and
 returned with the loss; `Monitor.step` gets called on every step (it only samples every
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import mindspore as ms
 import numpy as np
@@ -26,7 +27,7 @@ from mindspore import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from notifier import JobControl, Monitor  # noqa: E402
+from notifier import JobControl, Monitor, Status  # noqa: E402
 from notifier.mindspore import global_norm  # noqa: E402
 
 
@@ -57,6 +58,10 @@ def main() -> None:
     ap.add_argument("--config", default=None, help="monitor config (default: every step, all rules)")
     ap.add_argument("--lr-jump-at", type=int, default=None, help="raise the LR at this step (a fault to catch)")
     ap.add_argument("--lr-jump-to", type=float, default=0.6)
+    ap.add_argument("--run-id", default="custom-loop", help="the run's name in alerts and commands (default "
+                    "custom-loop): `msmon cmd \"status RUN_ID\"`")
+    ap.add_argument("--step-time", type=float, default=0.0, help="seconds each step takes at least (a slower job, "
+                    "to watch it and command it; default: as fast as it goes)")
     args = ap.parse_args()
     ms.set_device("CPU")  # set_context(device_target=...) is deprecated since MindSpore 2.6
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -87,20 +92,25 @@ def main() -> None:
     config = args.config or {"monitor_config": {"monitor_on": True, "step_interval": 1, "log_interval": 50,
                                                 "alert": {"baseline_steps": 100}}}
     samples = xb.shape[0]
-    with Monitor(config, run_id="custom-loop") as mon:
+    with Monitor(config, run_id=args.run_id) as mon:
         control = JobControl(mon, LoopBackend(net, lr))  # what save_checkpoint saves, whose LR scale_lr scales
         control.listen()  # chat commands from the bot, when monitor_config.bot.url is set
         for step in range(1, args.steps + 1):
             if args.lr_jump_at is not None and step == args.lr_jump_at:
                 ms.ops.assign(lr, ms.Tensor(args.lr_jump_to, ms.float32))  # set_data would not reach a compiled step
             loss, norm = train_step(xb, yb)
+            if args.step_time:
+                time.sleep(args.step_time)
             if mon.samples(step):  # read tensors only on sampled steps: .asnumpy() costs ~15 us
                 events = mon.step(step, loss=float(loss.asnumpy()), grad_norm=float(norm.asnumpy()),
                                   lr=float(lr.asnumpy()), samples=samples)
             else:
                 events = mon.step(step, samples=samples)
             for e in events:
-                print(f"ALERT step {e.step} {e.severity.value} {e.rule}: {e.message}")
+                if e.status is Status.RESOLVED:
+                    print(f"RESOLVED step {e.step} {e.rule}: back to normal (it was {e.severity.value})")
+                else:
+                    print(f"ALERT step {e.step} {e.severity.value} {e.rule}: {e.message}")
                 control.take_event(e)  # the configured actions of this rule
             if control.has_pending:
                 # at the step boundary, in the order the bot accepted them: checkpoint, scale the LR, ...; a pause

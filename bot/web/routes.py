@@ -45,7 +45,7 @@ log = logging.getLogger("msmon.bot")
 BASE = pages.BASE
 STATIC = Path(__file__).parent / "static"
 _STATIC_TYPES = {"uPlot.iife.min.js": "text/javascript", "uPlot.min.css": "text/css",
-                 "console.js": "text/javascript", "console.css": "text/css"}
+                 "console.js": "text/javascript", "console.css": "text/css", "favicon.ico": "image/x-icon"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 _HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
@@ -347,14 +347,24 @@ class Console:
                 await asyncio.wait_for(self.closing.wait(), interval)
             quiet += interval
 
-    async def started(self, app: web.Application) -> None:
-        port = self.cfg.port or "<port>"
+    def announce(self, port: int) -> None:
+        """One line once the bot listens (`port`: the real one, also for --port 0): where the console is and
+        who may log in, or why nobody can yet."""
         where = (self.wc.public_url or "").rstrip("/") + BASE + "/" if self.wc.public_url else \
             f"http://{self.cfg.host}:{port}{BASE}/" if self.cfg.host not in ("0.0.0.0", "::") else \
             f"http://<this host>:{port}{BASE}/"
-        who = ", ".join(u for _, u, _ in self.sessions.tokens) or \
-            "nobody yet: add an operator to commands.operators in bot.yaml (user, and env or file of the token)"
-        log.info("msmon bot: web console at %s (log in with an operator's token: %s)", where, who)
+        who = ", ".join(u for _, u, _ in self.sessions.tokens)
+        if who:
+            log.info("msmon bot: web console at %s (log in with an operator's token: %s)", where, who)
+            return
+        ops = self.cfg.commands.operators
+        if not ops:
+            log.warning("msmon bot: web console at %s, but nobody can log in yet: add an operator to "
+                        "commands.operators in bot.yaml (user, and env or file of the token)", where)
+            return
+        log.warning("msmon bot: web console at %s, but nobody can log in: the token of %s is empty (%s); set it "
+                    "and restart", where, ", ".join(o.user for o in ops),
+                    ", ".join(f"env {o.env}" if o.env else f"file {o.file}" for o in ops))
 
     async def close_streams(self, app: web.Application) -> None:
         """At shutdown: every stream's loop ends now (its page reconnects to whichever bot comes up)."""
@@ -370,6 +380,10 @@ class Console:
             return _json({"error": f"no static file {name!r}"}, 404)
         return web.Response(body=self.static[name], content_type=_STATIC_TYPES[name],
                             headers={"Cache-Control": "private, max-age=3600"})
+
+    async def favicon(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=self.static["favicon.ico"], content_type="image/x-icon",
+                            headers={"Cache-Control": "public, max-age=86400"})
 
     async def headers(self, request: web.Request, response: web.StreamResponse) -> None:
         if request.path == BASE or request.path.startswith(BASE + "/"):
@@ -404,6 +418,15 @@ async def _to_runs(request: web.Request) -> web.StreamResponse:
     return _redirect(BASE + "/", 302)
 
 
+CONSOLE = web.AppKey("console", Console)
+
+
+def announce_console(app: web.Application, port: int) -> None:
+    """The console's line, once `app` listens on `port` (nothing when the console is off)."""
+    if CONSOLE in app:
+        app[CONSOLE].announce(port)
+
+
 def add_console_routes(app: web.Application, cfg: BotConfig, state: BotState, svc: CommandService,
                        tokens: list[tuple[str, str, bytes]]) -> Console | None:
     """The console's routes on `app` (none when console.web.enabled is false)."""
@@ -424,7 +447,9 @@ def add_console_routes(app: web.Application, cfg: BotConfig, state: BotState, sv
     r.add_get(BASE + "/api/alerts", c.api(c.api_alerts))
     r.add_get(BASE + "/api/stream", c.api(c.stream))
     r.add_get(BASE + "/static/{name}", c.static_file)
+    r.add_get("/", _to_runs)  # the bot's own address opens the console
+    r.add_get("/favicon.ico", c.favicon)
     app.on_response_prepare.append(c.headers)
-    app.on_startup.append(c.started)
+    app[CONSOLE] = c
     app.on_shutdown.append(c.close_streams)
     return c

@@ -16,6 +16,10 @@ def register(subparsers: Any) -> None:
                    "machine only; 0.0.0.0: every interface, for jobs on other machines)")
     p.add_argument("--port", type=int, default=None, help="port to listen on, instead of bot.port (default 8080; "
                    "0: any free port, printed at start)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="also the libraries' INFO lines: the "
+                   "scheduler's ticks and one access-log line per HTTP request (-vv: DEBUG)")
+    p.add_argument("--allow-no-tokens", action="store_true", help="start even when no job or operator token is "
+                   "set (the bot then refuses every job and every command; without this it refuses to start)")
     p.set_defaults(func=run)
 
 
@@ -25,4 +29,4 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"msmon serve needs the bot's dependencies: pip install 'msmon[bot]' ({exc})", file=sys.stderr)
         return USAGE
-    return serve(args.config, args.host, args.port)
+    return serve(args.config, args.host, args.port, verbose=args.verbose, allow_no_tokens=args.allow_no_tokens)
