@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -17,6 +20,47 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 TRACES = SHARED / "data" / "real-traces"
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Orphans come back to this process (Linux's child subreaper): a rank that msrun started in a session of
+    its own and that outlives msrun is still ours to find at the end."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No process of the suite outlives it: whatever a test left (stopped or not) is ended here and named, and the
+    run fails, so the test that leaked it gets fixed (tests/fakes/process.py's terminate_group ends a job whole)."""
+    from tests.fakes.process import descendants, kill_tree
+
+    left = [pid for pid in descendants(os.getpid()) if _cmdline(pid)]
+    if left:
+        names = "; ".join(f"{pid}: {_cmdline(pid)[:120]}" for pid in left)
+        kill_tree(left)
+        session.config.stash[LEFT_BEHIND] = names
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a leak is a failure of the suite
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:  # the orphans that ended here, reaped
+            pass
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    names = config.stash.get(LEFT_BEHIND, "")
+    if names:
+        terminalreporter.write_line(f"processes left behind by the tests, now killed: {names}", red=True)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+LEFT_BEHIND = pytest.StashKey[str]()
 
 
 @pytest.fixture(autouse=True)

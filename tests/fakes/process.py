@@ -1,8 +1,15 @@
-"""Ending the real servers the tests start (msmon serve, nats-server, Prometheus, Alertmanager, Synapse)."""
+"""Ending the real processes the tests start (msmon serve, jobs and their msrun ranks, nats-server, Prometheus,
+Alertmanager, Synapse), whole and always: a rank that msrun started in a session of its own, or one a test
+SIGSTOPped, is ended too (SIGCONT, then SIGKILL: a stopped process never acts on a SIGTERM)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import time
+from pathlib import Path
 
 
 def terminate(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None:
@@ -15,3 +22,61 @@ def terminate(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` now (children, theirs...), from /proc; [] where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pids: list[int]) -> None:
+    """SIGCONT and SIGKILL to each of `pids` and to its process group (unless it is the caller's own group)."""
+    own = os.getpgrp()
+    groups = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        for group in groups - {own}:
+            with contextlib.suppress(OSError):
+                os.killpg(group, sig)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+
+
+def terminate_group(proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None, grace: float = 10.0) -> None:
+    """`proc` and every process below it, whatever group or session they are in and whether or not they are
+    stopped: SIGTERM (with SIGCONT) to them all, SIGKILL to what is left after `grace` seconds."""
+    if proc is None:
+        return
+    tree = [proc.pid, *descendants(proc.pid)] if proc.poll() is None else descendants(proc.pid)
+    for pid in tree:
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (proc.poll() is None or any(_alive(p) for p in tree if p != proc.pid)):
+        time.sleep(0.1)
+    kill_tree([p for p in tree if _alive(p)] + [*descendants(proc.pid)])
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

@@ -7,12 +7,10 @@ JobControl, BotTransport) in process; and a real 2-rank data-parallel MindSpore 
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +23,7 @@ pytest.importorskip("aiohttp")
 
 from msmon.contract.wire import ActionRequest, Envelope, Poll, PollAnswer, Sample, Severity, decode, encode  # noqa: E402
 from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
+from tests.fakes.process import terminate_group  # noqa: E402
 
 JOB = Path(__file__).parents[1] / "fakes" / "jobs" / "data_parallel_job.py"
 
@@ -185,10 +184,9 @@ def _launch(msrun: str, tmp_path: Path, bot_url: str, **knobs: str) -> subproces
 
 
 def _end(job: subprocess.Popen[str]) -> None:
-    """msrun and its workers, whatever is left of them (a paused rank outlives a killed or dead msrun otherwise)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(job.pid, signal.SIGKILL)
-    job.wait(30)
+    """msrun and its workers, whatever is left of them (a paused rank outlives a killed or dead msrun otherwise;
+    msrun starts each in a session of its own, so its process group alone is not enough)."""
+    terminate_group(job, grace=0)
 
 
 PAUSE_ON_SPIKE = json.dumps([{"rule": "loss_spike", "severity": "ERROR", "action": "pause"}])

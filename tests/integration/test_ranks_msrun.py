@@ -22,6 +22,7 @@ pytest.importorskip("aiohttp")
 
 from bot.app import STATE  # noqa: E402
 from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
+from tests.fakes.process import terminate_group  # noqa: E402
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 JOB = Path(__file__).parents[1] / "fakes" / "jobs" / "ranks_job.py"
@@ -56,9 +57,9 @@ class Job:
         return int((self.pids / f"rank_{rank}.pid").read_text())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 9)
-        self.proc.communicate(timeout=60)
+        """msrun and every rank, each in a session of its own (msrun starts them with setsid) and one of them
+        perhaps SIGSTOPped: killing msrun's group alone left that rank behind, stopped, after the suite."""
+        terminate_group(self.proc, grace=5)
 
 
 @pytest.fixture
