@@ -3,8 +3,8 @@
 It turns a detector's per-sample verdicts into events: N in a row before alerting, nothing
 during an explicit baseline period (`baseline_steps`, default 0) but NaN/Inf and findings against
 absolute levels (a user's threshold, a gross jump), a rise from WARNING to ERROR always passes,
-`alert_interval` steps between repeats (reminders while still firing, and after a flap), and a
-RESOLVED event once the rule has been clear for `resolve_after` samples.
+`alert_interval` steps between the reminders of one episode (never between two episodes: a new
+episode always goes out), and a RESOLVED event once the rule has been clear for `resolve_after` samples.
 """
 
 from __future__ import annotations
@@ -77,11 +77,9 @@ class AlertGate:
             return None
         interval = self.alert_interval
         if st.firing is None or level.rank > st.firing.rank:
-            rise = st.firing is not None
+            # A new episode (the last one resolved) or a rise: always sent. alert_interval spaces the
+            # reminders of one episode; it never hides a new one, whatever came shortly before.
             st.firing = level
-            last = st.last_emit.get(level)
-            if not rise and last is not None and interval > 0 and step - last < interval:
-                return None  # flapping: the same alert went out less than alert_interval steps ago
             st.last_emit[level] = step
             st.emitted = True
             return Verdict(level, Status.FIRING)

@@ -532,8 +532,8 @@ def test_lr_zero_after_warmup_is_an_error() -> None:
     step, f = out[0]
     assert step == 50_000
     assert (f.level, f.value, f.threshold) == (ERROR, 0.0, 0.0)
-    # The return from 0 to the schedule's value is a rise after warmup: a WARNING on the next sample.
-    assert [(s, g.level) for s, g in out[1:]] == [(50_010, WARNING)]
+    # The return from 0 to where the LR just was is a return, not a change.
+    assert out[1:] == []
 
 
 def test_lr_dropping_to_zero_in_one_sample_is_an_error_without_total() -> None:
@@ -558,20 +558,23 @@ def test_lr_rising_after_warmup_is_a_warning() -> None:
         return 2 * cosine_lr(step) if step >= 60_000 else cosine_lr(step)
 
     out = lr_run(lr, DetectorContext(total_steps=TOTAL, warmup_steps=WARMUP))
-    assert len(out) == 1
     step, f = out[0]
     assert step == 60_000
     assert f.level is WARNING
     assert f.value == 2 * cosine_lr(60_000)
     assert f.threshold == cosine_lr(60_000 - EVERY)
+    # Held while the LR stays above the 1.2x of the LR before the change; it resolves once the decay brings it back.
+    held = [s for s, _ in out]
+    assert held == list(range(60_000, held[-1] + 1, EVERY))
+    assert 2 * cosine_lr(held[-1]) > 1.2 * f.threshold >= 2 * cosine_lr(held[-1] + EVERY)
 
 
 def test_lr_rising_after_inferred_warmup_is_a_warning() -> None:
     def lr(step: int) -> float:
         return 2 * cosine_lr(step) if step >= 60_000 else cosine_lr(step)
 
-    out = lr_run(lr, DetectorContext())  # warmup inferred: where the LR first went down
-    assert [(s, f.level) for s, f in out] == [(60_000, WARNING)]
+    out = lr_run(lr, DetectorContext())  # no warmup or schedule declared
+    assert out[0][0] == 60_000 and all(f.level is WARNING for _, f in out)
 
 
 @pytest.mark.parametrize("warmup", [TOTAL, TOTAL + 500])
@@ -630,20 +633,89 @@ def test_lr_rising_after_a_warmup_into_a_constant_lr_is_a_warning() -> None:
         return 4 * base if step >= 60_000 else base
 
     out = lr_run(lr, DetectorContext())
-    assert [(s, f.level) for s, f in out] == [(60_000, WARNING)]
-    assert "after warmup ended at step 2000" in out[0][1].message
+    assert [s for s, _ in out] == list(range(60_000, N_CLEAN * EVERY + 1, EVERY))  # held: it never returns
+    assert all(f.level is WARNING for _, f in out)
+    assert "above the 0.0003 it had settled at" in out[0][1].message
 
 
-@pytest.mark.parametrize("start_at_peak", [False, True])
-def test_lr_staircase_warmup_and_constant_from_the_start_are_not_settled(start_at_peak: bool) -> None:
-    """A staircase warmup (each level held 5,000 steps) never holds a level twice as long as what came
-    before it; an LR constant from the first step showed no warmup at all: no rise is flagged."""
+def test_lr_staircase_warmup_is_flagged_unless_warmup_steps_says_so() -> None:
+    """A staircase warmup (each level held 5,000 steps) rises after the LR had stopped rising: unannounced changes,
+    unless `training.warmup_steps` declares the warmup."""
     def lr(step: int) -> float:
-        if start_at_peak:
-            return PEAK_LR * (2 if step >= 60_000 else 1)
         return PEAK_LR * min(8, 1 + step // 5_000) / 8
 
-    assert lr_run(lr, DetectorContext(), n=6_000) == []
+    assert lr_run(lr, DetectorContext(), n=6_000)[0][0] == 5_000
+    assert lr_run(lr, DetectorContext(warmup_steps=40_000), n=6_000) == []
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_lr_constant_from_the_first_step_that_jumps_is_flagged_at_its_sample(every: int) -> None:
+    """A fine-tune at one LR from step 1 (no warmup, no decay): a jump 0.05 -> 0.6 is a WARNING at its sample,
+    held while it lasts (issue 24)."""
+    p = LrScheduleParams()
+    det = LrSchedule(p, DetectorContext())
+    out = findings(det, p, (mk(k, learning_rate=0.6 if k >= 101 else 0.05) for k in range(every, 300, every)))
+    first = 101 if every == 1 else 110
+    assert [s for s, _ in out] == list(range(first, 300, every))
+    assert out[0][1].level is WARNING and out[0][1].threshold == 0.05
+
+
+def _restarts(step: int) -> float:
+    """Cosine with warm restarts every 20,000 steps, after a 2,000-step warmup."""
+    if step <= WARMUP:
+        return PEAK_LR * step / WARMUP
+    k = (step - WARMUP) % 20_000
+    return PEAK_LR * (0.05 + 0.475 * (1 + math.cos(math.pi * k / 20_000)))
+
+
+def _step_decay(step: int) -> float:
+    return PEAK_LR * 0.1 ** (step // 30_000)
+
+
+def _linear(step: int) -> float:
+    return PEAK_LR * max(0.0, 1 - step / TOTAL) + 1e-7
+
+
+@pytest.mark.parametrize("schedule", [_restarts, _step_decay, _linear, cosine_lr, lambda step: PEAK_LR])
+@pytest.mark.parametrize("every", [1, 10])
+def test_lr_schedules_and_their_restarts_are_not_changes(schedule: Callable[[int], float], every: int) -> None:
+    p = LrScheduleParams()
+    det = LrSchedule(p, DetectorContext())
+    n = TOTAL if every == 1 else N_CLEAN
+    assert findings(det, p, (mk(k * every, learning_rate=schedule(k * every)) for k in range(1, n + 1))) == []
+
+
+def test_lr_change_resolves_on_return_acknowledgement_or_announcement() -> None:
+    p = LrScheduleParams()
+
+    def run(det: LrSchedule, lrs: list[float], start: int = 1) -> list[Severity | None]:
+        out = []
+        for i, lr in enumerate(lrs):
+            f = det.update(mk(start + i, learning_rate=lr, loss=1.0, grad_norm=1.0), p)
+            out.append(None if f is None else f.level)
+        return out
+
+    det = LrSchedule(p, DetectorContext())
+    assert run(det, [0.1] * 5 + [0.8] * 3 + [0.1]) == [None] * 5 + [WARNING] * 3 + [None]  # returned
+    det = LrSchedule(p, DetectorContext())
+    run(det, [0.1] * 5 + [0.8])
+    assert det.acknowledge() is True
+    assert run(det, [0.8] * 3, start=7) == [None] * 3  # the new normal
+    det = LrSchedule(p, DetectorContext())
+    run(det, [0.1] * 5)
+    det.expect_change()  # scale-lr 2: announced
+    assert run(det, [0.2] * 3, start=6) == [None] * 3
+
+
+def test_lr_change_is_an_error_once_the_grad_norm_or_loss_reacts() -> None:
+    p = LrScheduleParams()
+    det = LrSchedule(p, DetectorContext())
+    levels = []
+    for k in range(1, 30):
+        g = 1.0 if k < 15 else 4.0  # the grad norm reacts 5 steps after the jump
+        f = det.update(mk(k, learning_rate=0.6 if k >= 10 else 0.05, loss=2.0, grad_norm=g), p)
+        levels.append(None if f is None else f.level)
+    assert levels[:9] == [None] * 9 and levels[9:14] == [WARNING] * 5 and levels[14:] == [ERROR] * 15
 
 
 # -- throughput_drop ---------------------------------------------------------------------------

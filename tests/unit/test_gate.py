@@ -140,7 +140,7 @@ def test_reminders_after_a_rise_follow_the_error() -> None:
     ]  # the last sample is at step 540
 
 
-def test_alert_interval_zero_means_no_reminders_and_no_flap_suppression() -> None:
+def test_alert_interval_zero_means_no_reminders() -> None:
     gate = AlertGate(alert_interval=0, baseline_steps=0, resolve_after=2)
     assert run(gate, steps([W] * 1000)) == [(0, WARNING, FIRING, False)]
     seq = steps([W, CLEAR, CLEAR, W, CLEAR, CLEAR])
@@ -151,32 +151,29 @@ def test_alert_interval_zero_means_no_reminders_and_no_flap_suppression() -> Non
 # -- flaps and resolution -----------------------------------------------------------------------
 
 
-def test_flap_inside_alert_interval_is_suppressed() -> None:
-    gate = AlertGate(alert_interval=100, baseline_steps=0, resolve_after=3)
+def test_a_new_episode_inside_alert_interval_goes_out() -> None:
+    """alert_interval spaces the reminders of one episode; an episode that begins after the last one resolved is
+    new and always goes out (issue 24: a NaN at step 300 was swallowed after a transient at step 100)."""
+    gate = AlertGate(alert_interval=500, baseline_steps=0, resolve_after=3)
     st = GateState()
-    assert run(gate, steps([W, CLEAR, CLEAR, CLEAR]), st=st) == [(0, WARNING, FIRING, False),
-                                                                (3, WARNING, RESOLVED, False)]
-    # Fires again at step 10: suppressed. Still firing at step 100 (alert_interval after the last event):
-    # it goes out then, as a new alert, and its resolution is reported.
-    events = run(gate, steps([W] * 95 + [CLEAR] * 3, start=10), st=st)
-    assert events == [(100, WARNING, FIRING, False), (107, WARNING, RESOLVED, False)]
+    assert run(gate, steps([E, CLEAR, CLEAR, CLEAR], start=100), st=st, immediate=True) == [
+        (100, ERROR, FIRING, False), (103, ERROR, RESOLVED, False)]
+    assert run(gate, steps([E], start=300), st=st, immediate=True) == [(300, ERROR, FIRING, False)]
 
 
-def test_flap_that_resolves_before_alert_interval_stays_silent() -> None:
-    gate = AlertGate(alert_interval=100, baseline_steps=0, resolve_after=3)
-    st = GateState()
-    run(gate, steps([W, CLEAR, CLEAR, CLEAR]), st=st)
-    assert run(gate, steps([W] * 20 + [CLEAR] * 3, start=10), st=st) == []  # no FIRING, so no RESOLVED
-    assert st.firing is None and idle(st)
-    # Outside the interval, the same alert goes out at once.
-    assert run(gate, steps([W], start=150), st=st) == [(150, WARNING, FIRING, False)]
-
-
-def test_flap_then_rise_passes() -> None:
+def test_a_new_episode_then_its_reminders_follow_alert_interval() -> None:
     gate = AlertGate(alert_interval=100, baseline_steps=0, resolve_after=3)
     st = GateState()
     run(gate, steps([W, CLEAR, CLEAR, CLEAR]), st=st)
-    assert run(gate, steps([W, W, E], start=10), st=st) == [(12, ERROR, FIRING, False)]
+    events = run(gate, steps([W] * 150 + [CLEAR] * 3, start=10), st=st)
+    assert events == [(10, WARNING, FIRING, False), (110, WARNING, FIRING, True), (162, WARNING, RESOLVED, False)]
+
+
+def test_episode_then_rise_passes() -> None:
+    gate = AlertGate(alert_interval=100, baseline_steps=0, resolve_after=3)
+    st = GateState()
+    run(gate, steps([W, CLEAR, CLEAR, CLEAR]), st=st)
+    assert run(gate, steps([W, W, E], start=10), st=st) == [(10, WARNING, FIRING, False), (12, ERROR, FIRING, False)]
 
 
 def test_resolved_after_resolve_after_clear_samples() -> None:

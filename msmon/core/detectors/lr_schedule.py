@@ -1,9 +1,10 @@
-"""Learning-rate schedule sanity: LR 0 after warmup, LR rising after warmup, warmup as long as the run."""
+"""Learning-rate changes the job did not announce, and schedule bugs (LR 0 after warmup, warmup as long as the run)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from typing import ClassVar
 
 from msmon.contract.wire import Sample, Severity
@@ -13,39 +14,62 @@ from msmon.core.spec import spec
 
 @dataclasses.dataclass
 class LrScheduleParams(RuleParams):
-    """Fixed severities: LR at zero after warmup is an ERROR; LR rising after warmup and a warmup
-    as long as the run are WARNINGs. Warmup ends at `training.warmup_steps` when given, else where
-    the LR first went down, else (warmup into a constant LR) where it rose to the level it has then
-    held for at least twice as many steps as the run had before. Cosine-with-restarts schedules rise
-    on purpose: disable this rule."""
+    """An LR change the job did not announce, and schedule bugs.
+
+    - An unannounced rise (WARNING at its sample; ERROR once the loss or the grad norm reacts): a rise
+      above every LR seen so far after the LR had stopped rising (a constant LR that jumps, a creep
+      after warmup or during the decay), or, while the LR rises (warmup), a step `jump` x above the
+      line through the last two samples. No warmup or declared schedule is needed: constant, step,
+      cosine, linear and WSD schedules never rise above their peak once it is behind them, and a
+      restart that climbs back to a level already seen is a restart. The alert holds until the LR is
+      back within `jump` of what it was before the change, or a person acknowledges it, or the job
+      announces a change (`scale-lr`, `note_lr_change`). Before `training.warmup_steps` rises are the
+      configured warmup's.
+    - LR at zero after warmup is an ERROR; a warmup as long as the run is a WARNING.
+    """
 
     PHASE_KEYS = frozenset({"enable"})
     epsilon: float = dataclasses.field(default=0.0, metadata=spec(ge=0, doc="an LR at or below counts as zero"))
     end_fraction: float = dataclasses.field(
         default=0.98, metadata=spec(gt=0, le=1, doc="LR 0 after this fraction of total_steps is the schedule's end"))
+    jump: float = dataclasses.field(default=0.2, metadata=spec(
+        gt=0, le=100, doc="a rise this fraction above the schedule's line (or its peak) is a change"))
+    react_grad: float = dataclasses.field(default=3.0, metadata=spec(
+        gt=1, doc="after a change, the grad norm this many x its median before it: ERROR"))
+    react_loss: float = dataclasses.field(default=1.5, metadata=spec(
+        gt=1, doc="after a change, the loss this many x its median before it: ERROR"))
 
 
 class LrSchedule:
     rule: ClassVar[str] = "lr_schedule"
-    summary: ClassVar[str] = "LR schedule sanity"
+    summary: ClassVar[str] = "unannounced LR change, LR schedule sanity"
     metric: ClassVar[str] = "learning_rate"
     requires: ClassVar[frozenset[str]] = frozenset({"learning_rate"})
-    hint: ClassVar[str] = ("Check the LR schedule settings (warmup_steps, total_steps / decay steps, min_lr) "
-                           "and, after a resume, that the optimizer's global step was restored.")
+    hint: ClassVar[str] = ("The LR changed without a scale-lr or note_lr_change: check the LR schedule settings "
+                           "(warmup_steps, total_steps / decay steps, min_lr) and, after a resume, that the "
+                           "optimizer's LR and global step were restored. If the new LR is intended, acknowledge it.")
 
     ZERO_FRACTION: ClassVar[float] = 0.1  # zero for this fraction of the run so far: not the schedule's end
     # A warmup into a constant LR has ended once the LR has held its peak for this many samples and for
-    # twice the steps before it. Twice: a staircase warmup never holds a level that long, nor does a
-    # constant LR from the first step (no rise was seen) count as the end of a warmup.
+    # twice the steps before it (for the LR-zero check: an LR at zero after warmup is an ERROR).
     SETTLE_SAMPLES: ClassVar[int] = 10
     SETTLE_RATIO: ClassVar[float] = 2.0
     SAME: ClassVar[float] = 1e-6  # relative change below which two LR values are the same
+    FLAT: ClassVar[int] = 5  # samples without a new highest LR: it has settled (a rise above that peak is a change)
+    JUMP_RATE: ClassVar[float] = 3.0  # while rising: a rise this many x as steep as the recent ones is a change
+    OVER_PEAK: ClassVar[float] = 0.01  # once the LR stopped rising, a rise this fraction above its peak is a change
+    RECENT: ClassVar[int] = 20  # recent rises and LRs kept: what a warmup's steps look like, where the LR just was
+    RESTART: ClassVar[float] = 0.9  # once settled, a rise back to this fraction of the peak or more is a restart
+    REACT: ClassVar[int] = 5  # loss and grad norm samples before a change: their reference (median)
 
     def __init__(self, p: LrScheduleParams, ctx: DetectorContext) -> None:
         self.ctx = ctx
         self.epsilon = p.epsilon
         self.end_fraction = p.end_fraction
+        self.jump = p.jump
+        self.react = (p.react_grad, p.react_loss)
         self.prev: float | None = None
+        self.prev_step = 0
         self.max_lr = 0.0
         self.peak_step: int | None = None  # where the LR first went down (inferred end of warmup)
         self.samples = 0
@@ -56,10 +80,36 @@ class LrSchedule:
         self.level_since = 0  # step where the LR reached the peak level it holds now
         self.level_samples = 0  # samples at that level
         self.settled_at: int | None = None  # inferred end of a warmup into a constant LR
+        self.since_max = 0  # samples since the highest LR rose (FLAT or more: settled)
+        self.announced = 0  # samples left in which an LR change is the job's own (scale_lr, note_lr_change)
+        self.before: float | None = None  # held: the LR before the unannounced change (it resolves on return)
+        self.change_step = 0
+        self.rates: deque[float] = deque(maxlen=self.RECENT)  # recent rises per step (0 when it did not rise)
+        self.lrs: deque[float] = deque(maxlen=self.RECENT)
+        self.losses: deque[float] = deque(maxlen=self.REACT)  # recent values before a change
+        self.grads: deque[float] = deque(maxlen=self.REACT)
+        self.ref_loss: float | None = None  # their medians when the change came
+        self.ref_grad: float | None = None
+
+    ANNOUNCE_SAMPLES: ClassVar[int] = 5  # an announced change must show within this many samples
 
     def expect_change(self) -> None:
-        """The LR was changed on purpose (scale_lr): the next move is not a schedule bug."""
-        self.prev = None
+        """The LR was changed on purpose (scale_lr, note_lr_change): the next move is not a change to report, and
+        a change held now is the job's (released)."""
+        self.announced = self.ANNOUNCE_SAMPLES
+        self._release()
+
+    def acknowledge(self) -> bool:
+        """A person acknowledged the alert: the LR now is intended (the new peak); whether a change was held."""
+        held = self.before is not None
+        self._release()
+        return held
+
+    def _release(self, accept: bool = True) -> None:
+        """No change held any more; `accept`: the LR now is intended (its level joins the schedule's)."""
+        if accept and self.before is not None and self.prev is not None:
+            self.max_lr = max(self.max_lr, self.prev)
+        self.before = self.ref_loss = self.ref_grad = None
 
     def _zero(self, step: int, lr: float, prev: float | None, total: int | None,
               warmup: int | None) -> Finding | None:
@@ -107,13 +157,14 @@ class LrSchedule:
             return SKIP
         self.samples += 1
         prev, self.prev = self.prev, lr
+        prev_step, self.prev_step = self.prev_step, s.step
         if prev is not None and lr < prev and self.peak_step is None:
             self.peak_step = s.step
-        self.max_lr = max(self.max_lr, lr)
         if self.settled_at is None and self.peak_step is None:
             self._track_level(s.step, lr, prev)
         total, warmup = self.ctx.total_steps, self._warmup_end()
         near_end = total is not None and s.step >= self.end_fraction * total
+        change = self._change(s, lr, prev, prev_step)
         if lr <= self.epsilon:
             if self.zero_run == 0:
                 self.zero_since = s.step
@@ -124,9 +175,8 @@ class LrSchedule:
                     return found
         else:
             self.zero_run = 0
-        if prev is not None and warmup is not None and s.step > warmup and lr > prev * (1 + 1e-6):
-            return Finding(Severity.WARNING, lr, prev,
-                           f"learning rate rose from {prev:.3g} to {lr:.3g} after warmup ended at step {warmup}")
+        if change is not None:
+            return change
         cw = self.ctx.warmup_steps
         if cw is not None and total is not None and cw >= total:
             return Finding(Severity.WARNING, float(cw), float(total),
@@ -136,3 +186,88 @@ class LrSchedule:
             return Finding(Severity.WARNING, lr, self.max_lr,
                            f"learning rate is still rising at step {s.step} of {total}: is warmup as long as the run?")
         return None
+
+    def _change(self, s: Sample, lr: float, prev: float | None, prev_step: int) -> Finding | None:
+        """An unannounced rise, found now or held since (see LrScheduleParams); None otherwise.
+
+        Two modes. Rising (a new highest LR within the last FLAT samples: a warmup): a rise is a change when its
+        rate per step is JUMP_RATE x the steepest of the recent rises or more (a quantized log's uneven steps are
+        not). Settled (no new highest for FLAT samples): the peak is frozen, and any LR above it by OVER_PEAK is a
+        change, whether it jumped or crept there; a rise back to it (a restart, a return from a dip) is not."""
+        dstep = s.step - prev_step
+        rate = 0.0 if prev is None or dstep <= 0 else (lr - prev) / dstep
+        steepest = max(self.rates, default=0.0)
+        self.rates.append(max(rate, 0.0))
+        recent = max(self.lrs, default=lr)
+        self.lrs.append(lr)
+        if self.announced:
+            self.announced -= 1
+            if prev is not None and abs(lr - prev) > self.SAME * prev:
+                self.announced = 0  # the job's own change: the new normal
+                self.max_lr, self.since_max = lr, 0
+                self._remember(s)
+                return None
+        if self.before is not None:
+            return self._held(s, lr)
+        settled = self.since_max >= self.FLAT
+        new_high = lr > self.max_lr * (1 + self.SAME)
+        cw = self.ctx.warmup_steps
+        if prev is None or self.samples < 3 or (cw is not None and s.step <= cw):
+            self.since_max = 0 if new_high else self.since_max + 1
+            self.max_lr = max(self.max_lr, lr)
+            self._remember(s)
+            return None
+        if not new_high:  # below the peak: a change only if it jumped to a level neither recent nor the peak's
+            self.since_max += 1
+            change = (settled and lr > prev * (1 + self.jump) and lr > recent * (1 + self.OVER_PEAK)
+                      and lr < self.RESTART * self.max_lr)
+        elif settled:
+            change = lr > self.max_lr * (1 + self.OVER_PEAK)
+        else:
+            change = lr > prev * (1 + self.jump) and rate > self.JUMP_RATE * steepest
+        if not change:
+            if new_high and not settled:  # warmup goes on; a settled peak stays where it was
+                self.since_max, self.max_lr = 0, lr
+            self._remember(s)
+            return None
+        self.before, self.change_step = prev, s.step
+        self.ref_loss = _median(self.losses)
+        self.ref_grad = _median(self.grads)
+        how = ("to a level it had not been at" if not new_high
+               else f"above the {self.max_lr:.3g} it had settled at" if settled
+               else f"a rise {rate / steepest:.3g}x as steep as the warmup's" if steepest > 0.0 else "")
+        return Finding(Severity.WARNING, lr, prev,
+                       f"learning rate changed from {prev:.3g} to {lr:.3g} at step {s.step} ({lr / prev:.3g}x"
+                       + (f", {how}" if how else "") + ") and no change was announced (scale-lr, note_lr_change)")
+
+    def _remember(self, s: Sample) -> None:
+        if s.loss is not None and math.isfinite(s.loss):
+            self.losses.append(s.loss)
+        if s.grad_norm is not None and math.isfinite(s.grad_norm) and s.grad_norm > 0.0:
+            self.grads.append(s.grad_norm)
+
+    def _held(self, s: Sample, lr: float) -> Finding | None:
+        before = self.before
+        assert before is not None
+        if lr <= before * (1 + self.jump):
+            self._release(accept=False)
+            self._remember(s)
+            return None
+        level, why = Severity.WARNING, ""
+        kg, kl = self.react
+        for what, x, ref, k in (("grad norm", s.grad_norm, self.ref_grad, kg), ("loss", s.loss, self.ref_loss, kl)):
+            if x is not None and ref and ref > 0.0 and (not math.isfinite(x) or x >= k * ref):
+                level, why = Severity.ERROR, f"; the {what} {x:.4g} is {x / ref:.3g}x its {ref:.4g} before"
+                break
+        return Finding(level, lr, before,
+                       f"learning rate is {lr:.3g} since step {self.change_step}, {lr / before:.3g}x the {before:.3g} "
+                       f"before it, unannounced{why} (resolves when it is back, on an acknowledgement or an announced "
+                       "change)")
+
+
+def _median(xs: deque[float]) -> float | None:
+    if not xs:
+        return None
+    v = sorted(xs)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
