@@ -36,7 +36,7 @@ from .dingtalk_inbound import add_dingtalk_routes
 from .escalation.scheduler import AckLinks, Escalator
 from .feishu_inbound import add_feishu_routes
 from .ingest import Ingest
-from .metrics import BotMetrics
+from .metrics import BotMetrics, project_runs
 from .outbox import Lane, Outbox
 from .pipeline.ratelimit import RateLimiter
 from .ranks.watch import RankWatch
@@ -362,10 +362,35 @@ async def dead_letters(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    m = request.app[METRICS]
-    m.outbox_depth.set(request.app[STORE].depth())
-    m.outbox_dead.set(request.app[STORE].dead_count())
-    return web.Response(body=await m.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """GET /metrics with a bearer token: the scrape token (bot.metrics_token_env), an operator's or a job
+    token of every project ('*') reads every series; a project's job token its own project's runs only
+    (and the bot's own series); no token: 401."""
+    project = _scraper(request)
+    if project is None:
+        resp = _error(401, "missing or unknown bearer token: /metrics takes the scrape token "
+                           "(bot.metrics_token_env), an operator's token or a job token (its project's runs)")
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="msmon"'
+        return resp
+    m, store = request.app[METRICS], request.app[STORE]
+    m.outbox_depth.set(store.depth())
+    m.outbox_dead.set(store.dead_count())
+    runs = None if project == "*" else project_runs(store, project)
+    return web.Response(body=await m.render(runs), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _scraper(request: web.Request) -> str | None:
+    """The project a /metrics request may read ('*': all), or None."""
+    name = request.app[CONFIG].metrics_token_env
+    scrape = (os.environ.get(name) or None) if name else None
+    header = request.headers.get("Authorization", "")
+    if scrape is not None and header.startswith("Bearer ") and \
+            hmac.compare_digest(header[7:].strip().encode("utf-8", "replace"), scrape.encode()):
+        return "*"
+    who = _authenticate(request)
+    if who is None:
+        return None
+    project, operator = who
+    return "*" if operator else project
 
 
 def _extra_receivers(cfg: BotConfig, receivers: dict[str, Receiver], store: Store,

@@ -107,6 +107,9 @@ class Route:
             yield "receiver", f"unknown receiver {shown(self.receiver)}; receivers are {', '.join(RECEIVERS)}"
         if self.receiver in ("slack", "digest", "matrix") and not self.channel:
             yield "channel", f"a {self.receiver} route needs a channel ID"
+        if self.labels and self.project is None:
+            yield "labels", ("a route that matches labels names its project too (project: <name>, or '*' for every "
+                             "project on purpose): labels are the job's own word, and any project's job can set them")
 
 
 RECEIVERS = ("console", "slack", "digest", "matrix",
@@ -530,6 +533,9 @@ class BotConfig:
     max_runs: int = _f(1000, "runs kept in memory; the least recently seen are forgotten first", ge=1,
                        le=100_000)
     tokens: list[JobToken] = _f([], "job tokens (none: every job is refused)")
+    metrics_token_env: str = _f("", "environment variable with the token Prometheus scrapes GET /metrics with: "
+                                    "it reads every project's series and can do nothing else (a job token reads "
+                                    "its own project's runs only; no token: 401)")
     routes: list[Route] = _f([], "where alerts go (none: console)")
     pipeline: PipelineConfig = _f(PipelineConfig(), "dedup / group / inhibit settings")
     rate_limit: RateLimitConfig = _f(RateLimitConfig(), "outgoing message rates")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -44,12 +44,30 @@ class BotMetrics:
         """Export the per-run training gauges and the delivery figures of `state`, read at each scrape."""
         self.registry.register(RunCollector(state))
 
-    async def render(self) -> bytes:
-        """The text of GET /metrics. The families are collected here, on the event loop that owns the
-        windows and the SQLite connection; the text, most of a scrape's cost with many runs
-        (bench/bench_metrics.py), is written in a worker thread so ingest is not held meanwhile."""
+    async def render(self, runs: Container[str] | None = None) -> bytes:
+        """The text of GET /metrics: every series, or (`runs` given: a project token's scrape) the bot's
+        own series and the per-run series of those runs only. The families are collected here, on the
+        event loop that owns the windows and the SQLite connection; the text, most of a scrape's cost with
+        many runs (bench/bench_metrics.py), is written in a worker thread so ingest is not held meanwhile."""
         families = list(self.registry.collect())
+        if runs is not None:
+            families = [_only(f, runs) for f in families]
         return await asyncio.to_thread(generate_latest, _Collected(families))
+
+
+def _only(family: Metric, runs: Container[str]) -> Metric:
+    """`family` without the samples of runs not in `runs` (a series without a run label stays)."""
+    kept = [s for s in family.samples if "run" not in s.labels or s.labels["run"] in runs]
+    if len(kept) == len(family.samples):
+        return family
+    out = Metric(family.name, family.documentation, family.type, family.unit)
+    out.samples = kept
+    return out
+
+
+def project_runs(store: Store, project: str) -> set[str]:
+    """The run ids of `project`: what a scrape with that project's job token may see."""
+    return {r[0] for r in store.db.execute("SELECT run_id FROM runs WHERE project=?", (project,))}
 
 
 class _Collected:

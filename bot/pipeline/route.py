@@ -1,4 +1,8 @@
-"""Route: the first route whose project, severity and labels match decides receiver and channel."""
+"""Route: the first route whose project, severity and labels match decides receiver and channel.
+
+Labels are the job's own word (any project's job can set `team: a`), so a route that matches labels
+matches them within its project only: one without a project matches nothing (bot.yaml refuses it; '*'
+says every project on purpose)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ CONSOLE = Route(receiver="console", channel="console")
 def route_for(project: str, labels: dict[str, str], severity: Severity, routes: list[Route]) -> Route:
     for r in routes:
         if r.project is not None and r.project not in ("*", project):
+            continue
+        if r.labels and r.project is None:
             continue
         if r.severity is not None and r.severity != severity.value:
             continue

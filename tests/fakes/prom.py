@@ -144,10 +144,12 @@ def alertmanager(folder: Path, webhook_url: str, *, bearer: str = "") -> Daemon:
     return Daemon(ALERTMANAGER, folder, config, [f"--storage.path={folder / 'data'}", "--cluster.listen-address="])
 
 
-def prometheus(folder: Path, target: str) -> Daemon:
-    """Prometheus scraping `target` (host:port) every second as job msmon."""
+def prometheus(folder: Path, target: str, bearer: str = "") -> Daemon:
+    """Prometheus scraping `target` (host:port) every second as job msmon (with a bearer token when given:
+    the bot's /metrics takes its scrape token, an operator's or a job token)."""
+    auth = f"  authorization:\n    credentials: {bearer}\n" if bearer else ""
     config = ("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n- job_name: msmon\n"
-              f"  static_configs:\n  - targets: ['{target}']\n")
+              f"{auth}  static_configs:\n  - targets: ['{target}']\n")
     return Daemon(PROMETHEUS, folder, config, [f"--storage.tsdb.path={folder / 'data'}"])
 
 

@@ -107,7 +107,7 @@ def test_inhibit_and_silence_stages(bot, slack):
     bot.request("POST", "/v1/ingest", envelope([event(rule="loss_spike", sev=Severity.WARNING, value=4.0)]))
     time.sleep(1.0)
     assert len(slack.messages()) == 1  # a WARNING of a run with an ERROR firing is held back
-    _, metrics = bot.request("GET", "/metrics", token=None)
+    _, metrics = bot.request("GET", "/metrics")
     assert 'msmon_suppressed_total{stage="inhibit"} 1.0' in metrics
 
 
@@ -124,7 +124,7 @@ def test_runs_api_and_metrics(bot, slack):
     assert status == 404 and body["error"] == "no run 'run-x'" and body["known_runs"] == ["run-42"]
     status, health = bot.request("GET", "/healthz", token=None)
     assert status == 200 and health["ok"] is True
-    _, metrics = bot.request("GET", "/metrics", token=None)
+    _, metrics = bot.request("GET", "/metrics")
     assert 'msmon_events_in_total{severity="ERROR"} 1.0' in metrics and "msmon_outbox_depth" in metrics
 
 
@@ -243,7 +243,7 @@ def test_a_silence_holds_back_matching_alerts_until_it_expires(bot, slack):
     assert wait_for(lambda: len(slack.messages()) == 1)
     time.sleep(0.8)
     assert [m["text"].split(":")[0] for m in slack.messages()] == ["ERROR loss_spike"]
-    _, metrics = bot.request("GET", "/metrics", token=None)
+    _, metrics = bot.request("GET", "/metrics")
     assert 'msmon_suppressed_total{stage="silence"} 1.0' in metrics
 
 

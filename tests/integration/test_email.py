@@ -125,7 +125,7 @@ def test_an_smtp_server_that_refuses_or_hangs_never_delays_slack(tmp_path, slack
         assert wait_for(lambda: any("could not email oncall@example.org" in m["text"] for m in slack.messages()), 10)
         said = next(m["text"] for m in slack.messages() if "could not email" in m["text"])
         assert "retrying with backoff" in said and "[msmon ERROR] run-42 grad_norm" in said
-        status, metrics = bot.request("GET", "/metrics", token=None)
+        status, metrics = bot.request("GET", "/metrics")
         assert re.search(r'msmon_delivery_errors_total\{receiver="email"\} [1-9]', metrics)
         smtp.inbox.refuse, smtp.inbox.hang = False, 0.0
         clock.advance(1.0)  # the retries' backoff (on the bot's clock) has passed

@@ -80,7 +80,7 @@ def test_an_unacknowledged_error_escalates_through_its_levels_at_their_delays(tm
         assert [(s["step"], s["how"], s["targets"]) for s in steps] == [
             (0, "slack", ["U0ONCALL"]), (1, "email", ["oncall@example.org", "second@example.org"]),
             (2, "email", ["lead@example.org"])]
-        metrics = bot.request("GET", "/metrics", token=None)[1]
+        metrics = bot.request("GET", "/metrics")[1]
         assert 'msmon_escalation_steps_total{how="email"} 2.0' in metrics
         assert 'msmon_escalation_steps_total{how="slack"} 1.0' in metrics
     finally:

@@ -63,7 +63,7 @@ def command(bot, text):
 
 
 def refused_counts(bot) -> dict[str, float]:
-    req = urllib.request.Request(bot.url + "/metrics")
+    req = urllib.request.Request(bot.url + "/metrics", headers={"Authorization": "Bearer operator-token"})
     _, text = send(req)
     out = {}
     for line in text.splitlines():

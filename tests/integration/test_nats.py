@@ -323,7 +323,8 @@ class _Replica(ServeProcess):
     def metric(self, outcome: str) -> float | None:
         """msmon_nats_messages_total{outcome} from /metrics (None: no answer yet; 0: not counted yet)."""
         try:
-            with urllib.request.urlopen(self.url + "/metrics", timeout=2) as r:
+            req = urllib.request.Request(self.url + "/metrics", headers={"Authorization": "Bearer operator-token"})
+            with urllib.request.urlopen(req, timeout=2) as r:
                 text = r.read().decode()
         except OSError:
             return None

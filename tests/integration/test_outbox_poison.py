@@ -110,7 +110,7 @@ def test_slacks_html_error_page_is_retried_with_backoff_then_dead_lettered_once(
         assert dead["run_id"] == "run-bad" and dead["attempts"] == FAST.max_attempts and "502" in dead["error"]
         assert bot.request("GET", "/v1/outbox/dead")[0] == 403  # a job's token
         assert bot.request("GET", "/v1/outbox/dead", token=None)[0] == 401
-        _, metrics = bot.request("GET", "/metrics", token=None)
+        _, metrics = bot.request("GET", "/metrics")
         assert "msmon_outbox_dead_letters 1.0" in metrics
         assert 'msmon_dead_letters_total{receiver="slack"} 1.0' in metrics
         assert 'msmon_delivery_errors_total{receiver="slack"} 4.0' in metrics
@@ -120,7 +120,7 @@ def test_slacks_html_error_page_is_retried_with_backoff_then_dead_lettered_once(
 
 
 def test_a_429_paces_its_own_channel_and_not_the_others(tmp_path, slack, env):
-    routes = [{"receiver": "slack", "channel": "C0A", "labels": {"team": "a"}},
+    routes = [{"receiver": "slack", "channel": "C0A", "project": "llm", "labels": {"team": "a"}},
               {"receiver": "slack", "channel": "C0B"}]
     slack.fail("chat.postMessage", status=429, times=1, retry_after=2, when=lambda p: p["channel"] == "C0A")
     bot = BotServer(config(tmp_path, slack, routes))
@@ -302,7 +302,7 @@ def test_figures_posts_per_poison_alert_while_others_flow(tmp_path, slack, env):
         latency = sorted(next(c.time for c in posts_for(slack, r) if not c.failed) - t for r, t in sent.items())
         figures["others"] = {"sent": len(sent), "posted_once": sum(len(posts_for(slack, r)) == 1 for r in sent),
                              "p50_s": round(latency[len(latency) // 2], 3), "max_s": round(latency[-1], 3)}
-        _, metrics = bot.request("GET", "/metrics", token=None)
+        _, metrics = bot.request("GET", "/metrics")
         figures["metrics"] = [line for line in metrics.splitlines() if line.startswith("msmon_outbox_dead_letters")]
         print("\nposts per poison alert:", figures)
         assert all(figures[r]["posted"] == 1 for r in ("run-mathtext", "run-undrawable", "run-a/b"))

@@ -32,8 +32,9 @@ def samples(run: str, loss: float, step: int = 10) -> list[Sample]:
     return [Sample(run_id=run, device="0", step=step, time=time.time(), loss=loss, grad_norm=1.5, samples_per_s=64.0)]
 
 
-def scrape(bot: BotServer) -> str:
-    with urllib.request.urlopen(bot.url + "/metrics", timeout=10) as resp:
+def scrape(bot: BotServer, token: str = "job-token") -> str:
+    req = urllib.request.Request(bot.url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
         return str(resp.read().decode())
 
 
@@ -51,7 +52,7 @@ def test_prometheus_scrapes_msmon_and_promql_returns_a_runs_loss(tmp_path):
     bot = BotServer(bot_config(tmp_path, []))
     try:
         job_post(bot, [], samples=samples("run-42", 2.5))
-        with prometheus(tmp_path / "prom", f"127.0.0.1:{bot.port}") as prom:
+        with prometheus(tmp_path / "prom", f"127.0.0.1:{bot.port}", bearer="job-token") as prom:
             found = query(prom, 'msmon_run_loss{run="run-42"}')
             assert found, "Prometheus never returned the run's loss"
             assert found[0]["metric"]["device"] == "0" and float(found[0]["value"][1]) == 2.5
@@ -97,3 +98,37 @@ def test_the_grafana_dashboard_queries_metrics_msmon_exports(tmp_path):
         assert metrics, f"no msmon metric in {expr!r}"
         assert metrics <= names, f"{expr!r} names {metrics - names}, which msmon does not export"
         assert words - metrics <= PROMQL_WORDS, f"unknown words in {expr!r}: {words - metrics - PROMQL_WORDS}"
+
+
+def test_metrics_needs_a_token_and_a_projects_token_reads_its_own_runs_only(tmp_path, monkeypatch):
+    """No token: 401. Project llm's token: llm's runs and the bot's own series, never project b's run; the
+    scrape token (bot.metrics_token_env) reads every project's; it cannot post an envelope."""
+    import urllib.error
+
+    from msmon.contract.wire import Envelope, encode
+
+    monkeypatch.setenv("MSMON_B_TOKEN", "b-token")
+    monkeypatch.setenv("MSMON_SCRAPE", "scrape-token")
+    cfg = bot_config(tmp_path, [], metrics_token_env="MSMON_SCRAPE")
+    cfg["bot"]["tokens"].append({"env": "MSMON_B_TOKEN", "project": "b"})
+    bot = BotServer(cfg)
+    try:
+        job_post(bot, [], run="run-a", samples=samples("run-a", 3.0))
+        body = encode(Envelope(run_id="secret-run-b", device="0", sent_at=time.time(), project="b",
+                               samples=samples("secret-run-b", 7.0)))
+        assert bot.request("POST", "/v1/ingest", body, token="b-token")[0] == 202
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(bot.url + "/metrics", timeout=10)
+        assert info.value.code == 401 and info.value.headers["WWW-Authenticate"].startswith("Bearer")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            scrape(bot, "wrong-token")
+        assert info.value.code == 401
+        llm = scrape(bot)
+        assert 'run="run-a"' in llm and "secret-run-b" not in llm and "msmon_requests_total" in llm
+        b = scrape(bot, "b-token")
+        assert 'msmon_run_loss{device="0",run="secret-run-b"} 7.0' in b and 'run="run-a"' not in b
+        every = scrape(bot, "scrape-token")
+        assert 'run="run-a"' in every and 'run="secret-run-b"' in every
+        assert bot.request("POST", "/v1/ingest", body, token="scrape-token")[0] == 401
+    finally:
+        bot.stop()

@@ -74,12 +74,16 @@ def test_group_keys_and_delays():
 
 def test_route_first_match_by_project_severity_labels():
     routes = [Route(receiver="slack", channel="C1", project="llm", severity="ERROR"),
-              Route(receiver="slack", channel="C2", labels={"team": "vision"}),
+              Route(receiver="slack", channel="C2", project="cv", labels={"team": "vision"}),
               Route(receiver="slack", channel="C3", project="*")]
     assert route.route_for("llm", {}, Severity.ERROR, routes).channel == "C1"
     assert route.route_for("llm", {}, Severity.WARNING, routes).channel == "C3"
     assert route.route_for("cv", {"team": "vision"}, Severity.ERROR, routes).channel == "C2"
     assert route.route_for("cv", {}, Severity.ERROR, []) is route.CONSOLE
+    # labels are the job's word: project llm's job saying team: vision stays out of cv's channel
+    assert route.route_for("llm", {"team": "vision"}, Severity.WARNING, routes).channel == "C3"
+    unscoped = [Route(receiver="slack", channel="C9", labels={"team": "vision"})]  # bot.yaml refuses it
+    assert route.route_for("cv", {"team": "vision"}, Severity.ERROR, unscoped) is route.CONSOLE
 
 
 def test_token_buckets_per_channel_run_and_global():
