@@ -75,7 +75,9 @@ class ConsoleReceiver:
             return f"not written ({type(exc).__name__}: {exc})"
 
     def _write(self, prefix: str, lines: list[str]) -> None:
-        self.out.write("".join(f"[msmon] {prefix}{line}\n" for line in lines))
+        """`lines`, the first after `prefix` and the others indented under it (a reply reads as one piece)."""
+        pad = " " * len(prefix)
+        self.out.write("".join(f"[msmon] {prefix if i == 0 else pad}{line}\n" for i, line in enumerate(lines)))
         self.out.flush()
 
     async def post(self, channel: str, msg: Message) -> str:
@@ -95,10 +97,10 @@ class ConsoleReceiver:
         (the firing message marked resolved) is not printed again: the reply before it said RESOLVED."""
         if msg.status is Status.RESOLVED:
             return
-        self._write(f"(update of {ref}) ", text(msg, escape_console).split("\n"))
+        self._write("update: ", text(msg, escape_console).split("\n"))  # the same alert, more devices or a rise
 
     async def reply(self, channel: str, ref: str, msg: Message) -> None:
-        self._write(f"(in reply to {ref}) ", text(msg, escape_console).split("\n"))
+        self._write("  re: ", text(msg, escape_console).split("\n"))  # in its alert's thread, as in a chat
 
     async def note(self, note: Note) -> None:
         """Printed, whatever its reply address: the console has one place to write to."""

@@ -92,8 +92,9 @@ def _into_the_bot(trace: str, config: str, shown: str, out: str, story: Story) -
     events, bot = run_demo(trace, config, out, story)
     runs = bot.store.runs()
     firing = bot.store.alerts(RUN_ID, "firing")
-    print(f"\nThe bot now holds run {RUN_ID} at step {runs[0]['last_step'] if runs else '?'} with "
-          f"{len(firing)} alert(s) firing: {', '.join(sorted({a['rule'] for a in firing}))}.")
+    rules = ", ".join(sorted({a["rule"] for a in firing}))
+    print(f"\nThe bot now holds run {RUN_ID} at step {runs[0]['last_step'] if runs else '?'}: " +
+          (f"{len(firing)} alert(s) still firing ({rules})." if firing else "every alert resolved."))
     return events, bot
 
 

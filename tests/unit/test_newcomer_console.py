@@ -34,4 +34,4 @@ def test_a_resolution_is_printed_once() -> None:
 
     asyncio.run(story())
     text = out.getvalue()
-    assert text.count("RESOLVED loss_spike") == 1 and "step 699" in text and "(update of console-1) ERROR" in text
+    assert text.count("RESOLVED loss_spike") == 1 and "step 699" in text and "update: ERROR" in text
