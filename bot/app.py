@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
 from msmon.contract.wire import ActionRequest, Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
 
+from . import nflog
 from .alertmanager_inbound import ROUTE as ALERTMANAGER_ROUTE
 from .alertmanager_inbound import add_alertmanager_route
 from .chart_links import add_chart_route, chart_links
@@ -475,6 +476,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
 
     state.doorbell = ring
     outbox.link = console_link(cfg)  # "open in msmon": each message links to its run's console page (bot/web)
+    outbox.given_up = lambda rows: nflog.given_up(state, rows)  # a dead letter's alerts are not notified
     if mailbox is not None:
         mailbox.link = outbox.link
     app[CONFIG], app[STORE], app[METRICS], app[INGEST], app[OUTBOX] = cfg, store, m, Ingest(state), outbox

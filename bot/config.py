@@ -304,9 +304,10 @@ class DeliveryConfig:
 
     backoff_base: float = _f(1.0, "seconds before the first retry (jittered between half and all of it)", ge=0.01,
                              le=3600)
-    backoff_max: float = _f(300.0, "longest wait between two tries", ge=0.1, le=DAY)
+    backoff_max: float = _f(30.0, "longest wait between two tries: a receiver back from an outage gets its waiting "
+                                  "messages within this (its first success sends the rest at once)", ge=0.1, le=DAY)
     max_attempts: int = _f(10, "tries before a delivery error makes the message a dead letter (an outage of the "
-                               "whole channel does not count)", ge=1, le=1000)
+                               "whole channel does not count: nothing got through since it was queued)", ge=1, le=1000)
     max_error_attempts: int = _f(3, "tries when the receiver failed in another way (data it cannot take)", ge=1,
                                  le=1000)
     max_retry_after: float = _f(900.0, "longest Retry-After honoured", ge=1, le=DAY)

@@ -15,9 +15,13 @@ worker (bot/outbox.py) is the edge that reads rows, calls receivers and applies 
   and for a refusal the platform documents as permanent: a bad signature, a removed robot)
   the group is a dead letter: kept, reported once, never tried again by this process.
 - An outage is not a poison row: while a lane is down (another group failed on it too since its
-  last success) a delivery error does not bring a row nearer its dead-letter bound; the rows keep
-  retrying at the longest backoff they reached and all go when the receiver is back (a missing
-  token fixed by a restart, Slack down for an hour).
+  last success, or nothing got through on it since the row was queued) a delivery error does not
+  bring a row nearer its dead-letter bound; the rows keep retrying at the longest backoff they
+  reached (at most `cap`, 30 s by default) and all go when the receiver is back (a missing token
+  fixed by a restart, Slack down for an hour). A lane that looks down is probed by one group a
+  round (a new message tries once, the retries wait for the probe); the first success on it makes its other waiting rows due at once (`Verdict.reopened`), so a
+  recovered receiver has the still-firing alerts within a probe interval, as Alertmanager's next
+  flush would send them.
 - A group whose message is already out (`posted_ref`) only has its follow-up left (the chart in the
   thread): a retry never posts the text again. When the follow-up is hopeless the text stands: the
   rows are delivered with the error kept.
@@ -26,6 +30,7 @@ worker (bot/outbox.py) is the edge that reads rows, calls receivers and applies 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random as _random
 from collections.abc import Callable, Iterable
 from typing import Literal
@@ -97,8 +102,8 @@ Outcome = Sent | Failed | Deferred
 @dataclasses.dataclass(frozen=True)
 class Policy:
     base: float = 1.0  # seconds before the first retry (at most; at least half of it)
-    cap: float = 300.0  # longest backoff
-    max_attempts: int = 10  # tries before a delivery error makes a dead letter (about 25 min at the defaults)
+    cap: float = 30.0  # longest backoff: how long a recovered receiver may wait for the next probe
+    max_attempts: int = 10  # tries before a delivery error makes a dead letter (about 3 min at the defaults)
     max_error_attempts: int = 3  # tries when the receiver raised something else (a bug, data it cannot take)
     max_retry_after: float = 900.0  # longest Retry-After honoured
 
@@ -132,6 +137,7 @@ class Verdict:
     delay: float = 0.0
     error: str | None = None
     posted_ref: str | None = None
+    reopened: bool = False  # delivered on a lane that was down: its other waiting rows may go now
 
     def applied(self, row: OutboxRow, now: float) -> OutboxRow:
         """`row` as it stands after this verdict (what the store's UPDATE does)."""
@@ -158,6 +164,7 @@ class Scheduler:
         self.random = random
         self._paced: dict[Lane, float] = {}  # lane -> not before (a Retry-After)
         self._failing: dict[Lane, set[GroupKey]] = {}  # groups failed on the lane since its last success (<= 2)
+        self._ok: dict[Lane, float] = {}  # lane -> its last success (this process)
 
     def paced_until(self, lane: Lane, now: float) -> float:
         """When `lane` may be sent to again (<= now: at once)."""
@@ -172,10 +179,19 @@ class Scheduler:
         first, then the retries, each oldest first (a row that keeps failing, and keeps re-pacing its
         lane with a Retry-After, never holds back the fresh alerts behind it)."""
         order: dict[GroupKey, None] = {}
+        probed: set[Lane] = set()  # lanes that look down and have a group in this round: their retries wait
         for row in sorted(due, key=lambda r: (r.attempts > 0, r.id)):
             if row.pending and row.next_at <= now and self.paced_until(row.lane, now) <= now:
-                order.setdefault(row.group, None)
+                if row.group in order or (row.attempts > 0 and row.lane in probed):
+                    continue
+                order[row.group] = None
+                if self._failing.get(row.lane):
+                    probed.add(row.lane)
         return list(order)
+
+    def down(self, lane: Lane) -> bool:
+        """Whether `lane` failed since its last success (its groups go one at a time)."""
+        return bool(self._failing.get(lane))
 
     def plan(self, rows: Iterable[OutboxRow]) -> Plan:
         ref = next((r.posted_ref for r in rows if r.posted_ref is not None), None)
@@ -187,8 +203,9 @@ class Scheduler:
         ref = self.plan(rows).ref
         lane, group = rows[0].lane, rows[0].group
         if isinstance(outcome, Sent):
-            self._failing.pop(lane, None)
-            return Verdict("delivered", attempts, now, posted_ref=ref)
+            reopened = bool(self._failing.pop(lane, None))
+            self._ok[lane] = now
+            return Verdict("delivered", attempts, now, posted_ref=ref, reopened=reopened)
         if isinstance(outcome, Deferred):
             wait = min(max(outcome.wait, 0.0), self.policy.longest_delay)
             return Verdict("deferred", attempts, now + wait, wait, "rate limited (bot)", ref)
@@ -198,7 +215,10 @@ class Scheduler:
         limit = self.policy.limit(outcome.kind)
         if outcome.kind in ("transient", "rate_limited"):
             failing = self._failing.setdefault(lane, set())
-            if failing - {group}:  # the lane is down: not this row's fault, no nearer to a dead letter
+            since = min(r.created_at for r in rows)
+            if failing - {group} or self._ok.get(lane, -math.inf) < since:
+                # the lane is down (others fail too, or nothing got through since this was queued): not this
+                # row's fault, no nearer to a dead letter
                 attempts = min(attempts, limit - 1)
             if len(failing) < 2:
                 failing.add(group)

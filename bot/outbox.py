@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -133,6 +134,8 @@ class Outbox:
         self.store, self.receivers, self.metrics, self.clock = store, receivers, metrics, clock
         self.lane = lane  # None: every row
         self.link: Callable[[str], str] | None = None  # a run's web console page, for its messages (bot/app.py)
+        # A dead letter's alert rows: their notification log is taken back (bot/nflog.py, wired by bot/app.py).
+        self.given_up: Callable[[list[OutboxRow]], object] | None = None
         self.scheduler = Scheduler(policy, rand)
         self.doorbell = asyncio.Event()
         # Row id -> the reference of its posted message, until the row's verdict is written: a post is
@@ -220,7 +223,7 @@ class Outbox:
         for lane, groups in lanes.items():
             task = asyncio.create_task(self._send_lane(lane, groups))
             self._busy[lane] = task
-            task.add_done_callback(lambda _t, lane=lane: self._lane_done(lane, _t))
+            task.add_done_callback(functools.partial(self._lane_done, lane))
             tasks.append(task)
         return tasks
 
@@ -314,6 +317,7 @@ class Outbox:
                 self._posted.pop(i, None)
             if verdict.state in ("delivered", "dead"):
                 self._charts.pop((head.key, tuple(ids)), None)
+            self._after(rows, verdict, now)
         m = self.metrics
         if verdict.state == "delivered":
             m.sent.labels(receiver, head.kind).inc()
@@ -343,6 +347,21 @@ class Outbox:
                       "outage) and look at the run's alerts with GET /v1/runs/%s", what, verdict.attempts,
                       verdict.error, head.run_id)
         return verdict
+
+    def _after(self, rows: list[OutboxRow], verdict: Verdict, now: float) -> None:
+        """What a written verdict means for the rest: a lane back up has its waiting rows due now; a dead
+        letter's alerts are not notified (bot/nflog.py)."""
+        head = rows[0]
+        try:
+            if verdict.reopened and self.store.due_now_lane(head.receiver, head.channel, now):
+                log.info("msmon bot: %s %s delivers again; the messages waiting for it go now", head.receiver,
+                         head.channel)
+                self.doorbell.set()
+            if verdict.state == "dead" and self.given_up is not None:
+                self.given_up(rows)
+        except Exception:  # noqa: BLE001 - the store's trouble: the rows' own verdict is written
+            log.exception("msmon bot: could not record what the delivery of %s %s changed", head.receiver,
+                          head.channel)
 
     def _report_mail(self, mails: list[Mail], verdict: Verdict) -> None:
         """An escalation mail that failed (its first try, and when given up): said in the alert's channel."""

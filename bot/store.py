@@ -343,6 +343,19 @@ class Store:
     def depth(self) -> int:
         return int(self.db.execute(f"SELECT COUNT(*) FROM outbox WHERE {self._PENDING}").fetchone()[0])
 
+    def due_now_lane(self, receiver: str, channel: str, now: float) -> int:
+        """A lane that was down delivered again: its rows waiting for a retry are due at once."""
+        cur = self.db.execute(f"UPDATE outbox SET next_at=? WHERE {self._PENDING} AND receiver=? AND channel=?"
+                              " AND next_at>? AND attempts>0", (now, receiver, channel, now))
+        return int(cur.rowcount)
+
+    def set_sent(self, rows: list[tuple[NotifyState, str]]) -> None:
+        """(what was sent, fingerprint): the notification log of alerts whose message was given up."""
+        self.db.executemany("UPDATE alerts SET sent_severity=?, sent_at=?, sent_resolved=?, sent_step=?"
+                            " WHERE fingerprint=?",
+                            [(n.severity.value if n.severity else None, n.sent_at, int(n.resolved), n.step, fp)
+                             for n, fp in rows])
+
     def dead_count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM outbox WHERE dead_at IS NOT NULL").fetchone()[0])
 

@@ -8,13 +8,18 @@ API (tests/fakes/slack_api.py) through slack-sdk's real client.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from typing import Any
 
 import pytest
 
+from bot.delivery import Policy
+from bot.receivers.dingtalk import DingTalkReceiver
 from tests.fakes.bot_server import BotServer, wait_for
 from tests.fakes.dingtalk_api import DingTalkRobot
+from tests.fakes.im_harness import T0, Clock, ImBot
 from tests.fakes.peers import HangingPeer, ThreadedRobot
 from tests.fakes.records import envelope, event
 from tests.fakes.slack_api import SlackAPIServer
@@ -69,3 +74,72 @@ def test_a_hanging_destination_delays_no_other_by_more_than_a_second(tmp_path, p
         assert bot.request("GET", "/healthz")[1]["outbox_depth"] == 3  # the hung robot's rows wait, kept
     finally:
         bot.stop()
+
+
+class FlakyDingTalk(DingTalkRobot):
+    """The local DingTalk robot, down (HTTP 503) while `down`, and refusing with a 500 the messages that
+    mention `refuse` (a poison message while the rest get through)."""
+
+    down = False
+    refuse = ""
+
+    def answer(self, path: str, query: dict[str, str], raw: bytes, body: Any, now: float) -> tuple[int, dict[str, Any]]:
+        if self.down or (self.refuse and self.refuse in raw.decode("utf-8", "replace")):
+            return 503, {"errcode": -1, "errmsg": "system busy"}
+        return super().answer(path, query, raw, body, now)
+
+
+def shown_at(robot: DingTalkRobot, run: str) -> list[float]:
+    return [c.at for c in robot.delivered if f"run {run}" in json.dumps(c.body, ensure_ascii=False)]
+
+
+def test_a_recovered_receiver_gets_the_still_firing_error_within_60_s(tmp_path):
+    """An ERROR queued while the robot is down for ten minutes (default backoff): it is held, not given up,
+    and reaches the robot within 60 s of its recovery (the default cap is 30 s)."""
+    async def scenario() -> None:
+        clock = Clock()
+        robot = FlakyDingTalk(clock)
+        robot.down = True
+        async with robot.serving() as base:
+            rx = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", None, clock)
+            bot = ImBot(tmp_path, rx, clock, policy=Policy())
+            bot.ingest([event(run="run-down")])
+            await bot.drain(T0 + 600, step=0.5, each=lambda: None)
+            assert bot.dead() == 0 and bot.depth() == 1 and not robot.delivered
+            tries = len(robot.calls)
+            assert tries < 40, f"{tries} tries in 10 minutes of outage"
+            robot.down = False
+            back = clock.t
+            await bot.drain(back + 60, step=0.5)
+            (at,) = shown_at(robot, "run-down")
+            assert at - back <= 30.5, f"shown {at - back:.1f} s after the robot recovered"
+            bot.close()
+            await rx.close()
+    asyncio.run(scenario())
+
+
+def test_a_dead_lettered_error_is_not_notified_its_next_event_goes_at_once(tmp_path):
+    """One ERROR the robot refuses while the others get through: a dead letter after its tries. It does not
+    count as notified: once the robot takes it, the job's next event of that alert is posted at once,
+    not a repeat_interval (an hour) later."""
+    async def scenario() -> None:
+        clock = Clock()
+        robot = FlakyDingTalk(clock)
+        robot.refuse = "run-poison"
+        async with robot.serving() as base:
+            rx = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", None, clock)
+            bot = ImBot(tmp_path, rx, clock, policy=Policy())
+            bot.ingest([event(run="run-ok")])
+            bot.ingest([event(run="run-poison")])
+            await bot.drain(T0 + 600, step=1.0, each=lambda: None)
+            assert shown_at(robot, "run-ok") and bot.dead() == 1 and bot.depth() == 0
+            robot.refuse = ""
+            bot.ingest([event(run="run-poison", step=200)])  # still firing: the job's next event of it
+            await bot.drain(clock.t + 10, step=0.5)
+            assert shown_at(robot, "run-poison"), "the dead-lettered ERROR counted as notified"
+            bot.ingest([event(run="run-poison", step=300)])  # now it was notified: a reminder waits an hour
+            await bot.drain(clock.t + 10, step=0.5)
+            assert len(shown_at(robot, "run-poison")) == 1
+            bot.close()
+            await rx.close()
+    asyncio.run(scenario())

@@ -10,6 +10,7 @@ import random
 import sqlite3
 from collections import Counter
 
+import msgspec
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -65,6 +66,7 @@ VERDICTS = [
 @pytest.mark.parametrize(("attempts", "ref", "outcome", "state", "after", "delay", "error"), VERDICTS)
 def test_verdicts(attempts, ref, outcome, state, after, delay, error):
     s = Scheduler(POLICY, half)
+    s.after([row(99, key="other")], Sent(), NOW - 5)  # the lane works: what fails here is the row's own problem
     v = s.after([row(attempts=attempts, posted_ref=ref)], outcome, NOW)
     assert (v.state, v.attempts) == (state, after)
     assert v.delay == pytest.approx(delay) and v.next_at == pytest.approx(NOW + delay)
@@ -76,7 +78,9 @@ def test_verdicts(attempts, ref, outcome, state, after, delay, error):
 
 
 def test_a_group_shares_one_fate_counted_from_its_most_tried_row():
-    v = Scheduler(POLICY, half).after([row(1, attempts=2), row(2, attempts=9)], Failed("transient", "x"), NOW)
+    s = Scheduler(POLICY, half)
+    s.after([row(99, key="other")], Sent(), NOW - 5)
+    v = s.after([row(1, attempts=2), row(2, attempts=9)], Failed("transient", "x"), NOW)
     assert v.state == "dead" and v.attempts == 10
 
 
@@ -188,6 +192,27 @@ class OutboxModel(RuleBasedStateMachine):
             what, retry_after = next(script, ("ok", None))
             self._one(group, what, retry_after)
 
+    @rule(down=st.integers(0, 1))
+    def one_lane_down(self, down: int) -> None:
+        """Per-destination independence: lane C<down> fails every try, the other works. Every group due on
+        the working lane is delivered in this round whatever the other does (when it was down itself
+        before, its probe goes and reopens it); nothing on the failing lane is delivered or nears a dead
+        letter faster than its own tries."""
+        up = f"C{1 - down}"
+        was_down = self.scheduler.down(("slack", up))
+        due = [r for r in self.rows.values() if r.pending and r.next_at <= self.now]
+        groups = self.scheduler.groups(due, self.now)
+        up_groups = [gk for gk in groups if gk[1] == up]
+        for gk in groups:
+            group = [r for r in self.rows.values() if r.pending and r.group == gk]
+            self._one(group, "ok" if gk[1] == up else "delivery_error", None)
+        for gk in up_groups:
+            assert all(not r.pending for r in self.rows.values() if r.group == gk)
+        if not was_down:
+            assert {r.group for r in due if r.lane == ("slack", up)} == set(up_groups)
+        else:  # a lane that was down: its new messages and at most one retry (the probe)
+            assert len({r.group for r in due if r.group in up_groups and r.attempts > 0}) <= 1
+
     @rule(what=st.sampled_from(["delivery_error", "exception", "posted_then_failed"]))
     def outage(self, what: str) -> None:
         """The receiver is down: the clock runs to the next due row and every group due then fails."""
@@ -211,6 +236,10 @@ class OutboxModel(RuleBasedStateMachine):
             self.refs += 1
             outcome = Failed("transient", "upload failed", posted_ref=f"ts{self.refs}" if plan.post else None)
         verdict = self.scheduler.after(group, outcome, self.now)
+        if verdict.reopened:  # the outbox's Store.due_now_lane: the lane is back, its waiting rows go now
+            for rid, r in self.rows.items():
+                if r.pending and r.lane == group[0].lane and r.attempts > 0 and r.next_at > self.now:
+                    self.rows[rid] = msgspec.structs.replace(r, next_at=self.now)
         if verdict.state == "retry":
             assert 0.0 < verdict.delay <= self.policy.longest_delay
             assert verdict.delay >= self.policy.bounds(verdict.attempts)[0]
@@ -270,7 +299,8 @@ def test_an_outage_is_not_a_poison_row():
     one group failing while others get through: that group is the problem."""
     s = Scheduler(POLICY, half)
     a, b = row(1, key="a", attempts=9), row(2, key="b", attempts=9)
-    assert s.after([a], Failed("transient", "HTTP 503"), NOW).state == "dead"  # alone: its own fault
+    s.after([row(99, key="other")], Sent(), NOW - 5)
+    assert s.after([a], Failed("transient", "HTTP 503"), NOW).state == "dead"  # alone, the lane works: its own fault
     s = Scheduler(POLICY, half)
     assert s.after([row(3, key="c")], Failed("transient", "HTTP 503"), NOW).state == "retry"
     down = s.after([a], Failed("transient", "HTTP 503"), NOW)
@@ -278,3 +308,34 @@ def test_an_outage_is_not_a_poison_row():
     assert s.after([b], Failed("error", "KeyError: 'ts'"), NOW).state == "dead"  # a bug is no outage
     s.after([row(4, key="d")], Sent(), NOW)  # the lane is back
     assert s.after([a], Failed("transient", "HTTP 503"), NOW).state == "dead"
+
+
+def test_a_lone_alert_in_an_outage_is_held_not_dead():
+    """Nothing got through on the lane since the row was queued: the receiver is down (Slack down for an hour
+    with one ERROR waiting), not the row's fault: it keeps its level and keeps trying at the cap."""
+    s = Scheduler(POLICY, half)
+    held = s.after([row(1, attempts=9)], Failed("transient", "HTTP 503"), NOW)
+    assert (held.state, held.attempts) == ("retry", 9)
+    assert s.after([row(1, attempts=9)], Failed("permanent", "code 310000"), NOW).state == "dead"  # no retry helps
+    assert s.after([row(1, attempts=2)], Failed("error", "KeyError: 'ts'"), NOW).state == "dead"  # a bug
+
+
+def test_a_down_lane_is_probed_by_one_group_and_its_first_success_reopens_it():
+    s = Scheduler(POLICY, half)
+    first = s.after([row(1, key="a")], Failed("transient", "HTTP 503"), NOW)
+    assert not first.reopened and s.down(("slack", "C1"))
+    due = [row(1, key="a", attempts=1), row(2, key="b"), row(3, key="c"), row(4, key="d", channel="C2"),
+           row(5, key="e", channel="C2")]
+    assert s.groups(due, NOW) == [("slack", "C1", "b", "alert"), ("slack", "C1", "c", "alert"),
+                                  ("slack", "C2", "d", "alert"), ("slack", "C2", "e", "alert")]  # C1 is down:
+    # its new messages try once; its retry waits for them (and alone, probes)
+    assert s.groups([row(1, key="a", attempts=1), row(6, key="f", attempts=2)], NOW) == [("slack", "C1", "a", "alert")]
+    back = s.after([row(2, key="b")], Sent(), NOW + 1)
+    assert back.state == "delivered" and back.reopened and not s.down(("slack", "C1"))
+    assert len(s.groups(due, NOW + 1)) == 5  # all of C1 goes again
+    assert not s.after([row(3, key="c")], Sent(), NOW + 2).reopened
+
+
+def test_the_default_policy_retries_a_recovered_receiver_within_30_s():
+    p = Policy()
+    assert max(p.bounds(n)[1] for n in range(1, 100)) == 30.0
