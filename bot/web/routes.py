@@ -80,8 +80,10 @@ async def _form(request: web.Request) -> Any:
 
 
 def _safe_next(path: str | None) -> str:
-    """Where to go after the login: a console path of this bot, never another site."""
-    if path and (path == BASE or path.startswith(BASE + "/")) and "//" not in path and "\\" not in path:
+    """Where to go after the login: a console path of this bot, never another site, and nothing a Location
+    header cannot carry (CR, LF, NUL, any control or non-ASCII character, a space)."""
+    if path and (path == BASE or path.startswith(BASE + "/")) and "//" not in path and "\\" not in path and \
+            len(path) <= 2048 and path.isascii() and path.isprintable() and " " not in path:
         return path
     return BASE + "/"
 
@@ -109,15 +111,35 @@ class Console:
     # -- who is asking ---------------------------------------------------------------------------------
 
     def viewer(self, request: web.Request) -> tuple[Viewer | None, bool]:
-        """(the viewer, whether they came with a bearer token rather than the login cookie)."""
+        """(the viewer, whether they came with a bearer token rather than the login cookie). A wrong bearer
+        token counts against its address as a wrong login does (bot/web/session.py)."""
         header = request.headers.get("Authorization", "")
         if header.startswith("Bearer "):
-            return self.sessions.check_token(header[7:]), True
+            v = self.sessions.check_token(header[7:])
+            if v is None:
+                self.sessions.failed(request.remote or "?")
+            return v, True
         return self.sessions.get(request.cookies.get(COOKIE)), False
+
+    def _guessing(self, request: web.Request) -> web.Response | None:
+        """429 for a bearer token from an address that sent too many wrong ones (logins included): tokens
+        are not guessed through /console/api/* either."""
+        if not request.headers.get("Authorization", "").startswith("Bearer "):
+            return None
+        wait = self.sessions.may_try(request.remote or "?")
+        if not wait:
+            return None
+        resp = _json({"error": f"too many wrong tokens from this address: try again in {wait:.0f} s"}, 429)
+        resp.headers["Retry-After"] = str(max(int(wait), 1))
+        return resp
+
 
     def page(self, handler: Handler) -> Handler:
         """A page: without a login, to the login form (and back here after it)."""
         async def wrapped(request: web.Request) -> web.StreamResponse:
+            limited = self._guessing(request)
+            if limited is not None:
+                return limited
             v, _ = self.viewer(request)
             if v is None:
                 return _redirect(f"{BASE}/login?next={quote(request.rel_url.raw_path, safe='/')}", 302)
@@ -128,6 +150,9 @@ class Console:
     def api(self, handler: Handler) -> Handler:
         """JSON or a POST: 401 without a login; a POST by cookie without its CSRF token: 403."""
         async def wrapped(request: web.Request) -> web.StreamResponse:
+            limited = self._guessing(request)
+            if limited is not None:
+                return limited
             v, bearer = self.viewer(request)
             if v is None:
                 return _json({"error": "log in at /console/login, or send an operator's token (Authorization: Bearer "

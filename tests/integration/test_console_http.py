@@ -427,3 +427,29 @@ def test_an_alerts_ack_button_acknowledges_that_alert_only_whatever_its_run_is_n
                 {"verb": "silence", "run": "fz-a", "duration": "forever"}, {"verb": "ack", "run": ["fz-a"]}):
         code, _, _, _ = c("POST", "/console/commands", json.dumps(bad).encode(), headers)
         assert 400 <= code < 500, bad
+
+
+@pytest.mark.parametrize("bad", ["/console/\r\nSet-Cookie: x=1", "/console/\x00", "/console/\n", "/console/\u2028x",
+                                 "/console/ a", "/console/" + "x" * 5000, "/console/\x7f"])
+def test_a_login_next_with_cr_lf_nul_or_odd_characters_goes_to_the_runs_page(bot, bad):
+    c = Client(bot)
+    code, _, page, _ = c("GET", "/console/login?" + urlencode({"next": bad}))
+    assert code == 200 and "Set-Cookie: x" not in page
+    _, _, page, _ = c("GET", "/console/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert csrf
+    code, headers, _, cookies = c.form("/console/login", {"csrf": csrf.group(1), "token": "alice-token", "next": bad})
+    assert code == 303 and headers["Location"] == "/console/", headers
+    assert not any(k.startswith("x=") for k in cookies)
+
+
+def test_bearer_guesses_on_the_console_api_are_limited_per_address(bot):
+    """Wrong bearer tokens on /console/api/* count as wrong logins: after ten, that address waits (429 with
+    Retry-After), even with a right token, until the window passes; the login cookie is not affected."""
+    c = Client(bot)
+    c.login("alice-token")
+    answers = [c("GET", "/console/api/runs", headers={"Authorization": f"Bearer guess-{i}"})[0] for i in range(12)]
+    assert answers[:10] == [401] * 10 and answers[10:] == [429, 429]
+    code, headers, _, _ = c("GET", "/console/api/runs", headers={"Authorization": "Bearer alice-token"})
+    assert code == 429 and int(headers["Retry-After"]) >= 1
+    assert c("GET", "/console/api/runs")[0] == 200  # the logged-in cookie still reads

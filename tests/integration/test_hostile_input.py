@@ -81,6 +81,17 @@ def signed(bot: BotServer, path: str, form: dict[str, str], ts: str | None = Non
                                          "X-Slack-Request-Timestamp": ts, "X-Slack-Signature": sig}, token=None)
 
 
+def signed_raw(bot: BotServer, path: str, body: bytes) -> tuple[int, Any]:
+    """`body` (any bytes) signed with the bot's secret as Slack signs: v0=HMAC-SHA256(v0:ts:body)."""
+    import hashlib
+    import hmac
+
+    ts = str(int(time.time()))
+    sig = "v0=" + hmac.new(SECRET.encode(), b"v0:" + ts.encode() + b":" + body, hashlib.sha256).hexdigest()
+    return raw(bot, "POST", path, body, {"Content-Type": "application/x-www-form-urlencoded",
+                                         "X-Slack-Request-Timestamp": ts, "X-Slack-Signature": sig}, token=None)
+
+
 def click(bot: BotServer, payload: Any) -> tuple[int, Any]:
     return signed(bot, "/slack/interactions", {"payload": json.dumps(payload)})
 
@@ -118,6 +129,8 @@ CASES: dict[str, Any] = {
     "Slack timestamp with a sign": lambda b: signed(b, "/slack/commands", {"user_id": "U0ALICE"}, ts="-1"),
     "Slack timestamp of 40 digits": lambda b: signed(b, "/slack/commands", {"user_id": "U0ALICE"}, ts="9" * 40),
     "JSON nested 1000 deep (ingest)": lambda b: raw(b, "POST", "/v1/ingest", b"[" * 1000 + b"]" * 1000),
+    "signed Slack slash command that is not UTF-8": lambda b: signed_raw(
+        b, "/slack/commands", b"user_id=U0ALICE&text=status+run-42\xff\xfe\xc3\x28"),
     "JSON nested 1000 deep in params": lambda b: raw(
         b, "POST", "/v1/ingest", env(actions=[action()]).replace(b'"detail": ""', b'"detail": "", "params": ' + DEEP)),
     "JSON nested 1000 deep with a NaN": lambda b: raw(
