@@ -6,12 +6,15 @@ import dataclasses
 import os
 import re
 import stat
+import string
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 from msmon.config.errors import ConfigError, Issue, shown
 from msmon.config.validate import Context, build, setting, url_problem
 from msmon.config.yamlio import check_shape, load_yaml, location_of
+from msmon.contract.wire import project_problem
 
 _f = setting
 DAY = 86_400.0
@@ -52,6 +55,12 @@ class JobToken(Secret):
     """A bearer token jobs of `project` present."""
 
     project: str = _f("default", "project the token is for ('*': any)")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        yield from super().check()
+        problem = project_problem(self.project) if self.project != "*" else None
+        if problem:
+            yield "project", problem
 
 
 @dataclasses.dataclass
@@ -176,6 +185,26 @@ class EmailConfig:
 
     def check(self) -> Iterator[tuple[str, str]]:
         yield from _url_problems(self, "public_url", empty_ok=False)
+        if not _MAIL_ADDRESS.fullmatch(self.sender):
+            yield "sender", (f"not one plain address (name@host, no spaces, line breaks or control characters: "
+                             f"they would write headers of their own): {shown(self.sender)}")
+
+
+def chart_url_problem(template: str) -> str | None:
+    """Why alertmanager.chart_url cannot be filled in for every alert (None: it can): only {run_id} and
+    {rule}, no positional field, index, attribute, conversion or format spec, and an http(s) URL once filled."""
+    try:
+        fields = [(name, conv, spec) for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        return f"not a template of {{run_id}} and {{rule}} ({exc}; a literal brace is written {{{{ or }}}})"
+    for name, conv, spec in fields:
+        if name not in ("run_id", "rule") or conv or spec:
+            return (f"{{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}} cannot be filled in: the "
+                    "fields are {run_id} and {rule}, as they are")
+    return url_problem(template.format(run_id="run-1", rule="grad_norm"))
+
+
+_MAIL_ADDRESS = re.compile(r"[^\s@<>()\[\],;:\"\\]{1,64}@[A-Za-z0-9.-]{1,253}")
 
 
 @dataclasses.dataclass
@@ -343,6 +372,9 @@ class AlertmanagerConfig:
 
     def check(self) -> Iterator[tuple[str, str]]:
         yield from _url_problems(self, "webhook_url", "api_url")
+        problem = chart_url_problem(self.chart_url) if self.chart_url else None
+        if problem:
+            yield "chart_url", problem
 
 
 @dataclasses.dataclass
@@ -433,6 +465,9 @@ class FeishuConfig:
     timeout: float = _f(10.0, "seconds before an unanswered POST counts as a failed try (its lane alone waits)", gt=0,
                         le=600)
 
+    def check(self) -> Iterator[tuple[str, str]]:
+        yield from _url_problems(self, "api_base", empty_ok=False)
+
 
 @dataclasses.dataclass
 class DingTalkConfig:
@@ -516,6 +551,10 @@ class StoreConfig:
         if url is not None and not url.startswith(("sqlite://", "postgresql://", "postgres://")):
             scheme = url.split(":", 1)[0] if ":" in url else url[:20]
             yield "url", f"expected sqlite:///path or postgresql://..., got scheme {shown(scheme)}"
+        elif url is not None and not urllib.parse.urlsplit(url).path.strip("/") and \
+                "dbname=" not in urllib.parse.urlsplit(url).query:
+            yield "url", ("names no database (sqlite:///path/to/file.sqlite, postgresql://user@host:5432/<database>): "
+                          "the tables would go into whatever the server's default database is")
         if self.schema is not None and not _SCHEMA_NAME.match(self.schema):
             yield "schema", (f"{shown(self.schema)} is not a plain schema name (lowercase letters, digits and _, "
                              "63 at most)")

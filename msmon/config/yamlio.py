@@ -213,7 +213,24 @@ class _Loader(yaml.SafeLoader):
                             getattr(exc, "problem_mark", None) or node.start_mark) from None
 
 
+def _no_duplicate_keys(loader: _Loader, node: MappingNode) -> None:
+    """A key given twice in one mapping is refused at its second line: YAML would keep the last silently
+    (a `port:` near the top overridden by one further down). Keys merged in with `<<:` may be overridden."""
+    seen: dict[str, int] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = str(key_node.value)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise loader.fail(f"{key[:80]!r} is given twice in this mapping (first at line {seen[key]}); YAML "
+                              "would keep only the last: remove one", key_node.start_mark,
+                              _join([*loader.keys, key[:80]]))
+        seen[key] = line
+
+
 def _construct_mapping(loader: _Loader, node: MappingNode) -> LineDict:
+    _no_duplicate_keys(loader, node)
     loader.flatten_mapping(node)
     out = LineDict()
     out.where = f"{loader.name}:{node.start_mark.line + 1}"

@@ -33,7 +33,8 @@ Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
 Step = Annotated[int, msgspec.Meta(ge=-MAX_COUNT, le=MAX_COUNT)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Version = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
-Labels = Annotated[dict[Id, Text], msgspec.Meta(max_length=64)]
+MAX_LABELS = 64  # labels of one run
+Labels = Annotated[dict[Id, Text], msgspec.Meta(max_length=MAX_LABELS)]
 Params = Annotated[dict[Id, object], msgspec.Meta(max_length=64)]
 
 
@@ -234,6 +235,40 @@ class Envelope(msgspec.Struct, kw_only=True):
 _TO_WIRE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 _FROM_WIRE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 T = TypeVar("T")
+
+
+# -- what a job may call itself: one check for the job's config (msmon check-config), bot.yaml and the bot ----------
+
+def project_problem(project: object) -> str | None:
+    """Why the bot would refuse `project` as a job's project (None: it takes it)."""
+    if not isinstance(project, str):
+        return f"a project is a name (text), not {type(project).__name__}"
+    if not project.strip():
+        return "a project needs a name (it keeps its runs, routes and commands apart from other projects')"
+    if len(project) > MAX_ID:
+        return f"a project name has at most {MAX_ID} characters; this one has {len(project):,}"
+    return None
+
+
+def labels_problem(labels: object) -> str | None:
+    """Why the bot would refuse a run's `labels` (None: it takes them): the wire's own Labels type decides;
+    the message says which bound."""
+    try:
+        msgspec.convert(labels, Labels)
+    except msgspec.ValidationError:
+        pass
+    else:
+        return None
+    if not isinstance(labels, dict):
+        return f"labels are a mapping of names to text, not {type(labels).__name__}"
+    if len(labels) > MAX_LABELS:
+        return f"at most {MAX_LABELS} labels; these are {len(labels):,}"
+    for key, value in labels.items():
+        if not isinstance(key, str) or len(key) > MAX_ID:
+            return f"a label name is text of at most {MAX_ID} characters: {str(key)[:40]!r}..."
+        if not isinstance(value, str) or len(value) > MAX_TEXT:
+            return f"label {key[:40]!r}: a value is text of at most {MAX_TEXT:,} characters"
+    return "not labels the bot takes"
 
 
 def tag_nonfinite(obj: Any) -> Any:

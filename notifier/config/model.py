@@ -205,6 +205,7 @@ class BotConfig:
 
     def check(self) -> Iterator[tuple[str, str]]:
         from msmon.contract.subjects import is_nats_url, nats_url_problem, prefix_problem
+        from msmon.contract.wire import labels_problem, project_problem
 
         nats = is_nats_url(self.url)
         problem = (nats_url_problem(self.url) if nats else url_problem(self.url)) if self.url is not None else None
@@ -213,6 +214,11 @@ class BotConfig:
         problem = prefix_problem(self.nats_prefix)
         if problem:
             yield "nats_prefix", problem
+        # What the bot would refuse on every envelope (each a 422, the run's ERROR never sent): refused here,
+        # by the wire's own check, before the job starts
+        for key, problem in (("project", project_problem(self.project)), ("labels", labels_problem(self.labels))):
+            if problem:
+                yield key, problem
 
 
 @dataclasses.dataclass(frozen=True)
