@@ -30,8 +30,6 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from cryptography.hazmat.primitives import padding
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .commands import jobs
 from .commands.origin import Origin
@@ -64,6 +62,13 @@ def decrypt(encrypt: str, encrypt_key: str) -> bytes:
         raise Refused("the encrypt field is not base64") from None
     if len(raw) < 32 or len(raw) % 16:
         raise Refused("the encrypt field is not AES-CBC ciphertext (IV and whole blocks)")
+    try:  # the [feishu] extra: only a bot that takes Feishu's encrypted events needs it
+        from cryptography.hazmat.primitives import padding
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    except ImportError:
+        log.error("msmon bot: a Feishu event is encrypted (an Encrypt Key is set) and this bot lacks the "
+                  "cryptography package: pip install 'msmon[feishu]'")
+        raise Refused("this bot cannot decrypt events: install msmon[feishu]") from None
     key = hashlib.sha256(encrypt_key.encode()).digest()
     dec = Cipher(algorithms.AES(key), modes.CBC(raw[:16])).decryptor()
     unpadder = padding.PKCS7(128).unpadder()
