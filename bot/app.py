@@ -32,6 +32,7 @@ from .commands.origin import Origin
 from .commands.service import CommandService, view
 from .config import BotConfig
 from .delivery import Policy
+from .devices import TooManyDevices
 from .digest import DigestReceiver, Digests
 from .dingtalk_inbound import add_dingtalk_routes
 from .escalation.scheduler import AckLinks, Escalator
@@ -138,6 +139,8 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
                 return resp
             request[PROJECT], request[OPERATOR] = who
         resp = await handler(request)
+    except TooManyDevices as exc:
+        resp = _error(422, str(exc))
     except web.HTTPRequestEntityTooLarge:
         resp = _error(413, f"request body over the {request.app[CONFIG].max_request_bytes} byte limit; "
                       "send smaller batches")

@@ -572,6 +572,8 @@ class BotConfig:
     window_samples: int = _f(600, "metric samples kept per run and device (memory bound)", ge=10, le=100_000)
     max_runs: int = _f(1000, "runs kept in memory; the least recently seen are forgotten first", ge=1,
                        le=100_000)
+    max_devices: int = _f(4096, "devices (ranks) one run may report from; one more is refused (each costs about "
+                                "window_samples x 74 bytes of memory: 44 KB at 600)", ge=1, le=1_000_000)
     tokens: list[JobToken] = _f([], "job tokens (none: every job is refused)")
     metrics_token_env: str = _f("", "environment variable with the token Prometheus scrapes GET /metrics with: "
                                     "it reads every project's series and can do nothing else (a job token reads "

@@ -20,6 +20,7 @@ from msmon.contract.wire import Envelope, Event, Heartbeat, Severity
 
 from .alertindex import Entry
 from .commands import jobs
+from .devices import DeviceGate
 from .metrics import BotMetrics
 from .payload import Payloads
 from .pipeline import STAGES, dedup
@@ -53,12 +54,14 @@ class Ingest:
 
     def __init__(self, state: BotState) -> None:
         self.state = state
+        self.devices = DeviceGate(state.cfg.max_devices, state.cfg.max_runs, self._stored_devices)
 
     def envelope(self, env: Envelope, body: bytes | None = None) -> dict[str, Any]:
         """Record one envelope and queue what passes the stages; the job's answer. `body`: the envelope
         as received, whose events' JSON goes to the outbox as is (bot/payload.py)."""
         state = self.state
         now = state.clock()
+        self.devices.admit(env.run_id, env.device)  # TooManyDevices: refused before anything is kept
         decides = bool(env.events or env.actions)  # else the run's liveness only: its one write, no transaction
         with state.tx() if decides else contextlib.nullcontext():
             if decides:
@@ -79,12 +82,17 @@ class Ingest:
     def heartbeat(self, hb: Heartbeat, project: str = "default") -> None:
         """A heartbeat on its own: the run's plan and liveness (a run it creates belongs to `project`)."""
         store = self.state.store
+        self.devices.admit(hb.run_id, hb.device)
         self.state.windows.add_plan(hb)
         if self.state.cfg.ranks.enable:
             self.state.ranks.heartbeat(hb, self.state.clock())
         known = store.run(hb.run_id)
         store.touch_run(hb.run_id, known["project"] if known else project, known["labels"] if known else {},
                         hb.device, hb.step, self.state.clock(), heartbeat=True, paused=hb.paused)
+
+    def _stored_devices(self, run_id: str) -> list[str]:
+        run = self.state.store.run(run_id)
+        return list(run["devices"]) if run is not None else []
 
     def event(self, ev: Event, project: str, labels: dict[str, str], now: float, rank: int | None = None) -> int:
         """One event (the watchdog's, the cross-rank rules') through the same path, in a transaction of its

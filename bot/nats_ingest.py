@@ -183,7 +183,10 @@ class NatsIngest:
 
     async def _one(self, msg: Any) -> None:
         try:
-            self._ingest(msg)
+            try:
+                self._ingest(msg)
+            except TooManyDevices as exc:  # never ingested, whenever it comes again
+                raise Poison("devices", str(exc)) from None
         except Poison as exc:
             self.messages.labels(exc.reason).inc()
             self._say(exc.reason, f"msmon bot: REFUSED a NATS message on {msg.subject} ({exc.reason}): {exc}; "

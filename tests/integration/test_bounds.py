@@ -1,0 +1,42 @@
+"""Bounds at the bot's edge (issue 27): one valid job token cannot grow the bot without limit. The real
+bot on loopback."""
+
+from __future__ import annotations
+
+import time
+
+from msmon.contract.wire import Envelope, Heartbeat, Sample, encode
+from tests.fakes.bot_server import BotServer
+
+
+def _bot(tmp_path, monkeypatch, **bot):
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    return BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"), "console": {"charts": False},
+                              "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}], **bot}})
+
+
+def _from(device: str, run: str = "run-1") -> bytes:
+    now = time.time()
+    return encode(Envelope(run_id=run, device=device, sent_at=now, project="llm",
+                           samples=[Sample(run_id=run, device=device, step=1, time=now, loss=1.0)]))
+
+
+def test_devices_past_max_devices_are_refused_with_what_to_do_and_the_others_go_on(tmp_path, monkeypatch):
+    bot = _bot(tmp_path, monkeypatch, max_devices=3)
+    try:
+        assert [bot.request("POST", "/v1/ingest", _from(str(d)))[0] for d in range(3)] == [202] * 3
+        code, body = bot.request("POST", "/v1/ingest", _from("3"))
+        assert code == 422 and "bot.max_devices" in body["error"] and "'3'" in body["error"]
+        hb = encode(Heartbeat(run_id="run-1", device="9", time=time.time(), step=1))
+        assert bot.request("POST", "/v1/heartbeat", hb)[0] == 422
+        assert bot.request("POST", "/v1/ingest", _from("0"))[0] == 202  # a device it has
+        assert bot.request("POST", "/v1/ingest", _from("3", run="run-2"))[0] == 202  # another run: its own count
+        assert sorted(bot.store.run("run-1")["devices"]) == ["0", "1", "2"]
+    finally:
+        bot.stop()
+    bot = _bot(tmp_path, monkeypatch, max_devices=3)
+    try:  # after a restart the run's devices are read back: still three
+        assert bot.request("POST", "/v1/ingest", _from("4"))[0] == 422
+        assert bot.request("POST", "/v1/ingest", _from("1"))[0] == 202
+    finally:
+        bot.stop()
