@@ -9,8 +9,10 @@ Every malformed request gets a 4xx with a reason; a 5xx only ever means a bug (i
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
+import json
 import logging
 import os
 import time
@@ -259,10 +261,47 @@ async def ack_link(request: web.Request) -> web.Response:
 
 
 async def runs(request: web.Request) -> web.Response:
+    """The token's project's runs, most recently seen first, `limit` a page (1 to 1000, 100 unless said);
+    `next` is the cursor of the page after, null on the last."""
+    limit = _limit(request, 100, 1000)
+    after = _cursor(request.query.get("cursor"))
     store = request.app[STORE]
     request.app[STATE].flush()
-    return web.json_response({"runs": [_run_view(request, r) for r in store.runs()
-                                       if request[PROJECT] in ("*", r["project"])]})
+    mine = sorted(((r["last_seen"] or 0.0, r["run_id"], r) for r in store.runs()
+                   if request[PROJECT] in ("*", r["project"])), key=lambda t: (-t[0], t[1]))
+    if after is not None:
+        mine = [t for t in mine if (-t[0], t[1]) > (-after[0], after[1])]
+    page = mine[:limit]
+    more = len(mine) > limit
+    return web.json_response({"runs": [_run_view(request, r) for _, _, r in page],
+                              "next": _cursor_of(page[-1][0], page[-1][1]) if more else None})
+
+
+def _limit(request: web.Request, default: int, most: int) -> int:
+    """The `limit` query parameter, 1 to `most`: anything else is a 422 saying so (never clamped)."""
+    raw = request.query.get("limit")
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 7) or not 1 <= int(raw) <= most:
+        raise web.HTTPUnprocessableEntity(reason=f"limit must be a whole number from 1 to {most}")
+    return int(raw)
+
+
+def _cursor_of(last_seen: float, run_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([last_seen, run_id]).encode()).decode().rstrip("=")
+
+
+def _cursor(raw: str | None) -> tuple[float, str] | None:
+    """A page cursor as `_cursor_of` wrote it (the last run of the page before), or a 422."""
+    if raw is None:
+        return None
+    try:
+        seen, run_id = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        if len(raw) <= 1024 and isinstance(seen, (int, float)) and isinstance(run_id, str):
+            return float(seen), run_id
+    except (ValueError, TypeError, RecursionError):
+        pass
+    raise web.HTTPUnprocessableEntity(reason="cursor is not one this bot gave (the `next` of a page of runs)")
 
 
 def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> dict[str, Any]:
@@ -354,10 +393,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def dead_letters(request: web.Request) -> web.Response:
     """Operators: the outbox rows given up on, newest first (what, where, how often tried, the last error)."""
     _operator_only(request)
-    try:
-        limit = min(max(int(request.query.get("limit", "100")), 1), 1000)
-    except ValueError:
-        raise web.HTTPBadRequest(reason="limit must be a whole number (1 to 1000)") from None
+    limit = _limit(request, 100, 1000)
     store = request.app[STORE]
     rows = [{"id": r.id, "receiver": r.receiver, "channel": r.channel, "kind": r.kind, "key": r.key,
              "run_id": r.run_id, "created_at": r.created_at, "dead_at": r.dead_at, "attempts": r.attempts,

@@ -40,3 +40,27 @@ def test_devices_past_max_devices_are_refused_with_what_to_do_and_the_others_go_
         assert bot.request("POST", "/v1/ingest", _from("1"))[0] == 202
     finally:
         bot.stop()
+
+
+def test_runs_are_listed_a_page_at_a_time_with_a_cursor_and_a_bad_limit_is_a_422(tmp_path, monkeypatch):
+    bot = _bot(tmp_path, monkeypatch)
+    try:
+        for i in range(7):
+            assert bot.request("POST", "/v1/ingest", _from("0", run=f"run-{i}"))[0] == 202
+        seen, cursor, pages = [], None, 0
+        while True:
+            code, body = bot.request("GET", "/v1/runs?limit=3" + (f"&cursor={cursor}" if cursor else ""))
+            assert code == 200 and len(body["runs"]) <= 3
+            seen += [r["run_id"] for r in body["runs"]]
+            pages += 1
+            cursor = body["next"]
+            if cursor is None:
+                break
+        assert pages == 3 and sorted(seen) == [f"run-{i}" for i in range(7)] and len(set(seen)) == 7
+        assert seen[0] == "run-6"  # most recently seen first
+        assert len(bot.request("GET", "/v1/runs")[1]["runs"]) == 7
+        for bad in ("limit=0", "limit=1001", "limit=-1", "limit=x", "limit=1e3", "cursor=nope", "cursor=W10"):
+            code, body = bot.request("GET", "/v1/runs?" + bad)
+            assert code == 422 and body["error"], bad
+    finally:
+        bot.stop()
