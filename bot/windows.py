@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import OrderedDict, deque
+from typing import Any
 
 from msmon.contract.wire import ActionResult, Heartbeat, Sample
 
@@ -45,7 +46,7 @@ class Ring:
         """The sample `back` places before the newest (0: the newest)."""
         i = (self.head - 1 - back) % self.size
         mask = self.missing[i]
-        vals = {f: None if mask & _BITS[f] else self.cols[f][i] for f in FIELDS}
+        vals: dict[str, Any] = {f: None if mask & _BITS[f] else self.cols[f][i] for f in FIELDS}
         t = vals.pop("time")
         return Sample(run_id=self.run_id, device=self.device, step=self.steps[i], time=t or 0.0, **vals)
 

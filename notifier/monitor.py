@@ -71,7 +71,7 @@ class _Device:
     """Everything the Monitor keeps for one device; bounded whatever the length of the run."""
 
     __slots__ = ("name", "rules", "prev_t", "prev_step", "max_dt", "last_t", "last_step",
-                 "tokens", "samples", "data", "data_n", "acc_loss", "acc_n", "recent", "whatif")
+                 "tokens", "samples", "data", "data_n", "acc_loss", "acc_n", "recent", "whatif", "skipped")
 
     def __init__(self, name: str, rules: list[_Rule]) -> None:
         self.name = name
@@ -87,6 +87,7 @@ class _Device:
         self.data_n = 0
         self.acc_loss = 0.0  # gradient accumulation: sum of micro-step losses
         self.acc_n = 0
+        self.skipped = 0  # steps skipped by dynamic loss scaling (step(overflow=True)) so far
         self.recent: deque[Sample] = deque(maxlen=WINDOW_SAMPLES)
         self.whatif = Recent()  # the last WHATIF_SAMPLES samples, compact: what a threshold change is judged on
 
@@ -247,6 +248,8 @@ class Monitor:
         device: str | int | None = None,
         local_grad_norm: float | None = None,
         data_time: float | None = None,
+        overflow: bool | None = None,
+        loss_scale: float | None = None,
     ) -> list[Event]:
         """Report one finished step; returns the events it raised (usually none).
 
@@ -260,6 +263,10 @@ class Monitor:
         on the host: a custom loop times its `next(batch)`; MonitorCallback does it), reported as its mean per
         step over the sample's span, `Sample.data_time` (the bot's straggler rule compares it across ranks:
         in lockstep data parallel the step time is every rank's, the input wait is its own).
+        `overflow` / `loss_scale`: fp16 dynamic loss scaling, whether this step overflowed (its update skipped: a
+        skipped step is counted, not alerted on; its grad norm, Inf or NaN, is not a measurement) and the scale it
+        ran with; give them on every step where they are free to read (the rule `loss_scale` pages when every step
+        overflows). A NaN or Inf loss is an ERROR whatever `overflow` says.
         """
         if not self.enabled:
             return _EMPTY
@@ -284,6 +291,8 @@ class Monitor:
         if data_time is not None and data_time >= 0.0:
             d.data += data_time
             d.data_n += 1
+        if overflow:
+            d.skipped += 1
         si, li = self._si, self._li
         raw = step
         k = self._accum
@@ -301,9 +310,11 @@ class Monitor:
             step = opt
         elif (step % si and (not li or step % li)
               # not a sampled step; but a NaN/Inf handed in anyway is sampled at once, not 9 steps later
-              and (loss is None or loss - loss == 0.0) and (grad_norm is None or grad_norm - grad_norm == 0.0)):
+              and (loss is None or loss - loss == 0.0)
+              and (grad_norm is None or overflow or grad_norm - grad_norm == 0.0)):  # a skipped step's is no NaN
             return _EMPTY
-        return self._sample(d, step, raw, now, loss, lr, grad_norm, throughput, time is not None, local_grad_norm)
+        return self._sample(d, step, raw, now, loss, lr, grad_norm, throughput, time is not None, local_grad_norm,
+                            overflow, loss_scale)
 
     def samples(self, step: int) -> bool:
         """Whether `step` will be sampled (so a caller can skip reading metrics on the others)."""
@@ -317,6 +328,7 @@ class Monitor:
     def _sample(
         self, d: _Device, step: int, raw: int, now: float, loss: float | None, lr: float | None,
         grad_norm: float | None, throughput: float | None, timed: bool = True, local_grad_norm: float | None = None,
+        overflow: bool | None = None, loss_scale: float | None = None,
     ) -> list[Event]:
         want_tp = self._want_throughput
         step_time = tokens_s = samples_s = elapsed = data_s = None
@@ -341,6 +353,8 @@ class Monitor:
         max_dt = d.max_dt if d.max_dt > 0.0 else None
         d.last_t, d.last_step, d.max_dt, d.tokens, d.samples = now, raw, 0.0, 0.0, 0.0
         d.data, d.data_n = 0.0, 0
+        if overflow:  # the step was skipped: its gradient (Inf/NaN by definition) measured nothing
+            grad_norm = local_grad_norm = None
         s = Sample(
             run_id=self.run_id, device=d.name, step=step, time=now,
             loss=float(loss) if loss is not None and self._want_loss else None,
@@ -349,6 +363,9 @@ class Monitor:
             local_grad_norm=float(local_grad_norm) if local_grad_norm is not None and self._want_grad else None,
             samples_per_s=samples_s, tokens_per_s=tokens_s, step_time=step_time, max_step_time=max_dt,
             elapsed=elapsed, data_time=data_s,
+            overflow=None if overflow is None else bool(overflow),
+            loss_scale=None if loss_scale is None else float(loss_scale),
+            skipped_steps=d.skipped if overflow is not None or d.skipped else None,
         )
         d.recent.append(s)
         d.whatif.add(s)
@@ -647,7 +664,8 @@ class Monitor:
 
 STATE_FORMAT = "msmon.monitor.state"
 STATE_VERSION = 1
-_TIMING = ("prev_t", "prev_step", "max_dt", "last_t", "last_step", "tokens", "samples", "acc_loss", "acc_n")
+_TIMING = ("prev_t", "prev_step", "max_dt", "last_t", "last_step", "tokens", "samples", "acc_loss", "acc_n",
+           "skipped")
 
 
 def _check_header(state: Any, rules: list[str], phases: list[str]) -> None:

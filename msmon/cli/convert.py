@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import os
 import sys
@@ -14,6 +15,7 @@ from msmon.cli.common import OK, add_log_options, add_verbose, fail, quiet_loggi
 from msmon.offline.readers import LogReader, ReplayError, Row, parse_columns, read_log
 
 COLUMNS = ("step", "loss", "lr", "grad_norm", "throughput", "time", "device")  # Row's fields, in this order
+SCALING = ("overflow", "loss_scale")  # and these where the log has them
 
 
 def register(subparsers: Any) -> None:
@@ -31,21 +33,28 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _cell(v: float | str | None) -> str:
+def _cell(v: float | str | bool | None) -> str:
     if v is None:
         return ""
+    if isinstance(v, bool):
+        return str(int(v))
     if isinstance(v, float):
         return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
     return str(v)
 
 
 def write_csv(rows: Iterable[Row], out: IO[str]) -> int:
-    """The rows as msmon's CSV on `out`; returns how many."""
+    """The rows as msmon's CSV on `out`; returns how many. A log with dynamic loss scaling (its first row has an
+    overflow flag or a loss scale, as MindFormers' `overflow cond` / `loss_scale`) gets those two columns too."""
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(COLUMNS)
+    it = iter(rows)
+    first = next(it, None)
+    columns = COLUMNS + SCALING if first is not None and (first.overflow is not None or first.loss_scale is not None) \
+        else COLUMNS
+    w.writerow(columns)
     n = 0
-    for r in rows:
-        w.writerow([_cell(getattr(r, c)) for c in COLUMNS])
+    for r in (it if first is None else itertools.chain((first,), it)):
+        w.writerow([_cell(getattr(r, c)) for c in columns])
         n += 1
     return n
 

@@ -75,6 +75,11 @@ class Sample(msgspec.Struct, kw_only=True, gc=False):
     # This rank's own mean wait for its input per step over the same span (from one step's end to the next's
     # begin, on the host): in lockstep data parallel every rank's step_time is the slowest's, this is not.
     data_time: float | None = None
+    # fp16 dynamic loss scaling: whether this step overflowed (its update skipped, its grad norm not a
+    # measurement), the loss scale it ran with, and the steps skipped so far in the run where the job counts them.
+    overflow: bool | None = None
+    loss_scale: float | None = None
+    skipped_steps: Count | None = None
 
 
 class Window(msgspec.Struct, kw_only=True):

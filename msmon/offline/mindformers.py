@@ -23,8 +23,9 @@ Damaged lines (a missing colon, a number with its dot lost, a field cut off) are
 what can be read is kept, a field that is there but unreadable is missing (None) and listed in the
 `Report`; a value is never guessed. A number printed with a fixed format (the loss's `%5.3f`, the
 progress line's `%.5f`) must look like it, so `loss: 10649` (the dot lost) is missing, not ten thousand.
-`per_step_time`, `overflow cond`, `loss_scale` and `train_throughput_per_npu` are not read (msmon has no
-field for them; the time comes from the timestamps).
+`overflow cond` (the step overflowed under dynamic loss scaling and was skipped) and `loss_scale` are read
+(`Record.overflow`, `Record.loss_scale`; a skipped step's global_norm is not a measurement, msmon's Monitor leaves
+it out); `per_step_time` and `train_throughput_per_npu` are not (the time comes from the timestamps).
 
 A data-parallel run's per-rank values come from MindFormers' `TrainingStateMonitor` (monitor_config
 `device_local_loss_format` / `device_local_norm_format` with 'log'), one line each in the rank's own log:
@@ -60,6 +61,8 @@ class Record:
     time: float | None = None  # seconds since the epoch, from the line's timestamp
     local_loss: float | None = None  # TrainingStateMonitor's device_accum_local_loss: this rank's own loss
     local_grad_norm: float | None = None  # its device_local_norm: this rank's grad norm before the all-reduce
+    overflow: bool | None = None  # `overflow cond`: dynamic loss scaling skipped this step
+    loss_scale: float | None = None  # `loss_scale`: the scale the step ran with
     printed: bool = True  # False: only TrainingStateMonitor's lines so far (MFLossMonitor's may follow)
 
 
@@ -91,6 +94,8 @@ _VALUE = r"(\[[^\]]*\]|Tensor\([^)]*\)|[^,\s]*)"
 _LOSS = re.compile(r"(?<![\w-])loss(?!\w)" + _K + _VALUE)
 _LR = re.compile(r"(?<![\w-])lr(?!\w)" + _K + _VALUE)
 _NORM = re.compile(r"global_norm" + _K + _VALUE)
+_OVERFLOW = re.compile(r"overflow cond" + _K + _VALUE)
+_SCALE = re.compile(r"loss_scale" + _K + _VALUE)
 _STATE = re.compile(r"\]\s+(device_accum_local_loss|device_local_norm)\s*:\s*(\S+)\s*$")  # after step:[s/S]
 _STATE_FIELD = {"device_accum_local_loss": "local_loss", "device_local_norm": "local_grad_norm"}
 _PROGRESS = re.compile(r"\d+(?:\.\d+)?%\s*\|[^|]*\|\s*(\S*)\s*samples/s/p")
@@ -148,6 +153,21 @@ class _Line:
         if v is None and (not raw.strip() or any(c.isdigit() for c in raw)):  # words say "not known"
             self.report.missing.append((self.number, name, raw.strip()))
         return v
+
+    def flag(self, name: str, pattern: re.Pattern[str]) -> bool | None:
+        """A True/False field (`overflow cond`); None when absent, and listed as missing when unreadable."""
+        m = pattern.search(self.text)
+        if m is None:
+            return None
+        raw = _strip(m.group(1)).lower()
+        if raw in ("true", "false", "1", "0"):
+            return raw in ("true", "1")
+        self.report.missing.append((self.number, name, m.group(1).strip()))
+        return None
+
+    def scaling(self, into: Record) -> None:
+        """The line's `overflow cond` and `loss_scale` into `into`."""
+        into.overflow, into.loss_scale = self.flag("overflow cond", _OVERFLOW), self.value("loss_scale", _SCALE)
 
     def step(self) -> tuple[int, int, int] | None:
         """(epoch, step in it, steps per epoch), or None (the line is skipped, and listed) when Epoch:[e/E] or
@@ -210,12 +230,14 @@ def records(lines: Iterable[str], report: Report | None = None) -> Iterator[Reco
             pending.line, pending.printed = number, True
             pending.loss, pending.lr = line.value("loss", _LOSS, _FIXED3), line.value("lr", _LR)
             pending.grad_norm, pending.time = line.value("global_norm", _NORM), _timestamp(prefix) or pending.time
+            line.scaling(pending)
             bar_due = True
             continue
         if pending is not None:
             yield pending
         pending = Record(number, step, loss=line.value("loss", _LOSS, _FIXED3), lr=line.value("lr", _LR),
                          grad_norm=line.value("global_norm", _NORM), time=_timestamp(prefix))
+        line.scaling(pending)
         bar_due = True
     if pending is not None:
         yield pending

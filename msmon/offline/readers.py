@@ -44,9 +44,13 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # a data-parallel rank's own values (msmon's local_grad_norm; MindFormers' TrainingStateMonitor tags)
     "local_loss": ("local_loss", "device_accum_local_loss"),
     "local_grad_norm": ("local_grad_norm", _TB["local_grad_norm"], "device_local_norm"),
+    # fp16 dynamic loss scaling: the step was skipped (MindFormers' "overflow cond"), and the scale
+    "overflow": ("overflow", _TB["overflow"], "overflow_cond", "overflow cond", "is_overflow"),
+    "loss_scale": ("loss_scale", _TB["loss_scale"], "scaling_sens", "loss-scale"),
 }
 METRICS = ("loss", "lr", "grad_norm", "throughput")
 LOCAL = ("local_loss", "local_grad_norm")  # read where present; never the only metric a log must have
+SCALING = ("overflow", "loss_scale")  # read where present, like LOCAL
 # Spellings accepted on the left of --columns, for the Row field they mean.
 KEY_SYNONYMS = {"learning_rate": "lr", "tokens_per_s": "throughput", "iteration": "step"}
 FORMATS = ("csv", "jsonl", "tensorboard", "mindformers")
@@ -70,6 +74,8 @@ class Row:
     device: str | None = None
     local_loss: float | None = None  # the rank's own loss (data parallel), where the log has it
     local_grad_norm: float | None = None  # the rank's own grad norm before the all-reduce
+    overflow: bool | None = None  # dynamic loss scaling: the step overflowed and was skipped
+    loss_scale: float | None = None  # the loss scale the step ran with
 
 
 def parse_columns(spec: str | None) -> dict[str, str]:
@@ -137,6 +143,23 @@ def _number(value: object, where: str, col: str, what: str = "column") -> float 
                       "(empty cells, nan and inf are fine)")
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "1.0"), ("0", "false", "no", "0.0")
+
+
+def flag(value: object, where: str, col: str, what: str = "column") -> bool | None:
+    """A yes/no cell (the overflow flag): True/False, 1/0, empty or null is None."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return bool(value)
+    text = str(value).strip().lower()
+    if not text:
+        return None
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ReplayError(f"{where}: {what} {col!r} holds {value!r}, not a yes/no flag (True/False or 1/0)")
+
+
 def _step(value: object, where: str, col: str, what: str) -> int:
     v = _number(value, where, col, what)
     if v is None:
@@ -170,6 +193,11 @@ def _row(values: Mapping[str, object], chosen: Mapping[str, str], where: str, wh
     for arg in ("loss", "lr", "grad_norm", "throughput", "time", *LOCAL):
         if arg in chosen:
             setattr(row, arg, _number(values.get(chosen[arg]), where, chosen[arg], what))
+    for arg in SCALING:
+        if arg in chosen:
+            v = values.get(chosen[arg])
+            setattr(row, arg, flag(v, where, chosen[arg], what) if arg == "overflow"
+                    else _number(v, where, chosen[arg], what))
     if row.time is None and "time_ms" in chosen:
         ms = _number(values.get(chosen["time_ms"]), where, chosen["time_ms"], what)
         row.time = None if ms is None else ms / 1000.0
@@ -484,7 +512,7 @@ def _rank_rows(rank: str | None, files: list[str], counters: list[_Counted[bytes
             report = mindformers.Report()
             for rec in mindformers.records(_decoded(counted), report):
                 row = Row(rec.step, rec.loss, rec.lr, rec.grad_norm, rec.throughput, rec.time, rank,
-                          rec.local_loss, rec.local_grad_norm)
+                          rec.local_loss, rec.local_grad_norm, rec.overflow, rec.loss_scale)
                 if not _has_metric(row):
                     continue
                 order.check(rank, row.step, f"{path}:{rec.line}", f"{path}:{rec.line}")

@@ -63,7 +63,7 @@ def replay(rows: Iterable[Row], monitor: Monitor, on_row: Callable[[Row], None] 
         # a rank's own loss, where the log has it, is its device's loss (the printed one may be the reduced one)
         events.extend(step(r.step, loss=r.loss if r.local_loss is None else r.local_loss, lr=r.lr,
                            grad_norm=r.grad_norm, throughput=r.throughput, time=now, device=r.device,
-                           local_grad_norm=r.local_grad_norm))
+                           local_grad_norm=r.local_grad_norm, overflow=r.overflow, loss_scale=r.loss_scale))
         if on_row is not None:
             on_row(r)
     monitor.close()

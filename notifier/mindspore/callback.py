@@ -40,14 +40,16 @@ from ..control import JobControl
 from ..monitor import Monitor
 from ..world import detect
 from .backend import MindSporeBackend
-from .grad_norm import LOCAL_METRICS, METRICS
+from .grad_norm import LOCAL_METRICS, METRICS, SCALING
 from .reads import HostReads, uncounted
 
 log = logging.getLogger("msmon")
 
 Metrics = tuple[float | None, float | None, float | None]  # (loss, lr, grad_norm)
 _NONE: Metrics = (None, None, None)
-_PACKED_SHAPES = ((len(METRICS),), (len(LOCAL_METRICS),))  # (4,): a data-parallel rank's own norm too
+# (4,): a data-parallel rank's own norm too; (5,) / (6,): the loss-scaling cell's overflow flag and scale after them
+_PACKED_SHAPES = tuple((n,) for n in (len(METRICS), len(LOCAL_METRICS), len(METRICS) + len(SCALING),
+                                      len(LOCAL_METRICS) + len(SCALING)))
 STATE_SUFFIX = ".msmon.json"
 
 
@@ -60,30 +62,53 @@ def _scalar(x: Any, read: Callable[[Any], Any]) -> float | None:
         return None
 
 
-def _unpack(packed: Any, read: Callable[[Any], Any]) -> tuple[Metrics, float | None]:
+class Outputs:
+    """What one step's outputs say: (loss, lr, grad_norm), the rank's own grad norm before the all-reduce, and
+    dynamic loss scaling's overflow flag (the step was skipped) and scale; None where the train cell has none."""
+
+    __slots__ = ("metrics", "local", "overflow", "loss_scale")
+
+    def __init__(self, metrics: Metrics, local: float | None = None, overflow: bool | None = None,
+                 loss_scale: float | None = None) -> None:
+        self.metrics, self.local, self.overflow, self.loss_scale = metrics, local, overflow, loss_scale
+
+
+def _unpack(packed: Any, read: Callable[[Any], Any]) -> Outputs:
     values = [float(v) for v in read(packed).tolist()]
-    return (values[0], values[1], values[2]), values[3] if len(values) > 3 else None
+    n = len(values)
+    local = values[3] if n in (len(LOCAL_METRICS), len(LOCAL_METRICS) + len(SCALING)) else None
+    scaled = n >= len(METRICS) + len(SCALING)
+    return Outputs((values[0], values[1], values[2]), local,
+                   bool(values[-2]) if scaled else None, values[-1] if scaled else None)
 
 
-def parse_all(out: Any, read: Callable[[Any], Any] = uncounted) -> tuple[Metrics, float | None]:
-    """`parse_outputs`'s (loss, lr, grad_norm), and the rank's own grad norm before the all-reduce where the
-    train cell packs it (a data-parallel run: `metrics` of shape (4,), read in the same one copy)."""
+def _flag(x: Any, read: Callable[[Any], Any]) -> bool | None:
+    v = _scalar(x, read)
+    return None if v is None or v != v else bool(v)
+
+
+def parse_all(out: Any, read: Callable[[Any], Any] = uncounted) -> Outputs:
+    """Everything a train cell's outputs say (`Outputs`): msmon's cells pack it in one tensor (one read; the
+    loss-scaling cell's with the overflow flag and the scale); MindFormers' 5-tuple `(loss, overflow,
+    scaling_sens, lr, global_norm)` is read item by item (five reads); a loss tensor; any other tuple whose first
+    item is the loss."""
     if isinstance(out, (tuple, list)):
         if not out:
-            return _NONE, None
+            return Outputs(_NONE)
         if len(out) == 6 and getattr(out[5], "shape", None) in _PACKED_SHAPES:
             return _unpack(out[5], read)
         if len(out) == 5:
-            return (_scalar(out[0], read), _scalar(out[3], read), _scalar(out[4], read)), None
-        return (_scalar(out[0], read), None, None), None
-    return (_scalar(out, read), None, None), None
+            return Outputs((_scalar(out[0], read), _scalar(out[3], read), _scalar(out[4], read)), None,
+                           _flag(out[1], read), _scalar(out[2], read))
+        return Outputs((_scalar(out[0], read), None, None))
+    return Outputs((_scalar(out, read), None, None))
 
 
 def parse_outputs(out: Any, read: Callable[[Any], Any] = uncounted) -> Metrics:
     """(loss, lr, grad_norm) from a train cell's outputs: msmon's `(loss, overflow, scaling_sens, lr,
     global_norm, metrics)` (one read: the packed `metrics`); MindFormers' 5-tuple (three reads); a loss
     tensor; or any other tuple whose first item is the loss. `read` copies a tensor to the host."""
-    return parse_all(out, read)[0]
+    return parse_all(out, read).metrics
 
 
 def find_optimizer(cb: Any) -> Any:
@@ -287,20 +312,17 @@ class MonitorCallback(Callback):  # type: ignore[misc]
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _metrics(self, outputs: Any, steps_ago: int) -> tuple[Metrics, float | None]:
-        """(loss, lr, grad_norm) of the step `steps_ago` steps back, with the LR from the optimizer when
-        the train cell does not return it; and the rank's own grad norm, where the cell packs it."""
-        (loss, lr, grad_norm), local = parse_all(outputs, self.reads)
-        if lr is None:
-            lr = self.backend.read_lr(steps_ago)
-        return (loss, lr, grad_norm), local
-
     def _report(self, kept: _Kept, step: int) -> None:
-        """Hand a sampled step to the monitor, at its own step number and end time; `step` is the step now."""
-        (loss, lr, grad_norm), local = self._metrics(kept.outputs, step - kept.step)
+        """Hand a sampled step to the monitor, at its own step number and end time; `step` is the step now. The LR
+        comes from the optimizer when the train cell does not return it."""
+        out = parse_all(kept.outputs, self.reads)
+        loss, lr, grad_norm = out.metrics
+        if lr is None:
+            lr = self.backend.read_lr(step - kept.step)
         self._dispatch_all(self.monitor.step(kept.step, loss=loss, lr=lr, grad_norm=grad_norm, samples=kept.samples,
-                                             tokens=kept.tokens, time=kept.time, local_grad_norm=local,
-                                             data_time=kept.data_time))
+                                             tokens=kept.tokens, time=kept.time, local_grad_norm=out.local,
+                                             data_time=kept.data_time, overflow=out.overflow,
+                                             loss_scale=out.loss_scale))
 
     def _flush(self, step: int) -> None:
         """Report the step kept by deferred_read, if any (`step`: the step now)."""

@@ -31,23 +31,30 @@ def global_norm(grads: Any) -> Any:
 
 METRICS = ("loss", "lr", "grad_norm")  # the order of the packed `metrics` tensor
 LOCAL_METRICS = (*METRICS, "local_grad_norm")  # ... in a data-parallel run: this rank's norm before the all-reduce
+SCALING = ("overflow", "loss_scale")  # the loss-scaling cell packs these after them: (5,) or, data parallel, (6,)
 
 
-def pack_metrics(loss: Any, lr: Any, norm: Any, local_norm: Any = None) -> Any:
-    """`METRICS` as one float32 tensor of shape (3,), or `LOCAL_METRICS` (4,) with a `local_norm`: one
-    device-to-host copy reads them all. Each is taken as its first element (a loss of shape (1,), a
-    per-group LR's first group). Usable inside `ms.jit`."""
-    if local_norm is None:
-        return ops.stack([ops.cast(ops.reshape(x, (-1,))[0], ms.float32) for x in (loss, lr, norm)])
-    return ops.stack([ops.cast(ops.reshape(x, (-1,))[0], ms.float32) for x in (loss, lr, norm, local_norm)])
+def pack_metrics(loss: Any, lr: Any, norm: Any, local_norm: Any = None, overflow: Any = None,
+                 scale: Any = None) -> Any:
+    """`METRICS` as one float32 tensor of shape (3,), or `LOCAL_METRICS` (4,) with a `local_norm`, then `SCALING`
+    (the overflow flag as 1/0 and the loss scale) when `overflow` is given: one device-to-host copy reads them
+    all. Each is taken as its first element (a loss of shape (1,), a per-group LR's first group). Usable inside
+    `ms.jit`."""
+    values = (loss, lr, norm) if local_norm is None else (loss, lr, norm, local_norm)
+    if overflow is not None:
+        values = (*values, overflow, scale)
+    return ops.stack([ops.cast(ops.reshape(x, (-1,))[0], ms.float32) for x in values])
 
 
-def _outputs(cell: Any, loss: Any, overflow: Any, scaling_sens: Any, lr: Any, norm: Any, local: Any = None) -> Any:
+def _outputs(cell: Any, loss: Any, overflow: Any, scaling_sens: Any, lr: Any, norm: Any, local: Any = None,
+             scaling: bool = False) -> Any:
     """The train cells' outputs: MindFormers' 5-tuple, then the packed metrics unless `cell.packed` is off
-    (with an LR per parameter group, the first group's is packed; `local`: the rank's own norm, if any)."""
+    (with an LR per parameter group, the first group's is packed; `local`: the rank's own norm, if any;
+    `scaling`: the overflow flag and the loss scale packed too)."""
     if cell.packed:
         first_lr = lr[0] if cell.optimizer.is_group_lr else lr
-        return loss, overflow, scaling_sens, lr, norm, pack_metrics(loss, first_lr, norm, local)
+        extra = (overflow, scaling_sens) if scaling else (None, None)
+        return loss, overflow, scaling_sens, lr, norm, pack_metrics(loss, first_lr, norm, local, *extra)
     return loss, overflow, scaling_sens, lr, norm
 
 
@@ -87,8 +94,9 @@ class TrainStepWithGradNorm(nn.TrainOneStepCell):  # type: ignore[misc]
 class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type: ignore[misc]
     """`nn.TrainOneStepWithLossScaleCell` (fp16 loss scaling, fixed or dynamic) that also returns
     the LR and the global norm of the unscaled gradients. On overflow the step is skipped, as in
-    MindSpore's cell. Outputs `(loss, overflow, scaling_sens, lr, global_norm, metrics)`; without
-    `metrics` when `packed=False`."""
+    MindSpore's cell. Outputs `(loss, overflow, scaling_sens, lr, global_norm, metrics)`, `metrics` with the
+    overflow flag and the scale the step ran with packed after the norms (`SCALING`); without `metrics` when
+    `packed=False`."""
 
     def __init__(self, network: Any, optimizer: Any, scale_sense: Any, clip_norm: float | None = None,
                  packed: bool = True) -> None:
@@ -120,4 +128,4 @@ class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type:
         lr = self.optimizer.get_lr()
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))
-        return _outputs(self, loss, cond, scaling_sens, lr, norm, local)
+        return _outputs(self, loss, cond, scaling_sens, lr, norm, local, scaling=True)

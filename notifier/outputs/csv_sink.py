@@ -13,13 +13,15 @@ from msmon.contract.wire import Sample
 CSV_COLUMNS: tuple[str, ...] = (
     "time", "run_id", "device", "step", "loss", "learning_rate", "grad_norm",
     "samples_per_s", "tokens_per_s", "step_time", "max_step_time", "local_grad_norm",
-    "data_time",
+    "data_time", "overflow", "loss_scale", "skipped_steps",
 )
 
 
 def _cell(v: Any) -> Any:
     if v is None:
         return ""
+    if isinstance(v, bool):
+        return int(v)  # the overflow flag: 1 / 0
     if isinstance(v, float) and not math.isfinite(v):
         return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
     return v

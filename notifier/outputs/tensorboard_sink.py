@@ -17,6 +17,9 @@ TAGS: tuple[tuple[str, str], ...] = (
     ("step_time", "time/step_time_s"),
     ("max_step_time", "time/max_step_time_s"),
     ("data_time", "time/data_time_s"),
+    ("overflow", "train/overflow"),
+    ("loss_scale", "train/loss_scale"),
+    ("skipped_steps", "train/skipped_steps"),
 )
 
 
@@ -43,7 +46,7 @@ class TensorBoardSink:
         for attr, tag in TAGS:
             v = getattr(s, attr)
             if v is not None:
-                w.add_scalar(tag, v, s.step, walltime=s.time)
+                w.add_scalar(tag, float(v), s.step, walltime=s.time)
 
     def flush(self) -> None:
         for w in self._writers.values():

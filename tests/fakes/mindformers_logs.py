@@ -80,11 +80,11 @@ def current_lines(steps: Sequence[dict[str, Any]], *, steps_per_epoch: int, epoc
         per_step_ms = int(1000.0 / s["throughput"]) if s.get("throughput") else 0
         tail = THROUGHPUT % (150.0 + s["step"] % 7) if flops else ""
         if lr_known:
-            msg = CURRENT % (epoch, epochs, step, steps_per_epoch, loss, per_step_ms, f"{s['lr']:.7g}", False, 1.0,
-                             _norm(s["grad_norm"]), tail)
+            msg = CURRENT % (epoch, epochs, step, steps_per_epoch, loss, per_step_ms, f"{s['lr']:.7g}",
+                             s.get("overflow", False), s.get("loss_scale", 1.0), _norm(s["grad_norm"]), tail)
         else:
-            msg = CURRENT_NO_LR % (epoch, epochs, step, steps_per_epoch, loss, per_step_ms, False, 1.0,
-                                   _norm(s["grad_norm"]), tail)
+            msg = CURRENT_NO_LR % (epoch, epochs, step, steps_per_epoch, loss, per_step_ms, s.get("overflow", False),
+                                   s.get("loss_scale", 1.0), _norm(s["grad_norm"]), tail)
         out.append(prefixed(msg, s["time"], fmt))
         if progress:
             pct = s["step"] / total * 100

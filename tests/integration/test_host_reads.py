@@ -72,10 +72,10 @@ def test_deferred_read_reports_the_same_steps_and_values_as_reading_at_once_and_
     assert rows(later) == rows(at_once)  # the same training, read later: the same floats
 
 
-@pytest.mark.parametrize("cell, reads_per_step", [("five_tuple", 3), ("loss_only", 2)])
+@pytest.mark.parametrize("cell, reads_per_step", [("five_tuple", 5), ("loss_only", 2)])
 def test_train_cells_without_the_packed_metrics_still_work_in_both_modes(cell, reads_per_step):
-    """A user's 5-tuple (loss, LR, norm read one by one) and a loss alone (the LR of a list from the optimizer
-    at the step it belongs to, also when read a step later)."""
+    """A user's 5-tuple (loss, overflow, scale, LR, norm read one by one) and a loss alone (the LR of a list from
+    the optimizer at the step it belongs to, also when read a step later)."""
     lr = [0.05 - 0.001 * i for i in range(20)]
     _, at_once = train(False, cell, steps=20, lr=lr)
     cb, later = train(True, cell, steps=20, lr=lr)

@@ -27,6 +27,7 @@ from msmon.core.detectors.grad_norm import (
     GradNormSpikeParams,
     GradNormThreshold,
 )
+from msmon.core.detectors.loss_scale import LossScale, LossScaleParams
 from msmon.core.detectors.loss_spike import LossSpike, LossSpikeParams
 from msmon.core.detectors.lr_schedule import LrSchedule, LrScheduleParams
 from msmon.core.detectors.nonfinite import NonFinite, NonFiniteParams
@@ -155,6 +156,19 @@ def _clean_lr() -> tuple[RuleParams, list]:
     return _single(p, LrSchedule(p, DetectorContext(total_steps=TOTAL, warmup_steps=WARMUP)), clean_trace())
 
 
+def _clean_loss_scale() -> tuple[RuleParams, list]:
+    """fp16 dynamic loss scaling: every 7th sample overflowed (skipped, its grad norm Inf), the scale halving then
+    climbing back; twice in a row now and then."""
+    p, dcls = RULES["loss_scale"]
+    params = p()
+    out = []
+    for i, s in enumerate(clean_trace()):
+        over = i % 7 == 0 or i % 301 == 1
+        out.append(mk(s.step, loss=s.loss, grad_norm=math.inf if over else s.grad_norm, overflow=over,
+                      loss_scale=65536.0 if i % 7 > 1 else 32768.0))
+    return _single(params, dcls(params, DetectorContext()), out)
+
+
 def _clean_straggler() -> tuple[RuleParams, list]:
     dets, feed, _ = straggler_feed(N_CLEAN, seed=11)
     return StragglerParams(), [(dets[d], s) for d, s in feed]
@@ -174,6 +188,7 @@ CLEAN: dict[str, Callable[[], tuple[RuleParams, list]]] = {
     "grad_norm_creep": lambda: _clean_default("grad_norm_creep"),
     "vanished_grad": lambda: _clean_default("vanished_grad"),
     "lr_schedule": _clean_lr,
+    "loss_scale": _clean_loss_scale,
     "throughput_drop": lambda: _clean_default("throughput_drop"),
     "step_stall": lambda: _clean_default("step_stall"),
     "straggler": _clean_straggler,
@@ -1127,3 +1142,29 @@ def test_sliding_fit_degenerate_and_clear() -> None:
     assert slope == pytest.approx(2.0)
     assert at_end == pytest.approx(6.0)
     assert t == math.inf or t > 1e6  # an exact line
+
+
+# -- loss_scale --------------------------------------------------------------------------------
+
+
+def test_loss_scale_search_at_the_start_and_single_skips_are_normal_every_step_skipped_is_not() -> None:
+    p = LossScaleParams()
+    det = LossScale(p, DetectorContext())
+
+    def feed(steps: Iterable[int], over: bool, scale: Callable[[int], float]) -> list[tuple[int, Severity]]:
+        out = []
+        for k in steps:
+            f = det.update(mk(k, overflow=over, loss_scale=scale(k)), p)
+            if f is not None and f.level is not None:
+                out.append((k, f.level))
+        return out
+
+    assert feed(range(1, 40), True, lambda k: 2.0 ** (40 - k)) == []  # the scale searching down from 2^40
+    assert feed(range(40, 500), False, lambda k: 2.0) == []
+    assert feed([500], True, lambda k: 2.0) == [] and feed([501], False, lambda k: 2.0) == []  # one skip
+    out = feed(range(600, 700), True, lambda k: 2.0 ** 20)
+    assert out[0] == (619, WARNING) and (649, ERROR) in out
+    det = LossScale(p, DetectorContext())
+    feed(range(1, 10), False, lambda k: 4.0)
+    assert feed(range(10, 13), True, lambda k: 1.0)[0] == (11, ERROR)  # at its floor and still overflowing
+    assert det.update(mk(13, loss=1.0), p) is SKIP  # no overflow flag: nothing to judge

@@ -277,8 +277,8 @@ def test_convert_writes_msmons_csv_that_reads_back_the_same(tmp_path, steps, cap
     assert f"wrote {csv_path}: 100 rows (mindformers: {out})" in capsys.readouterr().err
     with open(csv_path, newline="") as f:
         table = list(csv.reader(f))
-    assert table[0] == ["step", "loss", "lr", "grad_norm", "throughput", "time", "device"]
-    assert table[1][0] == "1" and table[1][-1] == "0" and table[2][-1] == "1"
+    assert table[0] == ["step", "loss", "lr", "grad_norm", "throughput", "time", "device", "overflow", "loss_scale"]
+    assert table[1][0] == "1" and table[1][-3] == "0" and table[2][-3] == "1" and table[1][-2:] == ["0", "1.0"]
     assert table[7][1] == "nan"  # step 4, rank 0: NaN is data
     original = [vars(r) for r in read_log(str(out))]
     back = [vars(r) for r in read_log(str(csv_path))]
@@ -315,3 +315,39 @@ def test_input_format_auto_is_the_default_and_mindformers_can_be_forced(tmp_path
         assert main(["convert", str(out), "-o", "-", "--input-format", fmt]) == 0
         assert len(capsys.readouterr().out.splitlines()) == 1 + rows
     assert len(list(read_log(str(out), fmt="auto"))) == 5
+
+
+# -- dynamic loss scaling (issue 24) ----------------------------------------------------------------
+
+
+def _scaled(steps, stuck_from=None):
+    """`steps` under fp16 dynamic loss scaling: every 60th step overflows (skipped: global_norm nan, the scale
+    halves, then doubles back), and from `stuck_from` on every step overflows while the scale collapses."""
+    out, scale = [], 65536.0
+    for s in steps:
+        over = s["step"] % 60 == 0 or (stuck_from is not None and s["step"] >= stuck_from)
+        out.append({**s, "overflow": over, "loss_scale": scale, "grad_norm": math.nan if over else s["grad_norm"]})
+        scale = max(scale / 2, 1.0) if over else (scale * 2 if s["step"] % 60 == 30 else scale)
+    return out
+
+
+def test_overflow_cond_and_loss_scale_are_read_and_a_skip_is_no_alert(tmp_path, cfg, capsys):
+    clean = mfl.steps_from(data.run(800))
+    log = mfl.write(tmp_path / "worker_0.log", mfl.current_lines(_scaled(clean), steps_per_epoch=800, epochs=1))
+    rows = list(read_log(log))
+    assert [r.step for r in rows if r.overflow] == list(range(60, 801, 60))
+    assert math.isnan(rows[59].grad_norm) and rows[60].loss_scale == rows[59].loss_scale / 2  # skipped, halved
+    events = [e for e in run_replay(log, cfg).events
+              if e.status is Status.FIRING]
+    assert events == []  # 13 skipped steps, each a NaN grad norm: counted, not a nonfinite ERROR
+    assert main(["convert", log, "-o", str(tmp_path / "run.csv")]) == 0
+    back = list(read_log(str(tmp_path / "run.csv")))
+    assert [(r.overflow, r.loss_scale) for r in back] == [(r.overflow, r.loss_scale) for r in rows]
+
+
+def test_every_step_overflowing_in_a_mindformers_log_is_an_alert(tmp_path, cfg):
+    steps = _scaled(mfl.steps_from(data.run(800)), stuck_from=700)
+    log = mfl.write(tmp_path / "worker_0.log", mfl.current_lines(steps, steps_per_epoch=800, epochs=1))
+    events = [e for e in run_replay(log, cfg).events
+              if e.status is Status.FIRING]
+    assert {e.rule for e in events} == {"loss_scale"} and 700 <= events[0].step <= 750

@@ -14,6 +14,7 @@ from msmon.core.detectors.grad_norm import (
     GradNormSpikeParams,
     GradNormThreshold,
 )
+from msmon.core.detectors.loss_scale import LossScale, LossScaleParams
 from msmon.core.detectors.loss_spike import LossSpike, LossSpikeParams
 from msmon.core.detectors.lr_schedule import LrSchedule, LrScheduleParams
 from msmon.core.detectors.nonfinite import NonFinite, NonFiniteParams
@@ -30,6 +31,7 @@ RULES: dict[str, tuple[type[RuleParams], type[Detector]]] = {
     "grad_norm_spike": (GradNormSpikeParams, GradNormSpike),
     "grad_norm_creep": (GradNormCreepParams, GradNormCreep),
     "vanished_grad": (VanishedGradParams, VanishedGrad),
+    "loss_scale": (LossScaleParams, LossScale),
     "lr_schedule": (LrScheduleParams, LrSchedule),
     "throughput_drop": (ThroughputDropParams, ThroughputDrop),
     "step_stall": (StepStallParams, StepStall),

@@ -35,9 +35,9 @@ class LrScheduleParams(RuleParams):
     jump: float = dataclasses.field(default=0.2, metadata=spec(
         gt=0, le=100, doc="a rise this fraction above the schedule's line (or its peak) is a change"))
     react_grad: float = dataclasses.field(default=3.0, metadata=spec(
-        gt=1, doc="after a change, the grad norm this many x its median before it: ERROR"))
+        gt=1, le=1e6, doc="after a change, the grad norm this many x its median before it: ERROR"))
     react_loss: float = dataclasses.field(default=1.5, metadata=spec(
-        gt=1, doc="after a change, the loss this many x its median before it: ERROR"))
+        gt=1, le=1e6, doc="after a change, the loss this many x its median before it: ERROR"))
 
 
 class LrSchedule:
