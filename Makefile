@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(HASH)
 DEMO   := $(VENV)/.demo-$(HASH)
 comma  := ,
 
-.PHONY: demo test services lint typecheck unit slow bench clean
+.PHONY: demo test services lint typecheck unit slow bench lock clean
 
 # $(call install,EXTRAS,STAMP-PREFIX): a venv with msmon and those extras, redone when pyproject.toml changes
 define install
@@ -48,6 +48,10 @@ slow: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_monitor.py
+
+# The image's lock files (requirements/*.lock.txt, with hashes) from pyproject.toml; needs uv and PyPI
+lock:
+	tools/lock.sh
 
 clean:
 	rm -rf $(VENV) demo-out tb_logs msmon_logs .pytest_cache .mypy_cache .ruff_cache
