@@ -198,8 +198,9 @@ def test_docker_image_recipe_is_bot_only_and_checks_health():
     assert "USER msmon" in text and "HEALTHCHECK" in text and "/healthz" in text
 
 
-def test_openapi_spec_names_every_route_and_the_wire_fields():
-    """docs/openapi.yaml is the API's description: every route the app serves, every wire field."""
+def test_openapi_spec_names_every_route_and_the_wire_fields(monkeypatch):
+    """docs/openapi.yaml is the API's description: every route the app serves (the Feishu, DingTalk and
+    chart-link routes too, served once configured), every wire field."""
     import msgspec
     import yaml
 
@@ -209,7 +210,10 @@ def test_openapi_spec_names_every_route_and_the_wire_fields():
     from tests.conftest import ROOT
 
     spec = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
-    app = create_app(load_bot_config({"bot": {"state_path": ":memory:"}}))
+    for name in ("FEISHU_VERIFICATION_TOKEN", "DINGTALK_APP_SECRET", "MSMON_CHART_LINK_SECRET"):
+        monkeypatch.setenv(name, "set")
+    app = create_app(load_bot_config({"bot": {"state_path": ":memory:",
+                                              "chart_links": {"public_url": "http://bot.example"}}}))
     served = {r.resource.canonical for r in app.router.routes()}
     assert served == set(spec["paths"])
     schemas = spec["components"]["schemas"]

@@ -32,7 +32,10 @@ JOB, OPERATOR = "job-token", "operator-token"
 @pytest.fixture(scope="module")
 def bot(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("schemathesis")
-    env = {"MSMON_ST_JOB": JOB, "MSMON_ST_OP": OPERATOR, "MSMON_ST_SIGN": SECRET}
+    env = {"MSMON_ST_JOB": JOB, "MSMON_ST_OP": OPERATOR, "MSMON_ST_SIGN": SECRET,
+           # the IM edges are served too (their routes are in the spec)
+           "FEISHU_VERIFICATION_TOKEN": "st-token", "FEISHU_ENCRYPT_KEY": "st-key", "DINGTALK_APP_SECRET": "st-secret",
+           "MSMON_CHART_LINK_SECRET": "st-link"}
     mp = pytest.MonkeyPatch()  # module-scoped: the function-scoped monkeypatch fixture cannot be used here
     for k, v in env.items():
         mp.setenv(k, v)
@@ -40,6 +43,7 @@ def bot(tmp_path_factory):
         "port": 0, "state_path": str(tmp / "bot.sqlite"), "tokens": [{"project": "default", "env": "MSMON_ST_JOB"}],
         "slack": {"signing_secret_env": "MSMON_ST_SIGN"},
         "console": {"charts": False, "charts_dir": str(tmp / "charts")},
+        "chart_links": {"public_url": "http://bot.example"},
         "commands": {"long_poll": 0.01, "allow": [{"project": "*", "users": ["cli:carol"]}],
                      "operators": [{"user": "cli:carol", "env": "MSMON_ST_OP"}]}}})
     yield b
