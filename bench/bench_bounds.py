@@ -1,0 +1,103 @@
+"""What one run and one device cost the bot's memory, and what /healthz takes with many stored runs.
+
+    .venv/bin/python bench/bench_bounds.py [--devices 2000] [--runs 100000] [--requests 300]
+
+1. Memory: the real ingest path (bot/ingest.py: the store row, the metric ring per device, the device
+   gate) takes one envelope of one sample from each of `devices` devices of one run, with the default
+   bot.window_samples (600); tracemalloc counts what stays allocated. Prints bytes per device.
+2. /healthz: a store of `runs` runs (inserted directly), the real bot served on loopback from it (its
+   watchdog, escalator and outbox running), then `requests` sequential GET /healthz: p50, p99, max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bot.config import BotConfig, load_bot_config  # noqa: E402
+from bot.ingest import Ingest  # noqa: E402
+from bot.metrics import BotMetrics  # noqa: E402
+from bot.server import BotThread  # noqa: E402
+from bot.state import BotState  # noqa: E402
+from bot.store import Store  # noqa: E402
+from msmon.contract.wire import Envelope, Sample  # noqa: E402
+
+
+def per_device(tmp: str, devices: int) -> float:
+    cfg = BotConfig(state_path=os.path.join(tmp, "mem.sqlite"), max_devices=devices + 1)
+    state = BotState(cfg, Store(cfg.state_path), BotMetrics())
+    ingest = Ingest(state)
+    now = time.time()
+
+    def one(d: int) -> None:
+        ingest.envelope(Envelope(run_id="run-mem", device=f"rank-{d}", sent_at=now, project="p", samples=[
+            Sample(run_id="run-mem", device=f"rank-{d}", step=1, time=now, loss=2.0, grad_norm=1.0)]))
+
+    one(0)  # first-use allocations (caches, the run's row) out of the count
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for d in range(1, devices + 1):
+        one(d)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return (after - before) / devices
+
+
+def fill_runs(path: str, runs: int) -> None:
+    store = Store(path)
+    now = time.time()
+    with store.tx():
+        store.db.executemany(
+            "INSERT INTO runs(run_id, project, labels, devices, first_seen, last_seen, last_step, last_heartbeat, "
+            "last_progress, paused, gone) VALUES(?,?,?,?,?,?,?,?,?,0,0)",
+            [(f"run-{i:06d}", "p", "{}", json.dumps(["0"]), now - 7200, now - 3600 + i * 1e-3, 100, now - 3600,
+              now - 3600) for i in range(runs)])
+    store.db.close()
+
+
+def healthz(tmp: str, runs: int, requests: int) -> list[float]:
+    path = os.path.join(tmp, "many.sqlite")
+    fill_runs(path, runs)
+    bot = BotThread(load_bot_config({"bot": {"port": 0, "state_path": path, "console": {"charts": False},
+                                             "max_runs": 1000}}))
+    try:
+        time.sleep(3.0)  # the background passes start
+        times = []
+        for _ in range(requests):
+            t = time.perf_counter()
+            with urllib.request.urlopen(bot.url + "/healthz", timeout=120) as r:
+                r.read()
+            times.append((time.perf_counter() - t) * 1e3)
+            time.sleep(0.01)
+        return times
+    finally:
+        bot.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=100_000)
+    ap.add_argument("--requests", type=int, default=300)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        b = per_device(tmp, a.devices)
+        print(f"memory: {b / 1024:.1f} KB per device (window_samples 600, {a.devices} devices of one run through the "
+              f"ingest); bot.max_devices 4096 bounds a run at {b * 4096 / 2**20:.0f} MB")
+        t = sorted(healthz(tmp, a.runs, a.requests))
+        p99 = t[min(len(t) - 1, int(len(t) * 0.99))]
+        print(f"/healthz with {a.runs:,} stored runs: p50 {statistics.median(t):.1f} ms, p99 {p99:.1f} ms, "
+              f"max {t[-1]:.1f} ms over {len(t)} requests")
+
+
+if __name__ == "__main__":
+    main()
