@@ -98,7 +98,7 @@ class Monitor:
         config: MonitorConfig | Mapping[str, Any] | str | os.PathLike[str],
         run_id: str = "run",
         *,
-        device: str | int = "0",
+        device: str | int | None = None,
         clock: Callable[[], float] = _time.time,
         sinks: list[Sink] | None = None,
         transport: BotTransport | None = None,
@@ -108,7 +108,10 @@ class Monitor:
         self.config = cfg
         self.world = detect() if world is None else world  # rank, world size, host: read once
         self.run_id = cfg.bot.run_id or run_id
-        self.default_device = str(device)
+        # the device this process reports as: given, else its rank in the job's world (RANK_ID / RANK_SIZE as msrun
+        # and MindFormers set them, notifier.world), as MonitorCallback does; "0" for a single process
+        self.default_device = str(device) if device is not None else \
+            str(self.world.rank) if self.world.rank is not None else "0"
         for what, value in (("run_id", self.run_id), ("device", self.default_device)):
             if not value or len(value) > MAX_ID:
                 raise ValueError(f"msmon: {what} must be 1 to {MAX_ID} characters (the bot refuses longer ones), "
@@ -197,7 +200,8 @@ class Monitor:
             backend = NatsBackend(b.url, b.project, self.run_id, self.default_device, token, prefix=b.nats_prefix)
         return BotTransport(b.url, self.run_id, self.default_device, token, project=b.project, labels=b.labels,
                             backend=backend, spool_dir=b.spool_dir, spool_max_bytes=int(b.spool_max_mb * (1 << 20)),
-                            heartbeat_interval=b.heartbeat_interval, rank=self.world.rank, host=self.world.host)
+                            heartbeat_interval=b.heartbeat_interval, rank=self.world.rank, host=self.world.host,
+                            world=self.world.size if self.world.multi else None)
 
     @staticmethod
     def _active_rules(cfg: MonitorConfig, metrics: set[str]) -> list[str]:

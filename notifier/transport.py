@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import itertools
 import logging
 import math
 import os
@@ -28,6 +29,7 @@ import random
 import socket
 import threading
 import time
+import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -272,6 +274,7 @@ class BotTransport:
         backoff: tuple[float, float] = (0.5, 30.0),
         probe_interval: float = 1.0,
         rank: int | None = None,
+        world: int | None = None,
         host: str | None = None,
         on_commands: Callable[[list[Command]], None] | None = None,
         poll_wait: float = 20.0,
@@ -290,7 +293,12 @@ class BotTransport:
         # Who sends, in every envelope and heartbeat (the bot's view across ranks): the rank in the job's world
         # (notifier.world; None for a single process) and the host.
         self.rank = rank if rank is None or 0 <= rank <= 2**31 - 1 else None
+        self.world = world if world is None or 1 <= world <= 2**31 else None
         self.host = (socket.gethostname() if host is None else host)[:256]
+        # This process's own start (a nonce) and its heartbeats' numbers: the bot tells a re-run (a new attempt)
+        # from a late message of this one, and a heartbeat overtaken in flight from a newer one (bot/lifecycle.py).
+        self.proc = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self._seq = itertools.count(1)
         # Every wait a thread makes is bounded here, whoever built the transport: Event.wait(1e12) raises
         # OverflowError in the thread, and a poll wait the bot refuses would end chat commands.
         heartbeat_interval = _bounded("heartbeat_interval", heartbeat_interval, 0.05, 3600.0, 5.0)
@@ -320,6 +328,7 @@ class BotTransport:
         self._inbox: deque[Item] = deque()  # the training thread's appends, not yet in the queue
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._stop_beats = threading.Event()  # close(): the heartbeats end before the final one goes
         self._closed = False
         self._complained: set[str] = set()
         self.spool = Spool(spool_dir, run_id, self.device)
@@ -384,7 +393,7 @@ class BotTransport:
             self._complain("asks-full", f"msmon: run {self.run_id} device {self.device}: {_ASKS} configured actions "
                                         "wait for the bot already; newer ones are dropped (is the bot down?)")
             return
-        self._asks.append(req)
+        self._asks.append(req if req.project is not None else msgspec.structs.replace(req, project=self.project))
         if self._asker is None:
             self._asker = threading.Thread(target=self._ask_loop, name="msmon-asks", daemon=True)
             self._asker.start()
@@ -530,7 +539,7 @@ class BotTransport:
 
     def _envelope(self, batch: Batch) -> Envelope:
         env = Envelope(run_id=self.run_id, device=self.device, sent_at=self._clock(), project=self.project,
-                       rank=self.rank, host=self.host, labels=self.labels, dropped=dict(batch.dropped))
+                       proc=self.proc, rank=self.rank, host=self.host, labels=self.labels, dropped=dict(batch.dropped))
         for e in batch.entries:
             if isinstance(e.item, Event):
                 env.events.append(e.item)
@@ -656,10 +665,11 @@ class BotTransport:
     def _heartbeat(self) -> Heartbeat:
         return Heartbeat(run_id=self.run_id, device=self.device, time=self._clock(), step=self.last_step,
                          paused=self.paused, host=self.host, pid=os.getpid(),
-                         total_steps=self.total_steps, target_loss=self.target_loss)
+                         total_steps=self.total_steps, target_loss=self.target_loss, project=self.project,
+                         rank=self.rank, world=self.world, proc=self.proc, seq=next(self._seq))
 
     def _beat_loop(self) -> None:
-        while not self._stop.wait(max(self.heartbeat_interval, 0.05)):
+        while not self._stop_beats.wait(max(self.heartbeat_interval, 0.05)):
             try:
                 reply = self._exchange("/v1/heartbeat", encode(self._heartbeat()), min(self.timeout,
                                                                                        self.heartbeat_interval))
@@ -692,7 +702,8 @@ class BotTransport:
 
     def _poll_once(self) -> float | None:
         """One long poll; 0.0 when it worked, else the seconds to wait (None: the usual backoff)."""
-        poll = Poll(run_id=self.run_id, device=self.device, after=self._cursor, wait=self.poll_wait)
+        poll = Poll(run_id=self.run_id, device=self.device, after=self._cursor, wait=self.poll_wait,
+                    project=self.project)
         start = self._mono()
         reply = self._exchange("/v1/commands/poll", encode(poll), self.poll_wait + 10.0)
         if reply.fault is not None:
@@ -722,15 +733,13 @@ class BotTransport:
         deadline = self._mono() + max(timeout, 0.0)
         self._take_inbox()
         with self._changed:
-            self._q.hurry(self._mono())
+            self._q.hurry(self._mono())  # once: a refused or failed batch keeps its backoff (no flood at close)
             self._wake.set()
             while self._q.pending() or self._q.unreported():
                 left = deadline - self._mono()
                 if left <= 0 or self._closed:
                     return False
                 self._changed.wait(min(left, 0.05))
-                self._q.hurry(self._mono())
-                self._wake.set()
         return True
 
     def close(self, timeout: float = 5.0, final: bool = False) -> None:
@@ -740,6 +749,10 @@ class BotTransport:
         start = self._mono()
         margin = min(0.25, timeout / 4)
         ok = self.flush(max(timeout - margin, 0.0))
+        # The heartbeats end first (one in flight is waited for), so the final one is the last this process sends
+        # (its number is the highest too: one overtaken in flight never makes the bot think the rank went on).
+        self._stop_beats.set()
+        self._beater.join(timeout=max(min(self.timeout, timeout - (self._mono() - start)), 0.0))
         if final and ok:
             hb = msgspec.structs.replace(self._heartbeat(), final=True)
             self._exchange("/v1/heartbeat", encode(hb), max(min(self.timeout, timeout - (self._mono() - start)), 0.1))

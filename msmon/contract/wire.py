@@ -181,6 +181,7 @@ class ActionRequest(msgspec.Struct, kw_only=True):
     params: Params = msgspec.field(default_factory=dict)
     rank: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None
     host: Id = ""
+    project: Id | None = None  # the job's project (Heartbeat.project): which project's run of that id it is
     schema: Version = SCHEMA_VERSION
 
 
@@ -192,6 +193,7 @@ class Poll(msgspec.Struct, kw_only=True):
     device: Id
     after: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
     wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 20.0
+    project: Id | None = None  # the job's project (Heartbeat.project): which project's run of that id it is
 
 
 class PollAnswer(msgspec.Struct, kw_only=True):
@@ -212,6 +214,16 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     total_steps: Count | None = None  # the run's plan (monitor_config training.*), for status and ETA
     target_loss: float | None = None
     final: bool = False  # the job ended normally: its last heartbeat (the bot raises no job_gone after it)
+    # Who sends it, so that a heartbeat alone creates and credits the right run and rank (bot/runs): the project
+    # the job says it belongs to (None: an older notifier; the token's project decides), its rank in the job's
+    # world and the world's size (None: a single process, or not known), the sending process's own nonce
+    # (one per start of the process: a re-run is a new attempt) and the process's own sequence number, which
+    # orders its heartbeats so that one overtaken in flight never moves a rank back.
+    project: Id | None = None
+    rank: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None
+    world: Annotated[int, msgspec.Meta(ge=1, le=2**31)] | None = None
+    proc: Id = ""
+    seq: Count | None = None
 
 
 class Envelope(msgspec.Struct, kw_only=True):
@@ -225,6 +237,7 @@ class Envelope(msgspec.Struct, kw_only=True):
     # single-process job, or not known) and the host it runs on.
     rank: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None
     host: Id = ""
+    proc: Id = ""  # the sending process's nonce (Heartbeat.proc): an envelope of an older attempt is told apart
     labels: Labels = msgspec.field(default_factory=dict)
     events: Annotated[list[Event], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(default_factory=list)
     samples: Annotated[list[Sample], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(default_factory=list)
