@@ -49,6 +49,7 @@ from .receivers.alertmanager import interop_receivers
 from .receivers.console import ConsoleReceiver, save_status_chart
 from .receivers.im import im_receivers
 from .receivers.render import escape_html
+from .runs import keyed
 from .slack_inbound import add_slack_routes
 from .state import BotState
 from .store import Store
@@ -177,34 +178,44 @@ async def _body(request: web.Request, type_: Any) -> Any:
         raise web.HTTPBadRequest(reason=f"body is not valid JSON: {exc}") from None
 
 
-def _own(request: web.Request, run_id: str, claimed: str | None = None) -> str:
-    """The project of `run_id` (for a new run: `claimed`, else the token's), checked: a run belongs to the
-    project of the token that created it, and a job token reaches only its own project's runs. A refusal
-    is a 403, logged (no secret) and counted (msmon_cross_project_refused_total)."""
+def _own(request: web.Request, run_id: str, claimed: str | None = None) -> tuple[str | None, str]:
+    """(the project, the bot's key) of the job's run `run_id` (`run_owner`); a refusal is a 403, logged (no
+    secret) and counted (msmon_cross_project_refused_total)."""
     token = request[PROJECT]
-    owner, refusal = run_owner(request.app[STORE], token, run_id, claimed)
+    owner, key, refusal = run_owner(request.app[STORE], token, run_id, claimed)
     if refusal is None:
-        return owner
+        return owner, key
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else request.path
     request.app[REFUSED].labels(route).inc()
-    says = f", and says project {claimed!r}" if claimed not in (None, owner) else ""
-    log.warning("msmon bot: REFUSED %s from %s: a token of project %r sent for run %r, which belongs to project "
-                "%r%s. A job token reaches only its own project's runs: check the job's bot.token and bot.project "
-                "(and run ids shared between projects).", route, request.remote, token, run_id, owner, says)
+    log.warning("msmon bot: REFUSED %s from %s: a token of project %r sent for run %r of project %r (%s). A job token "
+                "reaches only its own project's runs: check the job's bot.token and bot.project.", route,
+                request.remote, token, run_id, owner, refusal)
     raise web.HTTPForbidden(reason=refusal)
 
 
-def run_owner(store: Store, token: str, run_id: str, claimed: str | None = None) -> tuple[str, str | None]:
-    """(the project of `run_id`, None) when a token of project `token` may act on it, else (that project, why
-    not). A new run belongs to `claimed`, else to the token's project (HTTP's `_own`, NATS's ingest)."""
+def run_owner(store: Store, token: str, run_id: str, claimed: str | None = None
+              ) -> tuple[str | None, str, str | None]:
+    """(project, key, None) when a token of project `token` may act on the job's run `run_id`, else (project,
+    key, why not). (HTTP's `_own`, NATS's ingest.)
+
+    The run is the project's: the one the job states (`claimed`), else the token's own; never a default. Run
+    ids are the jobs' own, so two projects may use one: each has its own run, and a token of one project can
+    never claim, move or read the other's (no squatting: whoever came first, the other's run is kept as
+    "<run_id>@<project>", its `key` here). A token of every project (`*`) with a message that states no
+    project (an older notifier) reaches the run of that id as it is; it creates none: (None, run_id, None)."""
+    project = claimed if claimed is not None else token if token != "*" else None
+    if token not in ("*", project):
+        return project, run_id, f"this token is for project {token!r}, not {project!r} (run {run_id!r})"
     run = store.run(run_id)
-    owner = run["project"] if run is not None else claimed if claimed is not None else \
-        token if token != "*" else "default"
-    if token in ("*", owner) and claimed in (None, owner):
-        return owner, None
-    if token not in ("*", owner):
-        return owner, f"this token is for project {token!r}, not {owner!r} (run {run_id!r})"
-    return owner, f"run {run_id!r} belongs to project {owner!r}, not {claimed!r}"
+    if project is None:
+        return (run["project"] if run is not None else None), run_id, None
+    if run is None or run["project"] == project:
+        return project, run_id, None
+    alias = f"{run_id}@{project}"
+    other = store.run(alias)
+    if other is None or other["project"] == project:
+        return project, alias, None
+    return project, alias, f"run ids {run_id!r} and {alias!r} both belong to other projects"
 
 
 async def ingest(request: web.Request) -> web.Response:
@@ -215,32 +226,43 @@ async def ingest(request: web.Request) -> web.Response:
     if any(r != env.run_id for r in carried):
         raise web.HTTPUnprocessableEntity(reason="every event, sample, action and heartbeat must carry the "
                                                  "envelope's run_id")
-    body = await request.read()
-    _own(request, env.run_id, env.project)  # no await from here to the commit: nobody re-homes it in between
+    body: bytes | None = await request.read()
+    job_run = env.run_id
+    _, key = _own(request, job_run, env.project)  # no await from here to the commit: nobody re-homes it in between
+    if key != job_run:  # another project's run has this id: this project's is kept under its own key
+        env, body = keyed(env, key), None
     answer = request.app[INGEST].envelope(env, body)
     _ended(request, env.heartbeats)
+    for c in answer["commands"]:
+        c["run_id"] = job_run  # the job's own name for its run
     return web.json_response(answer, status=202)
 
 
 async def heartbeat(request: web.Request) -> web.Response:
+    """A heartbeat on its own. One that would create a run without saying its project (an older notifier,
+    with a token of every project) creates nothing: the job's first envelope does, in the project it states."""
     _job_only(request)
     hb: Heartbeat = await _body(request, Heartbeat)
-    request.app[INGEST].heartbeat(hb, _own(request, hb.run_id))
+    owner, key = _own(request, hb.run_id, hb.project)
+    hb = msgspec.structs.replace(hb, run_id=key) if key != hb.run_id else hb
+    if owner is None:
+        return web.json_response({"ok": True, "recorded": False,
+                                  "why": "a new run needs its project: this token is for every project and the "
+                                         "heartbeat says none (the job's envelopes create the run)"}, status=202)
+    request.app[INGEST].heartbeat(hb, owner)
     _ended(request, [hb])
     return web.json_response({"ok": True}, status=202)
 
 
 def _ended(request: web.Request, beats: list[Heartbeat]) -> None:
-    """A final heartbeat: the run ended normally (the watchdog raises nothing for it after this)."""
-    runs_ended(request.app[STATE], beats)
+    """A final heartbeat: the rank ended normally (the watchdog raises nothing for it after this); the
+    run's attempt ends when every rank did (bot/runs.py)."""
+    runs_ended(request.app[INGEST], beats)
 
 
-def runs_ended(state: BotState, beats: list[Heartbeat]) -> None:
+def runs_ended(ingest: Ingest, beats: list[Heartbeat]) -> None:
     """`_ended` for any edge (bot/nats_ingest.py too)."""
-    final = [hb for hb in beats if hb.final]
-    if final:
-        state.store.escalations.end_run(final[-1].run_id, state.clock(), final[-1].step)
-        log.info("msmon bot: run %s ended normally at step %s", final[-1].run_id, final[-1].step)
+    ingest.runs.ended(beats)
 
 
 _ACK_PAGE = ("<!doctype html><html><head><meta charset=utf-8><title>msmon: acknowledge</title></head><body>"
@@ -308,13 +330,15 @@ def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> 
     store, windows = request.app[STORE], request.app[STATE].windows
     firing = store.alerts(r["run_id"], "firing")
     view = {k: r[k] for k in ("run_id", "project", "labels", "devices", "first_seen", "last_seen", "last_step",
-                              "last_heartbeat", "paused", "gone")}
+                              "last_heartbeat", "paused", "gone", "state", "attempt", "ended", "ended_at",
+                              "end_reason")}
     view["firing"] = [{"rule": a["rule"], "device": a["device"], "severity": a["severity"],
                        "since_step": a["first_step"], "acked_by": a["acked_by"]} for a in firing]
     if detail:
         view["latest"] = {dev: msgspec.to_builtins(s) for dev, s in windows.latest(r["run_id"]).items()}
         view["alerts"] = store.alerts(r["run_id"])
         view["actions"] = [msgspec.to_builtins(a) for a in windows.actions.get(r["run_id"], [])]
+        view["attempts"] = store.attempts.of(r["run_id"])  # the earlier attempts' history (bot/runs.py)
     finite: dict[str, Any] = tag_nonfinite(view)
     return finite
 
@@ -323,6 +347,8 @@ async def run_detail(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
     request.app[STATE].flush()
     r = request.app[STORE].run(run_id)
+    if (r is None or r["project"] != request[PROJECT]) and request[PROJECT] != "*":  # its own run of that id
+        r = request.app[STORE].run(f"{run_id}@{request[PROJECT]}") or r
     if r is None or request[PROJECT] not in ("*", r["project"]):  # another project's run is not there for it
         known = [x["run_id"] for x in request.app[STORE].runs() if request[PROJECT] in ("*", x["project"])][:20]
         return _error(404, f"no run {run_id!r}", known_runs=known)
@@ -334,9 +360,10 @@ async def poll_commands(request: web.Request) -> web.Response:
     or after `wait` seconds (at most commands.long_poll)."""
     _job_only(request)
     poll: Poll = await _body(request, Poll)
-    _own(request, poll.run_id)
+    _, key = _own(request, poll.run_id, poll.project)
     wait = 0.0 if request.app[DRAINING].is_set() else min(max(poll.wait, 0.0), request.app[CONFIG].commands.long_poll)
-    cmds, cursor = await jobs.long_poll(request.app[STATE], poll.run_id, poll.device, poll.after, wait)
+    cmds, cursor = await jobs.long_poll(request.app[STATE], key, poll.device, poll.after, wait)
+    cmds = [msgspec.structs.replace(c, run_id=poll.run_id) for c in cmds]  # the job's own name for its run
     return web.Response(body=encode(PollAnswer(commands=cmds, cursor=cursor)), content_type="application/json")
 
 
@@ -345,9 +372,10 @@ async def rule_action(request: web.Request) -> web.Response:
     queued as a command that every rank applies at the same step (bot/commands/jobs.py `rule_request`)."""
     _job_only(request)
     req: ActionRequest = await _body(request, ActionRequest)
-    project = _own(request, req.run_id)
+    project, key = _own(request, req.run_id, req.project)
+    req = msgspec.structs.replace(req, run_id=key) if key != req.run_id else req
     try:
-        cmd, new = jobs.rule_request(request.app[STATE], request.app[COMMANDS].apply_step, req, project)
+        cmd, new = jobs.rule_request(request.app[STATE], request.app[COMMANDS].apply_step, req, project or "")
     except jobs.RuleRequestError as exc:
         answer = _error(exc.status, exc.reason)
         if exc.retry:  # the run's first report is on its way: the job asks again
@@ -577,7 +605,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
 
             nats_in = NatsIngest(cfg.nats, state, app[INGEST], lambda given: token_holder(app[TOKENS], given),
                                  lambda token, run, claimed: run_owner(store, token, run, claimed),
-                                 lambda beats: runs_ended(state, beats), svc.apply_step)
+                                 lambda beats: runs_ended(app[INGEST], beats), svc.apply_step)
             await nats_in.start()
         stop = asyncio.Event()
         escalator.start()

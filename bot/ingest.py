@@ -26,6 +26,7 @@ from .payload import Payloads
 from .pipeline import STAGES, dedup
 from .pipeline.alert import fingerprint
 from .pipeline.flow import Context, Notification, run_stages
+from .runs import Runs
 from .state import BotState
 from .store import AlertRow, OutboxEntry
 
@@ -55,6 +56,7 @@ class Ingest:
     def __init__(self, state: BotState) -> None:
         self.state = state
         self.devices = DeviceGate(state.cfg.max_devices, state.cfg.max_runs, self._stored_devices)
+        self.runs = Runs(state, self.event)  # a run's attempts and its end (bot/runs.py)
 
     def envelope(self, env: Envelope, body: bytes | None = None) -> dict[str, Any]:
         """Record one envelope and queue what passes the stages; the job's answer. `body`: the envelope
@@ -62,6 +64,7 @@ class Ingest:
         state = self.state
         now = state.clock()
         self.devices.admit(env.run_id, env.device)  # TooManyDevices: refused before anything is kept
+        self.runs.before(env.run_id, env.rank, env.device, env.proc, now)
         decides = bool(env.events or env.actions)  # else the run's liveness only: its one write, no transaction
         with state.tx() if decides else contextlib.nullcontext():
             if decides:
@@ -83,6 +86,7 @@ class Ingest:
         """A heartbeat on its own: the run's plan and liveness (a run it creates belongs to `project`)."""
         store = self.state.store
         self.devices.admit(hb.run_id, hb.device)
+        self.runs.before(hb.run_id, hb.rank, hb.device, hb.proc, self.state.clock())
         self.state.windows.add_plan(hb)
         if self.state.cfg.ranks.enable:
             self.state.ranks.heartbeat(hb, self.state.clock())
@@ -106,6 +110,7 @@ class Ingest:
         """The envelope's run (its devices, last step, heartbeat), samples, plans and job actions."""
         steps = [s.step for s in env.samples] + [e.step for e in env.events]
         steps += [h.step for h in env.heartbeats if h.step is not None]
+        steps += [a.step for a in env.actions]  # a pause's answer names the step the ranks wait at
         self.state.store.touch_run(env.run_id, env.project, env.labels, env.device, max(steps) if steps else None,
                                    now, heartbeat=bool(env.heartbeats),
                                    paused=env.heartbeats[-1].paused if env.heartbeats else None)

@@ -53,14 +53,16 @@ from msmon.contract.wire import ActionRequest, Envelope, Heartbeat, Poll, PollAn
 from .commands import jobs
 from .commands.service import view
 from .config import NatsConfig
+from .devices import TooManyDevices
 from .ingest import Ingest
+from .runs import keyed
 from .state import BotState
 
 log = logging.getLogger("msmon.bot")
 
 Who = Callable[[bytes], "tuple[str, str] | None"]  # a token -> (project, operator name or "")
 # (the token's project, run, claimed project) -> (the run's project, why it is refused or None)
-Owner = Callable[[str, str, "str | None"], "tuple[str, str | None]"]
+Owner = Callable[[str, str, "str | None"], "tuple[str | None, str, str | None]"]
 Ended = Callable[[list[Heartbeat]], None]
 ApplyStep = Callable[[dict[str, Any], float], int]  # the command service's
 _STATUS = {"token": 401, "project": 403, "json": 400}  # a refusal's HTTP status in an answer (else 422)
@@ -224,14 +226,17 @@ class NatsIngest:
                 [a.run_id for a in env.actions] + [h.run_id for h in env.heartbeats]
             if any(r != env.run_id for r in carried):
                 raise Poison("schema", "every event, sample, action and heartbeat must carry the envelope's run_id")
-            self._own(project, env.run_id, env.project)
-            self.ingest.envelope(env, msg.data)
+            _, key = self._own(project, env.run_id, env.project)
+            # another project's run has this id: this project's is kept under its own key (bot/app.py's run_owner)
+            self.ingest.envelope(*((env, msg.data) if key == env.run_id else (keyed(env, key), None)))
             self._ended(env.heartbeats)
         elif kind == HEARTBEAT:
             hb = self._decode(msg.data, Heartbeat)
-            owner = self._own(project, hb.run_id, None)
+            owner, key = self._own(project, hb.run_id, hb.project)
+            if owner is None:  # a new run, and neither the token nor the heartbeat says its project
+                return  # its envelopes create it (they name their project; so does the subject)
             self._check(msg.subject, kind, owner, hb.run_id)
-            self.ingest.heartbeat(hb, owner)
+            self.ingest.heartbeat(msgspec.structs.replace(hb, run_id=key), owner)
             self._ended([hb])
         else:
             raise Poison("subject", f"no msmon message kind {kind!r}")
@@ -247,11 +252,20 @@ class NatsIngest:
             raise Poison("token", "an operator's token (commands.operators) on a job's subject; jobs use a job token")
         return who[0]
 
-    def _own(self, project: str, run_id: str, claimed: str | None) -> str:
-        owner, refusal = self._owner(project, run_id, claimed)
+    def _own(self, project: str, run_id: str, claimed: str | None) -> tuple[str | None, str]:
+        """(the project, the bot's key) of the job's run (bot/app.py's `run_owner`); `Poison` when refused."""
+        owner, key, refusal = self._owner(project, run_id, claimed)
         if refusal is not None:
             raise Poison("project", refusal)
-        return owner
+        return owner, key
+
+    def _known(self, project: str, run_id: str, claimed: str | None) -> tuple[str, str]:
+        """`_own` for a poll or an action request; a run not created yet by its job's first message, with a
+        token of every project and no project said: `Poison` (the job asks again)."""
+        owner, key = self._own(project, run_id, claimed)
+        if owner is None:
+            raise Poison("project", f"run {run_id!r} has not reported yet (its first envelope says its project)")
+        return owner, key
 
     def _check(self, got: str, kind: str, project: str, run_id: str) -> None:
         want = subject(self.cfg.prefix, project, run_id, kind)
@@ -290,7 +304,7 @@ class NatsIngest:
         try:
             poll = self._decode(msg.data, Poll)
             project = self._authorize(msg.headers)
-            owner = self._own(project, poll.run_id, None)
+            owner, key = self._known(project, poll.run_id, poll.project)
             want = subject(self.cfg.prefix, owner, poll.run_id, POLL)
             if msg.subject != want or msg.reply != subject(self.cfg.prefix, owner, poll.run_id, COMMANDS, poll.device):
                 raise Poison("subject", f"a poll for run {poll.run_id!r} device {poll.device!r} must come on {want}, "
@@ -302,7 +316,8 @@ class NatsIngest:
                 await self._reply(msg, _STATUS.get(exc.reason, 422), {"error": str(exc)})
             return
         wait = min(max(poll.wait, 0.0), self.state.cfg.commands.long_poll)
-        cmds, cursor = await jobs.long_poll(self.state, poll.run_id, poll.device, poll.after, wait)
+        cmds, cursor = await jobs.long_poll(self.state, key, poll.device, poll.after, wait)
+        cmds = [msgspec.structs.replace(c, run_id=poll.run_id) for c in cmds]  # the job's own name for its run
         await self._reply(msg, 200, PollAnswer(commands=cmds, cursor=cursor))
 
     def _command_subject(self, reply: str | None) -> bool:
@@ -314,11 +329,11 @@ class NatsIngest:
         """A rank's configured action for its whole run: queued as one command, answered like HTTP's route."""
         try:
             req = self._decode(msg.data, ActionRequest)
-            owner = self._own(self._authorize(msg.headers), req.run_id, None)
+            owner, key = self._known(self._authorize(msg.headers), req.run_id, req.project)
             if msg.subject != subject(self.cfg.prefix, owner, req.run_id, ACTION):
                 raise Poison("subject", f"an action request for run {req.run_id!r} must come on "
                                         f"{subject(self.cfg.prefix, owner, req.run_id, ACTION)}")
-            cmd, new = jobs.rule_request(self.state, self._apply_step, req, owner)
+            cmd, new = jobs.rule_request(self.state, self._apply_step, msgspec.structs.replace(req, run_id=key), owner)
         except Poison as exc:
             self.messages.labels(f"action-{exc.reason}").inc()
             self._say(f"action-{exc.reason}", f"msmon bot: REFUSED an action request on {msg.subject}: {exc}",

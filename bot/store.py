@@ -78,6 +78,7 @@ class Store:
         self._migrate()
         self.commands = CommandLog(self.db)
         self.escalations = EscalationLog(self.db)
+        self.attempts = AttemptLog(self.db)
         # Read-through copies of what ingest reads on every envelope. This Store is their only writer;
         # a rolled-back transaction drops them (they are read again).
         self._run_cache: OrderedDict[str, tuple[list[str], int | None]] = OrderedDict()
@@ -165,24 +166,40 @@ class Store:
             self._run_cache.popitem(last=False)
 
     def runs(self) -> list[dict[str, Any]]:
-        return [self._run(r) for r in self.db.execute("SELECT * FROM runs ORDER BY last_seen DESC")]
+        latest = self.attempts.latest_all()
+        return [self._run(r, latest.get(r["run_id"])) for r in
+                self.db.execute("SELECT * FROM runs ORDER BY last_seen DESC")]
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         r = self.db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        return None if r is None else self._run(r)
+        return None if r is None else self._run(r, self.attempts.latest(run_id))
 
     @staticmethod
-    def _run(r: Any) -> dict[str, Any]:
+    def _run(r: Any, attempt: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A run's row, with its current attempt (bot/runs.py): its number, and when and why it ended."""
         d = dict(r)
         d["labels"] = json.loads(d["labels"] or "{}")
         d["devices"] = json.loads(d["devices"] or "[]")
         d["paused"], d["gone"] = bool(d["paused"]), bool(d["gone"])
+        d["attempt"] = attempt["attempt"] if attempt else 1
+        d["attempt_started"] = attempt["started_at"] if attempt else d["first_seen"]
+        d["ended_at"] = attempt["ended_at"] if attempt else None
+        d["end_reason"] = attempt["end_reason"] if attempt else None
+        d["ended"] = d["ended_at"] is not None
+        d["state"] = "ended" if d["ended"] else "gone" if d["gone"] else "paused" if d["paused"] else "running"
         return d
 
     def set_paused(self, run_id: str, paused: bool, now: float) -> None:
         """A job reported it paused or resumed (its progress restarts now)."""
         self.db.execute("UPDATE runs SET paused=?, last_progress=CASE WHEN ? THEN last_progress ELSE ? END"
                         " WHERE run_id=?", (int(paused), bool(paused), now, run_id))
+
+    def restart_run(self, run_id: str, now: float) -> None:
+        """A new attempt of the run (bot/runs.py): its steps start again (the last step may go back), it is
+        neither paused nor gone, its progress counts from now."""
+        self.db.execute("UPDATE runs SET last_step=NULL, last_progress=?, paused=0, gone=0 WHERE run_id=?",
+                        (now, run_id))
+        self._run_cache.pop(run_id, None)
 
     def mark_gone(self, run_id: str, gone: bool) -> None:
         self.db.execute("UPDATE runs SET gone=? WHERE run_id=?", (int(gone), run_id))
@@ -602,3 +619,38 @@ class _Tx:
             self.on_rollback()
         else:
             self.db.execute("COMMIT")
+
+
+class AttemptLog:
+    """The attempts of each run (bot/runs.py decides when one ends or starts; both stores share this SQL).
+    A run without a row is in its first attempt, still going."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    def of(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's attempts with a row, oldest first."""
+        return [dict(r) for r in self.db.execute("SELECT * FROM run_attempts WHERE run_id=? ORDER BY attempt",
+                                                 (run_id,))]
+
+    def latest(self, run_id: str) -> dict[str, Any] | None:
+        r = self.db.execute("SELECT * FROM run_attempts WHERE run_id=? ORDER BY attempt DESC LIMIT 1",
+                            (run_id,)).fetchone()
+        return None if r is None else dict(r)
+
+    def latest_all(self) -> dict[str, dict[str, Any]]:
+        """run id -> its latest attempt's row (for the runs that have one)."""
+        return {r["run_id"]: dict(r) for r in self.db.execute(
+            "SELECT a.* FROM run_attempts a JOIN (SELECT run_id, MAX(attempt) AS n FROM run_attempts GROUP BY run_id)"
+            " m ON a.run_id=m.run_id AND a.attempt=m.n")}
+
+    def end(self, run_id: str, attempt: int, started_at: float, at: float, step: int | None, reason: str) -> None:
+        """Attempt `attempt` ended at `at` (its row made when it had none)."""
+        self.db.execute("INSERT INTO run_attempts(run_id, attempt, started_at, ended_at, end_reason, last_step)"
+                        " VALUES(?,?,?,?,?,?) ON CONFLICT(run_id, attempt) DO UPDATE SET ended_at=excluded.ended_at,"
+                        " end_reason=excluded.end_reason, last_step=excluded.last_step",
+                        (run_id, attempt, started_at, at, reason, step))
+
+    def start(self, run_id: str, attempt: int, at: float) -> None:
+        self.db.execute("INSERT INTO run_attempts(run_id, attempt, started_at) VALUES(?,?,?)"
+                        " ON CONFLICT(run_id, attempt) DO NOTHING", (run_id, attempt, at))

@@ -17,6 +17,7 @@ from msmon.contract.wire import Event, Severity, Status
 
 from .config import BotConfig
 from .ingest import Ingest
+from .lifecycle import RunInput, silence
 from .store import Store
 
 HINTS = {
@@ -28,18 +29,21 @@ HINTS = {
 
 
 def verdicts(run: dict[str, Any], now: float, heartbeat_timeout: float, stall_timeout: float,
-             ended_at: float | None = None) -> dict[str, float]:
-    """Pure: rule -> seconds of silence, for the conditions that hold for this run now. A run whose
-    last heartbeat was its final one (`ended_at`) ended normally: nothing."""
-    out: dict[str, float] = {}
+             ended_at: float | None = None, since: float = 0.0) -> dict[str, float]:
+    """Pure: rule -> seconds of silence, for the conditions that hold for this run now (the run lifecycle's
+    `silence`, bot/lifecycle.py). A run whose attempt ended, or whose last heartbeat was a final one
+    (`ended_at`), ended normally: nothing. `since`: the bot's own start, from which silence counts at the
+    earliest (a bot outage pages nothing for the runs that went on meanwhile)."""
     hb = run.get("last_heartbeat")
-    if hb is None or (ended_at is not None and ended_at >= hb):
-        return out  # never sent a heartbeat (a replay, an old notifier), or said it ended: nothing to judge
-    if now - hb > heartbeat_timeout:
-        out["job_gone"] = now - hb
-    elif not run.get("paused") and run.get("last_progress") is not None and now - run["last_progress"] > stall_timeout:
-        out["job_stalled"] = now - run["last_progress"]
-    return out
+    if hb is None or run.get("ended") or (ended_at is not None and ended_at >= hb):
+        return {}  # never sent a heartbeat (a replay, an old notifier), or said it ended: nothing to judge
+    found = silence(hb, run.get("last_progress"), bool(run.get("paused")), now, heartbeat_timeout, stall_timeout,
+                    since)
+    if found is RunInput.NO_HEARTBEAT:
+        return {"job_gone": now - max(hb, since)}
+    if found is RunInput.NO_PROGRESS:
+        return {"job_stalled": now - max(run["last_progress"], since)}
+    return {}
 
 
 def _clock_time(t: float | None) -> str:
@@ -61,6 +65,7 @@ class Watchdog:
                  period: float = 2.0) -> None:
         self.cfg, self.store, self.ingest, self.clock, self.period = cfg, store, ingest, clock, period
         self.firing: dict[tuple[str, str], bool] = {}
+        self.started = clock()  # the `bot restart` event: silence counts from here at the earliest
 
     def check(self) -> int:
         now = self.clock()
@@ -68,7 +73,7 @@ class Watchdog:
         queued = 0
         ended = self.store.escalations.ended()
         for run in self.store.runs():
-            found = verdicts(run, now, p.heartbeat_timeout, p.stall_timeout, ended.get(run["run_id"]))
+            found = verdicts(run, now, p.heartbeat_timeout, p.stall_timeout, ended.get(run["run_id"]), self.started)
             for rule in ("job_gone", "job_stalled"):
                 key = (run["run_id"], rule)
                 if rule in found and not self.firing.get(key):

@@ -181,11 +181,12 @@ class CommandService:
         run's pace covers the time since its newest report (by the job's clock and by the bot's receipt,
         whichever is older: skewed clocks only add margin) plus `commands.apply_lead`."""
         last = int(run["last_step"] or 0)
+        if run["paused"]:
+            return last  # the ranks wait at the paused step: a command applies there, at once (JobControl)
         pace = self.state.windows.pace(run["run_id"])
         if pace is None:
             return last + 1
         rate, sampled_at = pace
-        # Paused: the ranks wait at `last` and move on only after a resume, from there.
         newest = max(sampled_at, self.state.resumed_at.get(run["run_id"], 0.0))
         behind = 0.0 if run["paused"] else max(now - newest, now - (run["last_progress"] or now), 0.0)
         ahead = math.ceil(rate * (behind + self.cfg.commands.apply_lead))
@@ -246,8 +247,11 @@ class CommandService:
                          f"{acked} (ack: `ack {run_id}/{a['rule']}`)")
         if not firing:
             lines.append("no alert firing")
-        for c in self.store.commands.open_for(run_id):
-            lines.append(f"command {c['id']} `{c['text']}` waits for step {c['apply_step']:,}")
+        for c in self.store.commands.open_for(run_id):  # what is queued: when it applies, who answered
+            answered = f", {len(c['results'])}/{len(run['devices'])} answered" if c["results"] else ""
+            when = (f"applies at the paused step {run['last_step'] or 0:,}, at once" if run["paused"]
+                    else f"waits for step {c['apply_step']:,}")
+            lines.append(f"queued: command {c['id']} `{c['text']}` {when}{answered}")
         lines += _level_change_lines(self.store.commands.level_changes(run_id, limit=20))
         return Answer("\n".join(lines), chart=_status_event(run, hist, firing) if hist else None)
 

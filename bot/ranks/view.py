@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 from msmon.contract.wire import Envelope, Heartbeat, Sample, Severity
 
+from ..lifecycle import RankInput, RankLife, RankPhase, all_ended, on_message
 from .stats import Spread, median_of_sorted
 
 TYPICAL_FROM = 3  # samples a rank needs before its typical loss and norm are compared
@@ -47,13 +48,30 @@ class RankState:
     step_time: float | None = None
     data_time: float | None = None  # its own mean input wait per step (the step time is the slowest rank's)
     time: float | None = None  # the job's clock at its latest sample
-    last_seen: float = 0.0  # the bot's clock at its latest envelope or heartbeat
-    ended: bool = False  # its final heartbeat came: it finished normally
-    paused: bool = False
+    # its lifecycle (bot/lifecycle.py): phase, process, newest heartbeat number, when last heard (bot's clock)
+    life: RankLife = dataclasses.field(default_factory=RankLife)
     history: deque[float] = dataclasses.field(default_factory=deque)  # recent step times (or 1/throughput)
     losses: deque[float] = dataclasses.field(default_factory=deque)  # recent finite losses
     norms: deque[float] = dataclasses.field(default_factory=deque)  # recent finite own grad norms
     waits: deque[float] = dataclasses.field(default_factory=deque)  # recent input waits (data_time)
+
+    @property
+    def last_seen(self) -> float:
+        """The bot's clock at its latest message of its current process."""
+        return self.life.last_seen
+
+    @property
+    def ended(self) -> bool:
+        """Its final heartbeat came: it finished normally."""
+        return self.life.phase is RankPhase.ENDED
+
+    @property
+    def missing(self) -> bool:
+        return self.life.phase is RankPhase.MISSING
+
+    @property
+    def paused(self) -> bool:
+        return self.life.paused
 
     def name(self) -> str:
         """"rank 3 (device 3 on node-2)": how a message names it (job data: the receiver escapes it)."""
@@ -114,6 +132,7 @@ class RunRanks:
         self.run_id, self.max_ranks, self.history = run_id, max_ranks, history
         self.members: dict[str, RankState] = {}
         self.refused = 0  # samples of ranks past max_ranks
+        self.world: int | None = None  # the job's world size, as its heartbeats say it (RANK_SIZE)
         self.firing: dict[tuple[str, str], Firing] = {}  # (rule, rank key) -> its state
         # (host, device) -> rank key: a heartbeat posted on its own names its device and host, not its rank
         # (device ids repeat across hosts); (None, device) for the first rank seen with that device
@@ -156,6 +175,10 @@ class RunRanks:
         norm = m.norm()
         if norm is not None and norm - norm == 0.0:
             m.norms.append(norm)
+
+    def ended(self, world: int | None = None) -> bool:
+        """Every rank of the run said final (and as many as the job's world, when it said its size)."""
+        return all_ended((m.life for m in self.members.values()), world)
 
     def live(self) -> list[RankState]:
         """The ranks that are part of the run now: every one but those that finished normally."""
@@ -205,40 +228,46 @@ class RankViews:
         device is the rank it names), heartbeats, and that they were heard from now."""
         run = self.run(env.run_id, create=True)
         assert run is not None
-        seen: set[str] = set()
         for s in env.samples:
             m = run.member(env.rank if s.device == env.device else None, s.device, env.host)
-            if m is not None:
+            if m is not None and on_message(m.life, now, proc=env.proc)[-1] is not RankInput.STALE:
                 run.add(m, s)
-                m.last_seen = now
-                m.ended = False
-                seen.add(m.key)
-        self._beats(run, env.rank, env.device, env.host, env.heartbeats, now, seen)
+        self._beats(run, env.rank, env.device, env.host, env.heartbeats, now)
         if env.events or env.actions:
             m = run.member(env.rank, env.device, env.host)
             if m is not None:
-                m.last_seen = now
+                on_message(m.life, now, proc=env.proc)
 
     def heartbeat(self, hb: Heartbeat, now: float) -> None:
-        """A heartbeat posted on its own (POST /v1/heartbeat): liveness of the rank of that device."""
+        """A heartbeat posted on its own (POST /v1/heartbeat): liveness of its rank (the rank it names; an
+        older notifier's names none: the rank of that host and device)."""
         run = self.run(hb.run_id, create=True)
         assert run is not None
-        key = run.by_device.get((hb.host, hb.device)) or (None if hb.host else run.by_device.get((None, hb.device)))
-        m = run.members.get(key) if key is not None else run.member(None, hb.device, hb.host)
+        run.world = hb.world or run.world
+        if hb.rank is not None:
+            m = run.member(hb.rank, hb.device, hb.host)
+        else:
+            key = run.by_device.get((hb.host, hb.device)) or \
+                (None if hb.host else run.by_device.get((None, hb.device)))
+            m = run.members.get(key) if key is not None else run.member(None, hb.device, hb.host)
         if m is not None:
             self._beat(m, hb, now)
 
     def _beats(self, run: RunRanks, rank: int | None, device: str, host: str, hbs: Iterable[Heartbeat],
-               now: float, seen: set[str]) -> None:
+               now: float) -> None:
         for hb in hbs:
-            m = run.member(rank if hb.device == device else None, hb.device, hb.host or host)
+            run.world = hb.world or run.world
+            m = run.member(hb.rank if hb.rank is not None else rank if hb.device == device else None,
+                           hb.device, hb.host or host)
             if m is not None:
                 self._beat(m, hb, now)
 
     @staticmethod
     def _beat(m: RankState, hb: Heartbeat, now: float) -> None:
-        m.last_seen = now
-        m.ended, m.paused = hb.final, hb.paused
+        """A heartbeat, in the job's own order: one older than what was seen of its process moves nothing."""
+        if on_message(m.life, now, proc=hb.proc, seq=hb.seq, final=hb.final, paused=hb.paused)[-1] \
+                is RankInput.STALE:
+            return
         if hb.step is not None and (m.step is None or hb.step > m.step):
             m.step = hb.step
 

@@ -201,6 +201,18 @@ def metric_lines(ev: Event) -> list[str]:
     return out
 
 
+RUN_ENDED = "run ended"  # the resolution reason of an alert closed with its run's attempt (bot/runs.py)
+
+
+def resolved_text(msg: Message, esc: Escape) -> str:
+    """What a resolution says: "back to normal", or why it closed without being back to normal (its run
+    ended: `RUN_ENDED`, then the run's own words)."""
+    why = msg.lead.message
+    if why.startswith(RUN_ENDED):
+        return f"closed, {esc(why)} (devices {devices_text(msg, esc)})"
+    return f"back to normal on devices {devices_text(msg, esc)}"
+
+
 def text(msg: Message, esc: Escape) -> str:
     """The message as lines of text (console; Slack's notification fallback), job data through `esc`."""
     ev = msg.lead
@@ -218,7 +230,7 @@ def text(msg: Message, esc: Escape) -> str:
         if problem:
             lines.append(esc(problem))
     else:
-        lines.append(f"back to normal on devices {devices_text(msg, esc)}")
+        lines.append(resolved_text(msg, esc))
     if msg.link:
         lines.append(f"open in msmon: {msg.link}")  # msmon's own URL, the run id percent-encoded in it
     return "\n".join(lines)

@@ -33,6 +33,7 @@ from .render import (
     escape_slack_plain,
     metric_lines,
     ranks_text,
+    resolved_text,
     slack_mention,
     text,
     title,
@@ -51,7 +52,7 @@ def blocks(msg: Message) -> list[dict[str, Any]]:
     ]
     if resolved:
         out.append({"type": "section", "text": {"type": "mrkdwn",
-                                                "text": f"{icon} back to normal on devices {devices_text(msg, esc)}"}})
+                                                "text": f"{icon} {resolved_text(msg, esc)}"}})
         return out
     out.append({"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} *{esc(ev.message)}*"[:3000]}})
     out.append({"type": "section", "fields": [

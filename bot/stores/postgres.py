@@ -41,7 +41,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .. import migrations
 from ..delivery import GroupKey, OutboxRow
-from ..store import OUTBOX_COLUMNS, CommandLog, EscalationLog, Store
+from ..store import OUTBOX_COLUMNS, AttemptLog, CommandLog, EscalationLog, Store
 from .url import redact
 
 log = logging.getLogger("msmon.bot")
@@ -190,6 +190,7 @@ class PostgresStore(Store):
         self._migrate()
         self.commands = CommandLog(self.db, self._notify)
         self.escalations = EscalationLog(self.db)
+        self.attempts = AttemptLog(self.db)
         self._run_cache = OrderedDict()  # not used: touch_run reads nothing
         self._silence_cache = None
 

@@ -83,8 +83,11 @@ def login(csrf: str, next_path: str, problem: str = "") -> Markup:
     return layout("log in", body)
 
 
-def _state_badge(state: str) -> Markup:
-    return page('<span class="state state-{s}">{s}</span>', s=state)
+def _state_badge(r: dict[str, Any]) -> Markup:
+    """The run's phase; its attempt when there was more than one (a re-run or a resume of the run id)."""
+    attempt = r.get("attempt", 1)
+    return page('<span class="state state-{s}">{s}{a}</span>', s=r["state"],
+                a=f", attempt {attempt}" if attempt > 1 else "")
 
 
 def _progress(r: dict[str, Any]) -> Markup:
@@ -97,7 +100,7 @@ def _progress(r: dict[str, Any]) -> Markup:
 def runs_page(rows: list[dict[str, Any]], user: str, csrf: str) -> Markup:
     trs = join(page('<tr data-run="{run}"><td><a href="{href}">{run}</a></td><td>{project}</td><td>{state}</td>'
                     '<td class="num">{step}</td><td>{progress}</td><td class="num">{firing}</td><td>{seen}</td></tr>',
-                    run=r["run_id"], href=run_href(r["run_id"]), project=r["project"], state=_state_badge(r["state"]),
+                    run=r["run_id"], href=run_href(r["run_id"]), project=r["project"], state=_state_badge(r),
                     step=f"{r['step']:,}", progress=_progress(r), firing=_firing(r), seen=ago(r["seen_ago"]))
                for r in rows)
     empty = Markup("") if rows else Markup('<p class="empty">No run has reported to this bot yet. A job reports '
@@ -186,7 +189,7 @@ def run_page(detail: dict[str, Any], user: str, csrf: str) -> Markup:
         '</p><section class="charts">{charts}</section><section><h2>Alerts</h2>{alerts}</section>{box}'
         '<section><h2>Commands</h2><table class="commands" id="commands"><thead><tr><th>id</th><th>who</th>'
         '<th>command</th><th>status</th><th>result</th></tr></thead><tbody>{cmds}</tbody></table></section></div>',
-        run=r["run_id"], project=r["project"], state=_state_badge(r["state"]), step=f"{r['step']:,}",
+        run=r["run_id"], project=r["project"], state=_state_badge(r), step=f"{r['step']:,}",
         progress=_progress(r), eta=eta, devices=", ".join(r["devices"]), charts=charts,
         alerts=alerts_table(detail["alerts"], csrf, with_run=False), box=command_box(r["run_id"], csrf),
         cmds=command_rows(detail["commands"]))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from msmon.contract.wire import tag_nonfinite
+
 from ..state import BotState
 
 # The curves a run page draws: (series key, title, the sample fields that feed it, first found wins).
@@ -22,13 +24,13 @@ _FIELDS = ("loss", "learning_rate", "grad_norm", "tokens_per_s", "samples_per_s"
 MAX_COMMANDS = 20
 
 
-def _num(v: Any) -> float | None:
-    """A value for JSON: a finite float, or None (a missing or non-finite value is a gap in the curve;
-    the alert that a NaN raises is marked on the chart instead)."""
+def _num(v: Any) -> float | str | None:
+    """A value for JSON: a finite float, None when it is missing, or the wire's string for NaN and Inf
+    ("NaN", "Infinity", "-Infinity"): the page draws both as a gap, and says where the values were not finite."""
     if v is None:
         return None
     f = float(v)
-    return f if math.isfinite(f) else None
+    return f if math.isfinite(f) else tag_nonfinite(f)
 
 
 def visible(project: str, run: dict[str, Any]) -> bool:
@@ -37,7 +39,8 @@ def visible(project: str, run: dict[str, Any]) -> bool:
 
 
 def run_state(run: dict[str, Any]) -> str:
-    return "gone" if run["gone"] else "paused" if run["paused"] else "running"
+    """The run lifecycle's phase as the store gives it (bot/store.py: ended, gone, paused, running)."""
+    return str(run.get("state") or ("gone" if run["gone"] else "paused" if run["paused"] else "running"))
 
 
 def run_summary(state: BotState, run: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +50,7 @@ def run_summary(state: BotState, run: dict[str, Any]) -> dict[str, Any]:
     firing = state.store.alerts(run["run_id"], "firing")
     pace = state.windows.pace(run["run_id"])
     return {"run_id": run["run_id"], "project": run["project"], "state": run_state(run), "step": step,
+            "attempt": run.get("attempt", 1),
             "total_steps": total, "progress": (min(step / total, 1.0) if total else None),
             "steps_per_s": pace[0] if pace else None, "devices": list(run["devices"]),
             "last_seen": run["last_seen"], "seen_ago": max(state.clock() - (run["last_seen"] or 0.0), 0.0),
@@ -69,7 +73,7 @@ def series(state: BotState, run_id: str, after: dict[str, int] | None = None) ->
         samples = [s for s in state.windows.history(run_id, dev) if since is None or s.step > since]
         if not samples:
             continue
-        cols: dict[str, list[Any]] = {"steps": [s.step for s in samples]}
+        cols: dict[str, list[Any]] = {"steps": [s.step for s in samples], "time": [s.time for s in samples]}
         for f in _FIELDS:
             cols[f] = [_num(getattr(s, f, None)) for s in samples]
         # throughput: tokens/s where the job reports it, else samples/s (the unit says which)

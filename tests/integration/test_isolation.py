@@ -74,48 +74,66 @@ def refused_counts(bot) -> dict[str, float]:
 
 
 def test_another_projects_token_cannot_touch_a_run(bot, caplog):
+    """Project vision's token names project llm's run-a every way a job can: each lands in vision's own run of
+    that id (run-a@vision) or is refused; llm's run, its command and its step never move."""
     assert report(bot)[0] == 202
     assert command(bot, "save-checkpoint run-a")[0] == 200
     (cmd,) = decode(encode(poll(bot)[1]), PollAnswer).commands
     now = time.time()
     forged = ActionResult(run_id="run-a", device="0", step=cmd.apply_step, time=now, action=cmd.action, ok=True,
                           detail="forged", command_id=cmd.id)
-    attempts = {
-        "ingest (re-homing the run)": lambda: report(bot, project="vision", token=B, step=2_000_000),
+    own_run = {
+        "ingest": lambda: report(bot, project="vision", token=B, step=2_000_000),
         "heartbeat": lambda: bot.request("POST", "/v1/heartbeat", encode(
             Heartbeat(run_id="run-a", device="0", time=now, step=2_310_720)), token=B),
         "envelope heartbeat": lambda: bot.request("POST", "/v1/ingest", encode(Envelope(
             run_id="run-a", device="0", sent_at=now, project="vision",
             heartbeats=[Heartbeat(run_id="run-a", device="0", time=now, step=2_310_720)])), token=B),
-        "poll": lambda: poll(bot, token=B),
         "forged result": lambda: bot.request("POST", "/v1/ingest", encode(Envelope(
             run_id="run-a", device="0", sent_at=now, project="vision", actions=[forged])), token=B),
     }
+    refused = {  # a token naming a project that is not its own
+        "ingest claiming llm": lambda: report(bot, project="llm", token=B, step=2_000_000),
+        "heartbeat claiming llm": lambda: bot.request("POST", "/v1/heartbeat", encode(
+            Heartbeat(run_id="run-a", device="0", time=now, step=2_310_720, project="llm")), token=B),
+        "poll claiming llm": lambda: bot.request("POST", "/v1/commands/poll", encode(
+            Poll(run_id="run-a", device="0", wait=0.0, project="llm")), token=B),
+    }
     caplog.set_level(logging.WARNING, "msmon")
-    accepted = [name for name, go in attempts.items() if go()[0] != 403]
-    assert accepted == []
+    assert [name for name, go in own_run.items() if go()[0] != 202] == []
+    assert decode(encode(poll(bot, token=B)[1]), PollAnswer).commands == []  # vision's run has no command
+    assert [name for name, go in refused.items() if go()[0] != 403] == []
     run = bot.request("GET", "/v1/runs/run-a", token=A)[1]
     assert run["project"] == "llm" and run["last_step"] == 100  # not re-homed, not moved
+    theirs = bot.request("GET", "/v1/runs/run-a", token=B)[1]  # vision's own run of that id
+    assert theirs["run_id"] == "run-a@vision" and theirs["project"] == "vision" and theirs["last_step"] == 2_310_720
     _, stored = bot.request("GET", f"/v1/commands/{cmd.id}", token="operator-token")
     assert stored["status"] == "pending" and stored["results"] == {}
     assert command(bot, "pause run-a")[1]["command"]["apply_step"] < 1000  # scheduled from A's real step
     refusals = [r.getMessage() for r in caplog.records if "REFUSED" in r.getMessage()]
-    assert len(refusals) == len(attempts)
+    assert len(refusals) == len(refused)
     assert all("project 'vision'" in m and "run-a" in m and "llm" in m for m in refusals), refusals
     assert not any(B in m or A in m for m in refusals)  # no secret in the log
-    assert sum(refused_counts(bot).values()) == len(attempts)
+    assert sum(refused_counts(bot).values()) == len(refused)
     assert {"/v1/ingest", "/v1/heartbeat", "/v1/commands/poll"} <= set(refused_counts(bot))
 
 
-def test_a_run_belongs_to_the_project_that_created_it(bot):
-    """Created by a heartbeat of project vision: project llm's jobs cannot post for it, and vision's can."""
+def test_a_run_id_cannot_be_squatted_by_another_project(bot):
+    """A heartbeat of project vision names run-v first: project llm's job of that id still reports, is
+    polled for its commands and shown as its own; vision's keeps its own run."""
     now = time.time()
     code, _ = bot.request("POST", "/v1/heartbeat", encode(Heartbeat(run_id="run-v", device="0", time=now, step=5)),
                           token=B)
     assert code == 202
-    assert report(bot, run="run-v", project="llm", token=A)[0] == 403
+    assert report(bot, run="run-v", project="llm", token=A)[0] == 202
     assert report(bot, run="run-v", project="vision", token=B)[0] == 202
     assert bot.request("GET", "/v1/runs/run-v", token=B)[1]["project"] == "vision"
+    mine = bot.request("GET", "/v1/runs/run-v", token=A)[1]
+    assert (mine["project"], mine["run_id"], mine["last_step"]) == ("llm", "run-v@llm", 100)
+    assert command(bot, "pause run-v@llm")[0] == 200
+    (cmd,) = decode(encode(poll(bot, run="run-v", token=A)[1]), PollAnswer).commands
+    assert (cmd.run_id, cmd.action) == ("run-v", "pause")  # the job's own name for its run: it takes it
+    assert decode(encode(poll(bot, run="run-v", token=B)[1]), PollAnswer).commands == []
 
 
 def test_read_routes_never_show_another_projects_runs(bot):

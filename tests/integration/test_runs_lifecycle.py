@@ -1,0 +1,286 @@
+"""Runs, attempts and ranks that tell the truth (docs/runs-and-ranks.md), against the real bot on loopback
+with the real notifier transport (BotTransport, its threads and its close()), ranks in processes of their
+own where one is SIGKILLed, and a real Monitor in a custom loop under RANK_ID."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from msmon.contract.wire import Event, Heartbeat, Sample, Severity, Status, encode
+from notifier.transport import BotTransport
+from tests.fakes.bot_server import BotServer, wait_for
+from tests.fakes.process import terminate
+from tests.fakes.recording_bot import RecordingBot
+
+pytest.importorskip("aiohttp")
+TOKEN, VISION = "job-token", "vision-token"
+
+
+def config(tmp_path, slack, token_project="llm", **ranks):
+    return {"bot": {
+        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+        "tokens": [{"project": token_project, "env": "MSMON_TEST_TOKEN"}, {"project": "vision", "env": "MSMON_VISION"}],
+        "routes": [{"receiver": "slack", "channel": "C0ALERTS"}],
+        "slack": {"base_url": slack.base_url, "max_retries": 3},
+        "pipeline": {"group_wait": 0.2, "heartbeat_timeout": 60},
+        "rate_limit": {"per_channel": 100, "per_run": 100, "burst": 50},
+        "console": {"charts": False, "charts_dir": str(tmp_path / "charts")},
+        "commands": {"operators": [{"user": "cli:ops", "env": "MSMON_OPERATOR"}]},
+        "ranks": {"period": 0.2, "missing_after": 1.5, **ranks}}}
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.setenv("MSMON_TEST_TOKEN", TOKEN)
+    monkeypatch.setenv("MSMON_VISION", VISION)
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
+    monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
+
+
+def job(bot, run, tmp_path, *, project="llm", token=TOKEN, rank=None, world=None, device="0", **kw):
+    kw.setdefault("heartbeat_interval", 0.1)
+    kw.setdefault("flush_interval", 0.05)
+    return BotTransport(bot.url, run, device, token, project=project, rank=rank, world=world,
+                        spool_dir=str(tmp_path / f"spool-{run}-{device}"), **kw)
+
+
+def error(run, step, rule="nonfinite", device="0"):
+    return Event(run_id=run, device=device, step=step, time=time.time(), rule=rule, severity=Severity.ERROR,
+                 status=Status.FIRING, value=math.nan, threshold=0.0, message=f"loss is NaN at step {step}")
+
+
+def run_view(bot, run, token=TOKEN):
+    code, body = bot.request("GET", f"/v1/runs/{run}", token=token)
+    return body if code == 200 else None
+
+
+def texts(slack):
+    return [(slack.message(m["ts"]) or m)["text"] for m in slack.messages()]
+
+
+# -- ownership ----------------------------------------------------------------------------------------
+
+
+def test_a_heartbeat_first_job_with_a_token_of_every_project_delivers_every_error(tmp_path, slack, env):
+    """A job compiling its first step heartbeats before its first envelope: its run is its project's (not
+    'default'), and every ERROR it then sends is accepted and posted."""
+    bot = BotServer(config(tmp_path, slack, token_project="*"))
+    try:
+        old = Heartbeat(run_id="other", device="0", time=time.time(), step=None)  # an older notifier: no project
+        code, answer = bot.request("POST", "/v1/heartbeat", encode(old))
+        assert code == 202 and answer["recorded"] is False and bot.store.run("other") is None
+        t = job(bot, "compiling", tmp_path, heartbeat_interval=0.05)
+        assert wait_for(lambda: bot.store.run("compiling") is not None, timeout=10)
+        assert bot.store.run("compiling")["project"] == "llm"
+        rules = [f"rule_{i}" for i in range(5)]
+        for i, rule in enumerate(rules):
+            t.event(error("compiling", 10 + i, rule))
+        assert t.flush(10)
+        assert wait_for(lambda: {a["rule"] for a in run_view(bot, "compiling")["firing"]} == set(rules), timeout=10)
+        assert slack.wait_for(lambda s: all(any(r in x for x in texts(s)) for r in rules), timeout=15), texts(slack)
+        t.close(final=True)
+    finally:
+        bot.stop()
+
+
+def test_another_project_cannot_squat_a_run_id_a_job_then_uses(tmp_path, slack, env):
+    bot = BotServer(config(tmp_path, slack))
+    try:
+        squat = Heartbeat(run_id="llm-7b", device="0", time=time.time(), step=1, project="vision")
+        assert bot.request("POST", "/v1/heartbeat", encode(squat), token=VISION)[0] == 202
+        t = job(bot, "llm-7b", tmp_path)
+        t.event(error("llm-7b", 5))
+        assert t.flush(10)
+        mine = run_view(bot, "llm-7b")
+        assert mine["project"] == "llm" and [a["rule"] for a in mine["firing"]] == ["nonfinite"]
+        assert run_view(bot, "llm-7b", token=VISION)["firing"] == []  # vision's run of that id is its own
+        assert slack.wait_for(lambda s: any("nonfinite" in x for x in texts(s)), timeout=15)
+        t.close(final=True)
+    finally:
+        bot.stop()
+
+
+# -- ends and attempts ---------------------------------------------------------------------------------
+
+
+def test_an_ended_run_is_shown_ended_with_its_alerts_closed_and_a_rerun_is_a_new_attempt(tmp_path, slack, env):
+    bot = BotServer(config(tmp_path, slack))
+    try:
+        first = job(bot, "rerun", tmp_path)
+        for s in range(1, 9):
+            first.sample(Sample(run_id="rerun", device="0", step=s * 100, time=time.time(), loss=2.0))
+        first.event(error("rerun", 800))
+        assert first.flush(10)
+        assert wait_for(lambda: run_view(bot, "rerun")["firing"], timeout=10)
+        first.close(final=True)
+        ended_at = time.time()
+        assert wait_for(lambda: run_view(bot, "rerun")["state"] == "ended", timeout=30)
+        view = run_view(bot, "rerun")
+        assert (view["ended"], view["end_reason"], view["firing"], view["gone"]) == (True, "ended normally", [], False)
+        (alert,) = view["alerts"]
+        assert alert["status"] == "resolved"
+        assert time.time() - ended_at < 30
+        assert slack.wait_for(lambda s: any("run ended" in x for x in texts(s)), timeout=15), texts(slack)
+        _, listed = bot.request("GET", "/v1/runs")
+        assert [(r["run_id"], r["state"], r["gone"]) for r in listed["runs"]] == [("rerun", "ended", False)]
+
+        second = job(bot, "rerun", tmp_path)  # the same run id again (custom_loop.py run twice; a resume)
+        second.sample(Sample(run_id="rerun", device="0", step=1, time=time.time(), loss=3.0))
+        assert second.flush(10)
+        assert wait_for(lambda: run_view(bot, "rerun")["attempt"] == 2, timeout=10)
+        view = run_view(bot, "rerun")
+        assert (view["state"], view["firing"], view["last_step"]) == ("running", [], 1)  # clean, its own series
+        assert [(a["attempt"], a["end_reason"], a["last_step"]) for a in view["attempts"]] == [
+            (1, "ended normally", 800), (2, None, None)]
+        assert [s["step"] for s in view["latest"].values()] == [1]
+        second.event(error("rerun", 2))  # the new attempt's own NaN pages again
+        assert second.flush(10)
+        assert slack.wait_for(lambda s: any(x.startswith("ERROR nonfinite") and "step 2" in x for x in texts(s)),
+                              timeout=15), texts(slack)
+        second.close(final=True)
+        assert wait_for(lambda: run_view(bot, "rerun")["state"] == "ended", timeout=30)
+    finally:
+        bot.stop()
+
+
+def test_32_ranks_closing_together_page_no_missing_rank_and_end_the_run_once(tmp_path, slack, env, caplog):
+    caplog.set_level(logging.INFO, "msmon.bot")
+    bot = BotServer(config(tmp_path, slack, missing_after=1.0))
+    ranks = [job(bot, "dp-32", tmp_path, rank=r, world=32, device=str(r), heartbeat_interval=0.05) for r in range(32)]
+    try:
+        for step in range(1, 4):
+            for r, t in enumerate(ranks):
+                t.sample(Sample(run_id="dp-32", device=str(r), step=step, time=time.time(), loss=2.0, step_time=0.1))
+            time.sleep(0.2)
+        assert all(t.flush(10) for t in ranks)
+        closers = [threading.Thread(target=t.close, kwargs={"final": True}) for t in ranks]
+        for c in closers:
+            c.start()
+        for c in closers:
+            c.join(15)
+        assert wait_for(lambda: run_view(bot, "dp-32")["state"] == "ended", timeout=30)
+        time.sleep(3.0)  # three times missing_after: a rank overtaken in flight would be missing by now
+        view = run_view(bot, "dp-32")
+        assert [a for a in view["alerts"] if a["rule"] == "rank_missing"] == []
+        ends = [r.getMessage() for r in caplog.records if "ended normally" in r.getMessage()]
+        assert len(ends) == 1 and "32 ranks" in ends[0], ends
+    finally:
+        for t in ranks:
+            t.close()
+        bot.stop()
+
+
+RANK_JOB = """
+import os, sys, time
+from msmon.contract.wire import Sample
+from notifier.transport import BotTransport
+url, run, rank, world, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+t = BotTransport(url, run, str(rank), os.environ["MSMON_TEST_TOKEN"], project="llm", rank=rank, world=world,
+                 heartbeat_interval=0.1, flush_interval=0.05, spool_dir=stop + f"-spool{rank}")
+step = 0
+while not os.path.exists(stop):
+    step += 1
+    t.sample(Sample(run_id=run, device=str(rank), step=step, time=time.time(), loss=2.0, step_time=0.1))
+    time.sleep(0.1)
+t.close(final=True)
+"""
+
+
+def test_a_killed_rank_stays_missing_when_the_others_finish(tmp_path, slack, env):
+    bot = BotServer(config(tmp_path, slack))
+    stop = tmp_path / "stop"
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_JOB, bot.url, "dp-4", str(r), "4", str(stop)],
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}, start_new_session=True)
+             for r in range(4)]
+    try:
+        assert wait_for(lambda: (v := run_view(bot, "dp-4")) is not None and len(v["devices"]) == 4, timeout=30)
+        time.sleep(0.5)
+        procs[2].send_signal(signal.SIGKILL)
+        procs[2].wait(10)
+
+        def missing():
+            return [a for a in run_view(bot, "dp-4")["firing"] if a["rule"] == "rank_missing"]
+        assert wait_for(lambda: [a["device"] for a in missing()] == ["2"], timeout=15), run_view(bot, "dp-4")
+        stop.write_text("")  # the others finish normally
+        for r in (0, 1, 3):
+            assert procs[r].wait(30) == 0
+        time.sleep(3.0)  # many rank checks after the others' final heartbeats
+        view = run_view(bot, "dp-4")
+        assert [a["device"] for a in missing()] == ["2"]  # still dead: never "back to normal"
+        assert view["state"] != "ended"
+        assert not any("rank_missing" in x and "resolved" in x.lower() for x in texts(slack))
+    finally:
+        stop.write_text("")
+        for p in procs:
+            terminate(p, 10)
+        bot.stop()
+
+
+# -- the job side ------------------------------------------------------------------------------------
+
+
+def test_close_ends_the_heartbeats_before_the_final_one(tmp_path):
+    bot = RecordingBot()
+    try:
+        t = BotTransport(bot.url, "run-1", "0", "tok", heartbeat_interval=0.01, spool_dir=str(tmp_path / "s"),
+                         project="llm", rank=0, world=2)
+        assert bot.wait_for(lambda: len(bot.heartbeats) >= 5)
+        t.close(final=True)
+        time.sleep(0.3)
+        beats = list(bot.heartbeats)
+        assert beats[-1].final and not any(b.final for b in beats[:-1])  # nothing after the final one
+        assert beats[-1].seq == max(b.seq for b in beats)
+        assert {(b.project, b.rank, b.world, b.proc) for b in beats} == {("llm", 0, 2, t.proc)}
+    finally:
+        bot.stop()
+
+
+def test_a_refused_job_does_not_flood_the_bot_on_close(tmp_path, slack, env, caplog):
+    """Envelopes the bot refuses (a token of project vision for a job saying llm): close() keeps the backoff."""
+    bot = BotServer(config(tmp_path, slack))
+    caplog.set_level(logging.WARNING, "msmon")
+    try:
+        t = job(bot, "refused", tmp_path, token=VISION, heartbeat_interval=60.0, backoff=(0.5, 30.0))
+        for i in range(300):
+            t.event(error("refused", i, rule=f"r{i % 7}"))
+        t.close(timeout=5.0)
+        refused = [r for r in caplog.records if "REFUSED" in r.getMessage()]
+        assert 1 <= len(refused) <= 12, len(refused)  # backoff 0.5 s doubling over 5 s: a handful, not hundreds
+    finally:
+        bot.stop()
+
+
+def test_a_custom_loop_under_rank_id_3_reports_rank_3(tmp_path, slack, env, monkeypatch):
+    from notifier.monitor import Monitor
+
+    monkeypatch.setenv("RANK_ID", "3")
+    monkeypatch.setenv("RANK_SIZE", "4")
+    monkeypatch.setenv("DEVICE_ID", "3")
+    bot = BotServer(config(tmp_path, slack))
+    try:
+        mon = Monitor.from_config({"monitor_on": True, "step_interval": 1,
+                                   "bot": {"url": bot.url, "token_env": "MSMON_TEST_TOKEN", "project": "llm",
+                                           "spool_dir": str(tmp_path / "spool"), "heartbeat_interval": 0.1}},
+                                  "custom-3")
+        for step in range(1, 6):
+            mon.step(step, loss=2.0)
+        assert mon.transport is not None and mon.transport.flush(10)
+        assert wait_for(lambda: (v := run_view(bot, "custom-3")) is not None and v["devices"] == ["3"], timeout=10)
+        from bot.app import STATE
+
+        ranks = bot.app[STATE].ranks.run("custom-3")
+        assert ranks is not None and list(ranks.members) == ["3"] and ranks.members["3"].rank == 3
+        assert wait_for(lambda: ranks.world == 4 and ranks.members["3"].life.seq is not None, timeout=10)
+        mon.close()
+    finally:
+        bot.stop()
