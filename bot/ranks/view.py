@@ -251,7 +251,7 @@ class RankViews:
                 (None if hb.host else run.by_device.get((None, hb.device)))
             m = run.members.get(key) if key is not None else run.member(None, hb.device, hb.host)
         if m is not None:
-            self._beat(m, hb, now)
+            self._beat(run, m, hb, now)
 
     def _beats(self, run: RunRanks, rank: int | None, device: str, host: str, hbs: Iterable[Heartbeat],
                now: float) -> None:
@@ -260,16 +260,21 @@ class RankViews:
             m = run.member(hb.rank if hb.rank is not None else rank if hb.device == device else None,
                            hb.device, hb.host or host)
             if m is not None:
-                self._beat(m, hb, now)
+                self._beat(run, m, hb, now)
 
     @staticmethod
-    def _beat(m: RankState, hb: Heartbeat, now: float) -> None:
-        """A heartbeat, in the job's own order: one older than what was seen of its process moves nothing."""
+    def _beat(run: RunRanks, m: RankState, hb: Heartbeat, now: float) -> None:
+        """A heartbeat, in the job's own order: one older than what was seen of its process moves nothing. A
+        final one ends every rank its process reported for (a process reporting several devices)."""
         if on_message(m.life, now, proc=hb.proc, seq=hb.seq, final=hb.final, paused=hb.paused)[-1] \
                 is RankInput.STALE:
             return
         if hb.step is not None and (m.step is None or hb.step > m.step):
             m.step = hb.step
+        if hb.final and hb.proc:
+            for other in run.members.values():
+                if other is not m and other.life.proc == hb.proc and not other.ended:
+                    on_message(other.life, now, proc=hb.proc, final=True)
 
     def known(self, run_id: str) -> int:
         """How many ranks the bot knows in a run (0: none)."""

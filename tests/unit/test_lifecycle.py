@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -199,3 +199,60 @@ class RanksMachine(RuleBasedStateMachine):
 TestRanks = RanksMachine.TestCase
 TestRanks.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
                               suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- the view across ranks (bot/ranks/view.py, missing.py) over the lifecycle ---------------------------
+
+
+def _views():
+    from bot.ranks.view import RankViews
+
+    return RankViews(10, 1000, 8)
+
+
+def _check(now: float):
+    from bot.config import RanksConfig
+    from bot.ranks.rule import Check
+
+    return Check(now, RanksConfig(missing_after=MISSING_AFTER))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 12), st.randoms(use_true_random=False))
+def test_ranks_closing_together_in_any_order_are_ended_and_never_missing(n, rnd):
+    """Each rank's heartbeats, envelopes and final heartbeat, delivered in any order within a second (a
+    regular heartbeat overtaken by the final one included): every rank ends, none is ever missing."""
+    from bot.ranks import missing
+    from msmon.contract.wire import Envelope, Heartbeat, Sample
+
+    msgs = []
+    for r in range(n):
+        proc = f"p{r}"
+        for k in range(1, 4):
+            msgs.append(Heartbeat(run_id="r", device=str(r), time=0.0, step=k, rank=r, world=n, proc=proc, seq=k))
+            msgs.append(Envelope(run_id="r", device=str(r), sent_at=0.0, rank=r, proc=proc, samples=[
+                Sample(run_id="r", device=str(r), step=k, time=0.0, loss=1.0)]))
+        msgs.append(Heartbeat(run_id="r", device=str(r), time=0.0, step=3, rank=r, world=n, proc=proc, seq=4,
+                              final=True))
+    rnd.shuffle(msgs)
+    views = _views()
+    for i, m in enumerate(msgs):
+        now = 100.0 + i / len(msgs)
+        if isinstance(m, Heartbeat):
+            views.heartbeat(m, now)
+        else:
+            views.envelope(m, now)
+    run = views.runs["r"]
+    assert run.ended(n)
+    for later in (101.0, 120.0, 200.0, 10_000.0):
+        assert missing.judge(_check(later), run) == []
+
+
+def test_a_process_reporting_several_devices_ends_them_all_with_its_final_heartbeat():
+    from msmon.contract.wire import Envelope, Heartbeat, Sample
+
+    views = _views()
+    views.envelope(Envelope(run_id="r", device="0", sent_at=0.0, proc="p", samples=[
+        Sample(run_id="r", device=str(d), step=1, time=0.0) for d in range(4)]), 1.0)
+    views.heartbeat(Heartbeat(run_id="r", device="0", time=0.0, step=1, proc="p", seq=9, final=True), 2.0)
+    assert views.runs["r"].ended()
