@@ -24,6 +24,67 @@ SLOWED = 0.5  # fraction of the previous window's descent lost to call it "slowe
 
 
 @dataclass(frozen=True)
+class Shift:
+    """The loss has sat at a new, higher level since `since_step`: a level shift at the end of the data, which a
+    fitted line (a robust one sets it aside as an outlier) does not describe."""
+
+    since_step: int
+    level: float  # the median loss since then
+    before: float  # the median loss before it
+    sigma: float  # the loss's normal fluctuation before it (robust: IQR / 1.349)
+
+    def describe(self) -> str:
+        z = (self.level - self.before) / self.sigma
+        return (f"level shift: the loss has sat at {self.level:.4g} since step {self.since_step:,}, "
+                f"{self.level / self.before:.3g}x its {self.before:.4g} before ({z:.0f} sigma of its normal "
+                "fluctuation); the trend below leaves it out")
+
+
+SHIFT_SIGMA = 5.0  # the tail's median this many sigma above the median before it ...
+SHIFT_RATIO = 0.2  # ... and this fraction above it: a level shift
+SHIFT_ABOVE = 3.0  # a point this many sigma above the median before is part of the shift
+SHIFT_SHARE = 0.75  # the share of the tail's points above that
+SHIFT_BEFORE = 20  # points before the tail, at least
+
+
+def _median(xs: Sequence[float]) -> float:
+    v = sorted(xs)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+def _level(xs: Sequence[float]) -> tuple[float, float]:
+    """(median, robust sigma) of `xs`, sigma floored at 1% of the median."""
+    q = sorted(xs)
+    m = _median(q)
+    return m, max((q[(3 * len(q)) // 4] - q[len(q) // 4]) / 1.349, 0.01 * abs(m), 1e-12)
+
+
+def level_shift(points: Sequence[tuple[int, float]]) -> Shift | None:
+    """A level shift up at the end of `points` ((step, finite loss), in step order), on the smallest tail that
+    shows one: the last T points (T = 10, 12, 15, ... x1.25 up to all but `SHIFT_BEFORE`) mostly (`SHIFT_SHARE`)
+    `SHIFT_ABOVE` sigma above the median of the (up to) 3T points before, their median `SHIFT_SIGMA` sigma and
+    `SHIFT_RATIO` above it. Its start: the first of the high points at the end (an isolated low one among them
+    allowed); its level: their median."""
+    n = len(points)
+    t = 10
+    while n - t >= SHIFT_BEFORE:
+        m0, sigma = _level([x for _, x in points[max(0, n - 4 * t):n - t]])
+        high = m0 + SHIFT_ABOVE * sigma
+        tail = [x for _, x in points[n - t:]]
+        level = _median(tail)
+        if (level - m0 >= max(SHIFT_SIGMA * sigma, SHIFT_RATIO * abs(m0))
+                and sum(x > high for x in tail) >= SHIFT_SHARE * t):
+            i = n - 1
+            while i > 0 and (points[i - 1][1] > high or (i > 1 and points[i - 2][1] > high)):
+                i -= 1
+            since = i if points[i][1] > high else i + 1
+            m0, sigma = _level([x for _, x in points[max(0, since - 3 * (n - since)):since]])  # just before it
+            return Shift(points[since][0], _median([x for _, x in points[since:]]), m0, sigma)
+        t = n if t >= n - SHIFT_BEFORE else min(max(t + 1, int(1.25 * t)), n - SHIFT_BEFORE)
+
+
+@dataclass(frozen=True)
 class TrendSummary:
     """The loss trend at `end_step`. Slopes are loss change per 1000 steps at each window's end, and per
     doubling of the step count (the scale-free form the convergence rule compares)."""
@@ -45,10 +106,13 @@ class TrendSummary:
     forecast_se: float | None = None
     target_loss: float | None = None
     eta_step: float | None = None  # step the current line reaches target_loss; None: never at this rate
+    shift: Shift | None = None  # a level shift up at the end of the data: the headline
 
     @property
     def verdict(self) -> str:
-        """falling, slowed, sped up, flat or rising."""
+        """shifted, falling, slowed, sped up, flat or rising."""
+        if self.shift is not None:
+            return "shifted"
         if not self.clear:
             return "flat"
         if self.per_doubling > 0:
@@ -64,8 +128,10 @@ class TrendSummary:
         lines = [f"loss trend at step {self.end_step:,}: {self.loss_now:.4g}, {self.slope_per_1000:+.3g} per 1000 "
                  f"steps ({self.per_doubling:+.3g} per doubling of the step count; {self.window_steps:,}-step windows, "
                  f"{self.points:,} points from step {self.start_step:,})"]
+        if self.shift is not None:
+            lines.insert(0, self.shift.describe())
         v = self.verdict
-        if self.prev_slope_per_1000 is not None:
+        if self.prev_slope_per_1000 is not None and v != "shifted":
             before = f"{self.prev_slope_per_1000:+.2g} per 1000 steps (window to step {self.prev_end_step:,})"
             now = f"{self.slope_per_1000:+.2g}"
             lost = "" if self.descent_lost is None else f"; {self.descent_lost:.0%} of the descent per doubling lost"
@@ -152,7 +218,8 @@ def summarize(
         if eta is not None:
             eta = max(eta, float(end))
     return TrendSummary(
-        start_step=pts[0][0], end_step=end, window_steps=window, points=len(pts), loss_now=at_end,
+        shift=level_shift(pts), start_step=pts[0][0], end_step=end, window_steps=window, points=len(pts),
+        loss_now=at_end,
         slope_per_1000=Trend.per_1000_steps(slope, end), per_doubling=Trend.per_doubling(slope), clear=clear,
         prev_end_step=prev_end if ref is not None else None,
         prev_slope_per_1000=None if ref is None or prev_end is None else Trend.per_1000_steps(ref[0], prev_end),

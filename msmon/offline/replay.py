@@ -124,7 +124,10 @@ class Replayed:
         cleaned = despike(c.steps, c.loss, plain.window_steps)  # the blocks the plain fit used
         if not cleaned.set_aside:
             return plain, cleaned
-        return summarize(c.steps, cleaned.losses, window_steps=plain.window_steps, **facts), cleaned
+        robust_fit = summarize(c.steps, cleaned.losses, window_steps=plain.window_steps, **facts)
+        if robust_fit is not None and plain.shift is not None:  # a shift at the end is the headline, not an outlier
+            robust_fit = dataclasses.replace(robust_fit, shift=plain.shift)
+        return robust_fit, cleaned
 
 
 def replay_monitor(config: Any, run_id: str, devices: int = 1) -> Monitor:

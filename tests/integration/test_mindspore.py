@@ -349,6 +349,9 @@ def test_custom_loop_example_catches_an_lr_jump():
     # (timing rules may flag a hiccup of this shared machine on 5 ms steps; the training rules may not)
     training = [a for a in alerts if a.split()[4].rstrip(":").startswith(("grad_norm", "loss", "nonfinite"))]
     assert training and all(int(a.split()[2]) > 300 for a in training), alerts
+    # issue 24: the LR change itself is flagged at its step, and nothing is "back to normal" while it lasts
+    assert any(a.startswith("ALERT step 300 WARNING lr_schedule") for a in alerts), alerts
+    assert not [line for line in p.stdout.splitlines() if line.startswith("RESOLVED")], p.stdout
     assert "[step 50] loss:" in p.stderr and "samples/s" in p.stderr
 
 

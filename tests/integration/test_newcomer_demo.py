@@ -48,6 +48,12 @@ def test_the_demo_reads_as_a_story_from_outside_the_repository(tmp_path: Path) -
         kinds = [a[0] for a in ms if a[1] == rule]
         assert all(not (x == y == "RESOLVED") for x, y in zip(kinds, kinds[1:], strict=False)), (rule, kinds)
 
+    # issue 24: the LR shift is not "back to normal" by itself: lr_schedule resolves only after scale-lr puts it back
+    scaled = next(i for i, line in enumerate(lines) if line.startswith('$ msmon cmd "scale-lr'))
+    back = [i for i, line in enumerate(lines) if (m := ALERT.match(line)) and m.group(1) == "RESOLVED"
+            and m.group(2) == "lr_schedule" and m.group(3) == "demo-ms"]
+    assert all(i > scaled for i in back), (back, scaled)
+
     # a command and its answer are one piece, ids without gaps
     blocks = part2.split("\n$ msmon cmd ")[1:]
     assert len(blocks) == 6

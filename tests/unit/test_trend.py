@@ -120,3 +120,21 @@ def test_only_one_window_has_no_previous_slope():
     s = summarize(steps, power_law(steps, noise=0.0), window_steps=140)
     assert s is not None and s.prev_slope_per_1000 is None and s.descent_lost is None
     assert len(s.describe()) == 1
+
+
+def test_a_level_shift_at_the_end_is_the_headline_not_an_outlier() -> None:
+    """Issue 24: the loss falls for 2,000 steps, then sits at 5.0 for the last 70: the summary leads with the shift
+    (the robust fit of `msmon replay` sets such a jump aside, so its line alone said "falling steadily")."""
+    from msmon.core.trend import level_shift, summarize
+
+    rng = random.Random(3)
+    steps = list(range(1, 2071))
+    losses = [3.0 * s ** -0.1 + rng.gauss(0, 0.02) if s <= 2000 else 5.0 + rng.gauss(0, 0.05) for s in steps]
+    s = summarize(steps, losses)
+    assert s is not None and s.verdict == "shifted" and s.shift is not None
+    assert s.shift.since_step == 2001 and abs(s.shift.level - 5.0) < 0.05
+    assert s.describe()[0].startswith("level shift: the loss has sat at 4.98") and "since step 2,001" in s.describe()[0]
+    clean = summarize(steps[:2000], losses[:2000])
+    assert clean is not None and clean.shift is None  # a falling loss has none
+    spikes = [(k, x if k % 97 else x * 3) for k, x in zip(steps[:2000], losses[:2000], strict=True)]
+    assert level_shift(spikes) is None  # nor do single spikes

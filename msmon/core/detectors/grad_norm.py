@@ -138,6 +138,8 @@ class GradNormCreepParams(RuleParams):
     `window` samples after warmup, renewed every `long_window` samples while the rule is quiet (a
     drift slower than that, as when the LR decays, is absorbed); counted while the recent fit rises.
     `long_warning` / `long_error` are those factors.
+    Neither horizon looks at the run's first `early_steps` steps: a freshly initialised network's grad norm
+    rises (or falls) for tens to hundreds of steps as it leaves its initialisation, which is no creep.
     """
 
     warning: float | None = dataclasses.field(default=1.5, metadata=spec(gt=1, doc="rise factor over the window"))
@@ -152,6 +154,9 @@ class GradNormCreepParams(RuleParams):
         default=3.0, metadata=spec(gt=1, doc="recent median x the long reference for ERROR (null: off)"))
     long_window: int = dataclasses.field(
         default=1000, metadata=spec(ge=10, doc="samples a long reference is kept before it is renewed"))
+    early_steps: int = dataclasses.field(default=300, metadata=spec(
+        ge=0, le=1_000_000_000, doc="the run's first steps, where a grad norm rising out of its initialisation is "
+                                   "normal: no trend is fitted over them (grad_norm_spike's gross jumps still judge)"))
 
 
 class GradNormCreep:
@@ -166,6 +171,7 @@ class GradNormCreep:
     LOG_CLIMB = math.log(1.05)  # the long horizon counts while the recent fit rises this much over its window
 
     def __init__(self, p: GradNormCreepParams, ctx: DetectorContext) -> None:
+        self.early_steps = p.early_steps
         self.fit = SlidingFit(p.window)
         self.min_t = p.min_t
         self.full = p.window
@@ -186,6 +192,8 @@ class GradNormCreep:
         g = s.grad_norm
         if g is None or not math.isfinite(g) or g <= 0.0:
             return SKIP
+        if s.step < self.early_steps:
+            return None  # leaving its initialisation, the grad norm rises and falls by itself
         y = math.log(g)
         if self.trend_end is not None and y - self.trend_end > self.log_jump:
             # A sudden jump is the spike and threshold rules' business; kept out, it cannot fake a trend.
