@@ -8,8 +8,8 @@ Items and their classes (the names the envelope's `dropped` counts use):
 
 | item                          | class         | tier | bounded by                              |
 |-------------------------------|---------------|------|-----------------------------------------|
-| ERROR event, firing           | `errors`      | high | `max_high` (refused and reported there) |
-| action result                 | `actions`     | high | `max_high`                              |
+| ERROR event, firing           | `errors`      | high | `max_high` and `max_bytes` (refused then) |
+| action result                 | `actions`     | high | `max_high` and `max_bytes`              |
 | ERROR event, resolved         | `resolutions` | high | never dropped (one per firing)          |
 | WARNING event, firing         | `warnings`    | mid  | `max_queue` items / `max_bytes`          |
 | WARNING event, resolved       | `resolutions` | mid  | same, dropped only after every firing   |
@@ -147,7 +147,7 @@ class Outcome:
 @dataclass(frozen=True)
 class Limits:
     max_queue: int = 10_000  # mid + low items held
-    max_bytes: int = 64 << 20  # mid + low encoded bytes held (what the spool may take)
+    max_bytes: int = 64 << 20  # encoded bytes held, every tier (what the spool may take: spool_max_mb)
     max_high: int = 10_000  # ERROR firings and action results held; reported when reached
     batch_max: int = 500
     batch_max_bytes: int = 1 << 20  # the bot takes 4 MiB by default
@@ -187,6 +187,7 @@ class SendQueue:
         self._firing: dict[tuple[str, str, str], int] = {}  # queued firing events per alert
         self._held = {Tier.LOW: 0, Tier.MID: 0, Tier.HIGH: 0}
         self._held_bytes = 0  # mid + low
+        self._high_bytes = 0  # high: within max_bytes too, mid and low making room for it
         self._unreported: dict[str, int] = {}
         self.dropped: dict[str, int] = {}  # every drop since start, by class
         self.refused: dict[str, int] = {}  # high items refused at the max_high cap, by class
@@ -209,7 +210,8 @@ class SendQueue:
     def enqueue(self, item: Item, now: float, size: int) -> bool:
         """Queue an item (size: its encoded bytes). False when it was refused or dropped at once."""
         cls, tier = classify(item)
-        if tier is Tier.HIGH and cls != "resolutions" and self._held[Tier.HIGH] >= self.limits.max_high:
+        if tier is Tier.HIGH and cls != "resolutions" and (self._held[Tier.HIGH] >= self.limits.max_high or
+                                                           self._high_bytes + size > self.limits.max_bytes):
             self.refused[cls] = self.refused.get(cls, 0) + 1
             self._count_drop(cls, 1)
             self.cap_reached = True
@@ -223,6 +225,7 @@ class SendQueue:
             # an ERROR rings the sender: now when connected, at the next probe while the bot is down
             soon = now if self.connected is not False else now + self.limits.probe_interval
             self._not_before = min(self._not_before, soon)
+            self._evict()  # samples and warnings make room for it within max_bytes
             return True
         self._evict()
         return entry.seq in self._free[_stream(item)]
@@ -401,7 +404,7 @@ class SendQueue:
 
     def stats(self) -> dict[str, int]:
         return {"queued": self.pending(), "high": self._held[Tier.HIGH], "mid": self._held[Tier.MID],
-                "low": self._held[Tier.LOW], "bytes": self._held_bytes, "delivered": self.delivered}
+                "low": self._held[Tier.LOW], "bytes": self._held_bytes + self._high_bytes, "delivered": self.delivered}
 
     def unreported(self) -> dict[str, int]:
         return dict(self._unreported)
@@ -429,6 +432,8 @@ class SendQueue:
         self._held[entry.tier] += sign
         if entry.tier is not Tier.HIGH:
             self._held_bytes += sign * entry.size
+        else:
+            self._high_bytes += sign * entry.size
         key = entry.key
         if key is not None and entry.cls != "resolutions":
             left = self._firing.get(key, 0) + sign
@@ -439,13 +444,13 @@ class SendQueue:
 
     def _over(self) -> bool:
         held = self._held[Tier.LOW] + self._held[Tier.MID]
-        return held > self.limits.max_queue or self._held_bytes > self.limits.max_bytes
+        return held > self.limits.max_queue or self._held_bytes + self._high_bytes > self.limits.max_bytes
 
     def _evict(self) -> None:
         """Drop to the bounds: the oldest samples first, then the oldest WARNING firings, then the
         oldest resolutions whose alert has no firing event queued. High and in-flight entries stay."""
         for q in (self._free["samples"], self._pool["warnings"], self._pool["resolutions"]):
-            held, size = self._held[Tier.LOW] + self._held[Tier.MID], self._held_bytes
+            held, size = self._held[Tier.LOW] + self._held[Tier.MID], self._held_bytes + self._high_bytes
             victims: list[Entry] = []
             for entry in q.values():
                 if held <= self.limits.max_queue and size <= self.limits.max_bytes:

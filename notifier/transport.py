@@ -89,6 +89,9 @@ class IngestAnswer(msgspec.Struct, kw_only=True):
     commands: list[Command] = msgspec.field(default_factory=list)
 
 
+SPOOL_MAX_AGE = 7 * 86_400.0  # seconds a spool of another run and device may sit untouched before a job removes it
+
+
 class Spool:
     """What the bot has not taken yet, on disk: `<run>@<device>.spool.jsonl` under `directory`
     (names from `safenames.slug`, checked with `inside`), rewritten whole and atomically."""
@@ -161,6 +164,24 @@ class Spool:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         return len(data)
+
+    def prune_others(self, max_age: float, now: float) -> list[str]:
+        """Remove the spools of other runs and devices in this directory untouched for `max_age` seconds (a
+        run id that never comes back would keep its spool for ever); the names removed. Dead letters stay."""
+        removed = []
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return removed
+        for name in names:
+            path = os.path.join(self.directory, name)
+            if path == self.path or not name.endswith((".spool.jsonl", ".spool.jsonl.tmp")):
+                continue
+            with contextlib.suppress(OSError):
+                if now - os.stat(path).st_mtime > max_age:
+                    os.remove(path)
+                    removed.append(name)
+        return removed
 
     def dead_letter(self, entries: list[Entry]) -> None:
         """Keep what the bot refuses on its own, for a person to look at (appended, never sent again)."""
@@ -332,6 +353,11 @@ class BotTransport:
         self._closed = False
         self._complained: set[str] = set()
         self.spool = Spool(spool_dir, run_id, self.device)
+        stale = self.spool.prune_others(SPOOL_MAX_AGE, time.time())
+        if stale:
+            log.warning("msmon: removed %d spool(s) untouched for %.0f days from %s (runs that never came back: "
+                        "their unsent items are gone): %s", len(stale), SPOOL_MAX_AGE / 86400, spool_dir,
+                        ", ".join(stale[:5]) + (" ..." if len(stale) > 5 else ""))
         self._restore()
         self._sender = threading.Thread(target=self._send_loop, name="msmon-sender", daemon=True)
         self._beater = threading.Thread(target=self._beat_loop, name="msmon-heartbeat", daemon=True)
@@ -481,9 +507,10 @@ class BotTransport:
             self._complain("unencodable", f"msmon: run {self.run_id}: a {bad[0]} could not be encoded for the bot "
                                           "and is not sent (counted as dropped); this is a bug, please report it")
         if cap:
-            self._complain("cap", f"msmon: run {self.run_id}: {self.limits.max_high} ERROR events and action "
-                                  f"results are waiting for the bot at {self._public_url}; newer ones are dropped and "
-                                  "counted until it takes them. Is the bot down? (BotTransport max_errors)")
+            self._complain("cap", f"msmon: run {self.run_id}: the ERROR events and action results waiting for the "
+                                  f"bot at {self._public_url} reached {self.limits.max_high} or the spool's "
+                                  f"{self.limits.max_bytes / 2**20:.3g} MB (spool_max_mb); newer ones are dropped "
+                                  "and counted until it takes them. Is the bot down? (BotTransport max_errors)")
 
     # -- the sender thread -----------------------------------------------------------------------
 

@@ -171,15 +171,20 @@ def test_after_an_outage_episodes_keep_their_order_and_resolutions_outlive_their
     assert q.dropped["samples"] == 200 and q.dropped.get("errors", 0) == 0
 
 
-def test_the_spool_bound_drops_samples_then_warnings_never_errors():
+def test_the_spool_bound_holds_errors_too_samples_and_warnings_make_room_first():
+    """max_bytes (spool_max_mb) bounds every tier: samples, then warnings make room for an ERROR; an ERROR
+    that would not fit even so is refused at once (counted, reported), and one taken is never dropped."""
     q = queue(max_queue=10, max_bytes=10_000)
-    for _ in range(50):
-        q.enqueue(event(Severity.ERROR), 0.0, 5000)  # high: outside the mid/low bounds
-        q.enqueue(sample(), 0.0, 100)
     for _ in range(20):
+        q.enqueue(sample(), 0.0, 100)
+    for _ in range(5):
         q.enqueue(event(Severity.WARNING), 0.0, 100)
-    assert q.stats()["high"] == 50
-    assert q.dropped == {"samples": 50, "warnings": 10}
+    assert q.dropped == {"samples": 15}  # max_queue: 10 items
+    took = [q.enqueue(event(Severity.ERROR), 0.0, 4000) for _ in range(3)]
+    assert took == [True, True, False] and q.refused == {"errors": 1}
+    assert q.enqueue(event(Severity.ERROR), 0.0, 1500)  # fits once the samples go
+    assert q.stats()["bytes"] <= 10_000 and q.stats()["high"] == 3
+    assert q.dropped == {"samples": 20, "errors": 1}
     assert q.unreported() == q.dropped  # reported in the next envelope
 
 
