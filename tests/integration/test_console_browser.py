@@ -189,6 +189,9 @@ def test_the_console_shows_a_real_job_live_and_pauses_it(bot, tmp_path, artifact
                 page.click("#command-form button")
                 page.wait_for_function("() => /queued as c\\d+/.test(document.getElementById('answer').textContent)")
                 page.wait_for_selector("#run-state .state-paused", timeout=30_000)
+                # "the result will be reported here": the answer box gets the job's result when it is in
+                page.wait_for_function("() => /\\bc\\d+ done: .*paused at step/.test("
+                                       "document.getElementById('answer').textContent)", timeout=30_000)
                 cmd = bot.store.commands.recent(1, run_id="run-x")[0]
                 assert cmd["source"] == "console" and cmd["user"] == "cli:alice"
                 assert wait_for(lambda: bot.store.commands.get(cmd["id"])["status"] == "done", timeout=20)
