@@ -4,6 +4,7 @@ own where one is SIGKILLed, and a real Monitor in a custom loop under RANK_ID.""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -35,7 +36,8 @@ def config(tmp_path, slack, token_project="llm", **ranks):
         "pipeline": {"group_wait": 0.2, "heartbeat_timeout": 60},
         "rate_limit": {"per_channel": 100, "per_run": 100, "burst": 50},
         "console": {"charts": False, "charts_dir": str(tmp_path / "charts")},
-        "commands": {"operators": [{"user": "cli:ops", "env": "MSMON_OPERATOR"}]},
+        "commands": {"operators": [{"user": "cli:ops", "env": "MSMON_OPERATOR"}],
+                     "allow": [{"project": "*", "users": ["cli:ops"]}]},
         "ranks": {"period": 0.2, "missing_after": 1.5, **ranks}}}
 
 
@@ -283,4 +285,98 @@ def test_a_custom_loop_under_rank_id_3_reports_rank_3(tmp_path, slack, env, monk
         assert wait_for(lambda: ranks.world == 4 and ranks.members["3"].life.seq is not None, timeout=10)
         mon.close()
     finally:
+        bot.stop()
+
+
+def test_save_checkpoint_while_paused_is_written_at_the_paused_step_within_10_s(tmp_path, slack, env):
+    """pause, then save-checkpoint (the natural thing while a run diverges): written at once at the paused step,
+    not after the resume; status says what is queued meanwhile."""
+    ms = pytest.importorskip("mindspore")
+    from notifier import Monitor
+    from notifier.control import JobControl
+    from notifier.mindspore import MindSporeBackend
+    from tests.fakes.ms_helpers import MLP
+
+    bot = BotServer(config(tmp_path, slack))
+    net = MLP()
+    backend = MindSporeBackend(str(tmp_path / "ckpt"))
+    backend.bind(net, ms.nn.SGD(net.trainable_params(), 0.01))
+    mon = Monitor({"monitor_on": True, "step_interval": 1, "log_interval": 0,
+                   "bot": {"url": bot.url, "token_env": "MSMON_TEST_TOKEN", "project": "llm",
+                           "spool_dir": str(tmp_path / "spool"), "heartbeat_interval": 0.2}}, "paused-run")
+    control = JobControl(mon, backend, heartbeat_every=0.2)
+    control.listen()
+    assert mon.transport is not None
+    mon.transport.poll_wait = 1.0
+    done = threading.Event()
+
+    def train() -> None:
+        step = 0
+        while not done.is_set():
+            step += 1
+            mon.step(step, loss=1.0 / step)
+            control.apply(step)
+            time.sleep(0.05)
+
+    loop = threading.Thread(target=train, daemon=True)
+    loop.start()
+
+    def operator(text: str) -> dict:
+        code, body = bot.request("POST", "/v1/commands", json.dumps({"text": text}).encode(), token="operator-token")
+        assert code == 200, body
+        return dict(body["command"])
+
+    def status(cid: str) -> dict:
+        return dict(bot.request("GET", f"/v1/commands/{cid}", token="operator-token")[1])
+
+    try:
+        assert wait_for(lambda: (r := bot.store.run("paused-run")) is not None and (r["last_step"] or 0) > 10,
+                        timeout=30)
+        pause = operator("pause paused-run")
+        assert wait_for(lambda: status(pause["id"])["status"] == "done", timeout=30)
+        assert control.paused
+        paused_at = control.last_step
+        asked = time.time()
+        ckpt = operator("save-checkpoint paused-run")
+        queued = bot.request("POST", "/v1/commands", json.dumps({"text": "status paused-run"}).encode(),
+                             token="operator-token")[1]
+        assert wait_for(lambda: status(ckpt["id"])["status"] == "done", timeout=10), status(ckpt["id"])
+        took = time.time() - asked
+        (result,) = status(ckpt["id"])["results"].values()
+        assert result["step"] == paused_at and result["path"].endswith(f"step{paused_at}.ckpt"), result
+        assert Path(result["path"]).exists() and control.paused and took < 10
+        text = json.dumps(queued)
+        assert "paused" in text.lower()
+        resume = operator("resume paused-run")
+        assert wait_for(lambda: status(resume["id"])["status"] == "done", timeout=30)
+    finally:
+        done.set()
+        control.request("resume")
+        loop.join(10)
+        mon.close()
+        bot.stop()
+
+
+def test_a_bot_outage_pages_nothing_for_the_runs_that_went_on(tmp_path, slack, env):
+    """The bot is down for longer than heartbeat_timeout while a healthy job goes on: on its start it judges
+    the run's silence from its own start (the lifecycle's bot restart), so no job_gone."""
+    from tests.fakes.serve_process import free_port
+
+    cfg = config(tmp_path, slack)
+    cfg["bot"]["port"] = free_port()
+    cfg["bot"]["pipeline"]["heartbeat_timeout"] = 1.5
+    bot = BotServer(cfg)
+    t = job(bot, "healthy", tmp_path, heartbeat_interval=0.1, backoff=(0.05, 0.2))
+    try:
+        t.sample(Sample(run_id="healthy", device="0", step=1, time=time.time(), loss=2.0))
+        assert t.flush(10)
+        assert wait_for(lambda: (r := bot.store.run("healthy")) is not None and r["last_heartbeat"], timeout=10)
+        bot.stop()
+        time.sleep(3.0)  # twice heartbeat_timeout: the store's last heartbeat is old
+        bot = BotServer(cfg)
+        time.sleep(3.0)  # the watchdog checks at once, then every 2 s
+        assert [a["rule"] for a in run_view(bot, "healthy")["alerts"]] == []
+        assert not any("job_gone" in x for x in texts(slack))
+    finally:
+        t.close(final=True)
         bot.stop()
