@@ -19,9 +19,9 @@ worker (bot/outbox.py) is the edge that reads rows, calls receivers and applies 
   bring a row nearer its dead-letter bound; the rows keep retrying at the longest backoff they
   reached (at most `cap`, 30 s by default) and all go when the receiver is back (a missing token
   fixed by a restart, Slack down for an hour). A lane that looks down is probed by one group a
-  round (a new message tries once, the retries wait for the probe); the first success on it makes its other waiting rows due at once (`Verdict.reopened`), so a
-  recovered receiver has the still-firing alerts within a probe interval, as Alertmanager's next
-  flush would send them.
+  round (a new message tries once, the retries wait for the probe); the first success on it makes
+  its other waiting rows due at once (`Verdict.reopened`), so a recovered receiver has the
+  still-firing alerts within a probe interval, as Alertmanager's next flush would send them.
 - A group whose message is already out (`posted_ref`) only has its follow-up left (the chart in the
   thread): a retry never posts the text again. When the follow-up is hopeless the text stands: the
   rows are delivered with the error kept.

@@ -145,7 +145,8 @@ class Outbox:
         # round; the row is not tried meanwhile, so a delivered message is not delivered again.
         self._unwritten: dict[int, tuple[Verdict, float]] = {}
         self._charts: OrderedDict[tuple[str, tuple[int, ...]], tuple[bytes | None, str | None]] = OrderedDict()
-        self._round = flow.Round(self.scheduler, limiter, self._posted, self._unwritten)
+        self._round = flow.Round(self.scheduler, limiter, self._posted, self._unwritten,
+                                 frozenset(n for n, r in receivers.items() if getattr(r, "self_paced", False)))
         self._busy: dict[tuple[str, str], asyncio.Task[int]] = {}  # lane (receiver, channel) -> its task sending
 
     def wake(self) -> None:
@@ -406,6 +407,9 @@ class Outbox:
         """Draw the firing ERROR's chart into `msg`; a chart that cannot be drawn only says so. Drawn once
         per group: its retries reuse it (a few are kept)."""
         if not t.receiver.charts or msg.severity is not Severity.ERROR or msg.status is not Status.FIRING:
+            return
+        room = getattr(t.receiver, "has_room", None)  # a group robot in a storm posts no chart: none is drawn
+        if room is not None and not room():
             return
         key = (t.head.key, tuple(t.ids))
         if key in self._charts:

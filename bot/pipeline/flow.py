@@ -112,14 +112,16 @@ class Limiter(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Round:
-    """What the delivery stages share: the scheduler's lane pacing (Retry-After), the rate limits, and
-    the worker's memory: messages it posted whose rows are not updated yet (row id -> reference), rows
+    """What the delivery stages share: the scheduler's lane pacing (Retry-After), the rate limits (but for
+    the receivers that keep their platform's own: a group robot's budget and summaries), and the worker's
+    memory: messages it posted whose rows are not updated yet (row id -> reference), rows
     whose verdict SQLite refused to record (not tried until it is written)."""
 
     scheduler: Scheduler
     limiter: Limiter
     posted: Mapping[int, str]
     unwritten: Container[int]
+    self_paced: Container[str] = frozenset()  # receivers that keep their platform's rate themselves (robots)
 
 
 class Due(msgspec.Struct, frozen=True):

@@ -60,8 +60,12 @@ class RateLimiter:
 def stage(rnd: Round, d: Due) -> Due:
     """The delivery stage: how long the group waits. Until its lane's Retry-After has passed (a 429
     earlier in this round paces the rest of its lane), else until its channel's, its run's and the
-    global bucket have a token (taken when it may go now)."""
+    global bucket have a token (taken when it may go now). A receiver that keeps its platform's rate
+    itself (a group robot: its budget holds a message for its next summary without posting) takes no
+    token: a held message's retry would spend the bucket that its summary needs."""
     head = d.rows[0]
     paced = rnd.scheduler.paced_until(head.lane, d.at) - d.at
+    if paced <= 0.0 and head.receiver in rnd.self_paced:
+        return d
     wait = paced if paced > 0.0 else rnd.limiter.wait(head.channel, head.run_id, d.at)
     return msgspec.structs.replace(d, wait=wait) if wait > 0.0 else d

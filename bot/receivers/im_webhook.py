@@ -240,6 +240,7 @@ class ChatWebhookReceiver:
 
     name = "webhook"
     charts = False
+    self_paced = True  # its budget and summaries keep the platform's rate: the bot's token buckets do not apply
     body_limit = 20 * 1024
     limit_text = ""  # the platform's documented rate, for the summary's first line
 
@@ -269,10 +270,12 @@ class ChatWebhookReceiver:
         return fit_body(lambda t: self.markdown_body(head, t, msg), markdown_text(msg, self.escape), self.body_limit)
 
     def has_room(self) -> bool:
-        """Whether the robot's window has room for one more message alone (a chart: it cannot be
-        summarised, so in a storm the text goes and the chart does not)."""
+        """Whether the robot's window has room for one more message alone and nothing waits for a summary
+        (a chart: it cannot be summarised, so in a storm the text goes and the chart does not: a chart
+        posted then would take the place of the summary that shows the held alerts)."""
         now = self.poster.clock()
-        return self.poster.budget.wait(now) == 0.0 and self.poster.budget.recent(now) < self.batcher.pace.direct
+        return not self.batcher.held and self.poster.budget.wait(now) == 0.0 and \
+            self.poster.budget.recent(now) < self.batcher.pace.direct
 
     def chart_link(self, msg: Message) -> str | None:
         """The signed, expiring link to `msg`'s chart (bot/chart_links.py) for a robot that cannot upload an

@@ -15,14 +15,20 @@ from typing import Any
 
 import pytest
 
+from bot.app import INGEST, OUTBOX, STORE, create_app
+from bot.config import load_bot_config
 from bot.delivery import Policy
+from bot.receivers.console import ConsoleReceiver
 from bot.receivers.dingtalk import DingTalkReceiver
+from bot.receivers.wecom import WeComReceiver
+from msmon.contract.wire import Envelope
 from tests.fakes.bot_server import BotServer, wait_for
 from tests.fakes.dingtalk_api import DingTalkRobot
 from tests.fakes.im_harness import T0, Clock, ImBot
 from tests.fakes.peers import HangingPeer, ThreadedRobot
 from tests.fakes.records import envelope, event
 from tests.fakes.slack_api import SlackAPIServer
+from tests.fakes.wecom_api import WeComRobot
 
 
 def config(tmp_path: Any, slack: SlackAPIServer) -> dict[str, Any]:
@@ -143,3 +149,58 @@ def test_a_dead_lettered_error_is_not_notified_its_next_event_goes_at_once(tmp_p
             bot.close()
             await rx.close()
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("platform", ["dingtalk", "wecom"])
+def test_a_storm_of_200_errors_a_minute_to_one_robot_is_all_shown_within_120_s(tmp_path, platform):
+    """The bot's default settings (rate limits, backoff, charts) and the local robot's 20 a minute: 200
+    ERRORs of distinct runs over a minute are all shown (alone or in a summary) within 120 s, the robot never
+    refuses one (its throttle never starts), and a held message's retries spend none of the tokens the
+    summaries need. (bench/bench_storm.py measures the same in real time.)"""
+    async def scenario() -> None:
+        clock = Clock()
+        robot = DingTalkRobot(clock) if platform == "dingtalk" else WeComRobot(clock)
+        async with robot.serving() as base:
+            rx: Any = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", None, clock) \
+                if platform == "dingtalk" else WeComReceiver(f"{base}/cgi-bin/webhook/send?key=robot-key", clock)
+            cfg = load_bot_config({"bot": {"state_path": str(tmp_path / "bot.sqlite"),
+                                           "routes": [{"receiver": platform}],
+                                           "console": {"charts_dir": str(tmp_path / "charts")}}})
+            app = create_app(cfg, clock=clock, receivers={"console": ConsoleReceiver(None), platform: rx})
+            runs = [f"run-{i:03d}" for i in range(200)]
+            for i, run in enumerate(runs):
+                clock.t = T0 + i * 0.3
+                app[INGEST].envelope(Envelope(run_id=run, device="0", sent_at=clock.t, project="llm",
+                                              events=[event(run=run)]))
+                await app[OUTBOX].deliver_due()
+            while clock.t < T0 + 120 and app[STORE].depth():
+                clock.t += 0.5
+                await app[OUTBOX].deliver_due()
+            text = " ".join(json.dumps(c.body, ensure_ascii=False) for c in robot.delivered)
+            missing = [r for r in runs if f"run {r}," not in text]
+            assert not missing, f"{len(missing)} of 200 not shown within 120 s"
+            assert all(c.ok for c in robot.calls), "the robot refused a message: its throttle started"
+            app[STORE].close()
+            await rx.close()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("platform", "code"), [("dingtalk", 310000), ("wecom", 93000)])
+def test_a_permanent_refusal_is_a_dead_letter_at_once_saying_what_to_fix(tmp_path, platform, code, caplog):
+    """DingTalk's 310000 (a robot signed with a secret the bot does not have) and WeCom's 93000 (a key that
+    is no robot's) cannot succeed on a retry: one try, a dead letter that names the code and the fix."""
+    async def scenario() -> None:
+        clock = Clock()
+        robot = DingTalkRobot(clock, secret="SEC-robot") if platform == "dingtalk" else WeComRobot(clock)
+        async with robot.serving() as base:
+            rx: Any = DingTalkReceiver(f"{base}/robot/send?access_token=robot-token", None, clock) \
+                if platform == "dingtalk" else WeComReceiver(f"{base}/cgi-bin/webhook/send?key=removed", clock)
+            bot = ImBot(tmp_path, rx, clock, policy=Policy())
+            bot.ingest([event(run="run-7")])
+            await bot.drain(T0 + 60, step=1.0, each=lambda: None)
+            assert len(robot.calls) == 1 and bot.dead() == 1 and bot.depth() == 0
+            bot.close()
+            await rx.close()
+    asyncio.run(scenario())
+    dead = [r.getMessage() for r in caplog.records if "dead letter:" in r.getMessage()]
+    assert dead and f"code {code}" in dead[0] and "permanent: " in dead[0]
