@@ -19,6 +19,9 @@ What is drawn follows the README's rule table:
   and are not drawn;
 - the throughput panel draws tokens/s, or samples/s when the job reports no tokens/s (its label says
   which); with `ranks` (a run's per-device rings, `rank_throughput`) one line per rank;
+- `grad_norm_creep`'s fitted trend over its span and the level its threshold sets at the trend's end;
+- a constant series (a flat LR) is one line mid-panel with one tick, not ticks around nothing;
+- the x label says the alert's step and its wall-clock time (UTC, the job's clock);
 - a log scale (the grad norm over more than `LOG_SPAN`x) says so in its panel's label;
 - a `status` chart (`rule == "status"`) is titled with the highest severity firing, or "no alert firing".
 """
@@ -26,8 +29,10 @@ What is drawn follows the README's rule table:
 from __future__ import annotations
 
 import asyncio
+import datetime
 import io
 import math
+import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -160,7 +165,8 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
         ax.axvline(event.step, color=colour, linewidth=g.pt(1.5), linestyle=":", zorder=3,
                    label=f"now: step {event.step}" if event.rule == "status" else f"alert at step {event.step}")
         ax.tick_params(labelbottom=i == len(PANELS) - 1)
-    axes[-1].set_xlabel("step", fontsize=g.pt(12), labelpad=g.pt(3))
+    axes[-1].set_xlabel(f"step   ({'now' if event.rule == 'status' else 'alert'} at step {event.step}, "
+                        f"{_clock(event.time)})", fontsize=g.pt(12), labelpad=g.pt(3))
     axes[-1].ticklabel_format(axis="x", useOffset=False, style="plain")
 
     handles: dict[str, Any] = {}
@@ -224,6 +230,14 @@ def _title(event: Event) -> str:
         return f"status  |  run {run}  |  step {event.step}  |  {says}"
     state = " resolved" if event.status is Status.RESOLVED else (" (reminder)" if event.repeat else "")
     return f"{event.severity.value} {event.rule}{state}  |  run {run}  |  device {event.device}  |  step {event.step}"
+
+
+def _clock(t: float) -> str:
+    """The job's time of the event as a person reads it: "2026-12-03 02:14:07 UTC"."""
+    try:
+        return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return "time unknown"
 
 
 def _wrap(text: str, width: int, max_lines: int) -> str:
@@ -291,7 +305,17 @@ def _panel(ax: Any, event: Event, steps: list[float], raw: list[float | None], l
             ax.yaxis.set_major_locator(FixedLocator(_log_ticks(float(pos.min()), float(pos.max()), zeros)))
             ax.yaxis.set_minor_locator(NullLocator())
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _log_label(v)))
-    if not log and len(finite):
+    if not log and len(finite) and _constant(finite):
+        # one value all along (a constant LR): one line in the middle, one tick saying it, not a panel of
+        # ticks 1.90e-5 ... 2.10e-5 around nothing
+        v = float(finite[0])
+        pad = abs(v) * 0.5 or 1.0
+        ax.set_ylim(v - pad, v + pad)
+        ax.yaxis.set_major_locator(FixedLocator([v]))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda t, _: f"{t:.4g}"))
+        ax.text(0.01, 0.62, f"constant {v:.4g}", transform=ax.transAxes, ha="left", va="bottom",
+                fontsize=g.pt(10), color=MUTED_COLOUR)
+    elif not log and len(finite):
         ax.yaxis.set_major_locator(MaxNLocator(nbins=5 if metric == "throughput" else 6, steps=[1, 2, 2.5, 5, 10],
                                                min_n_ticks=3))
         ax.yaxis.set_major_formatter(EngFormatter(sep="") if metric == "throughput" else _TickFormatter())
@@ -305,6 +329,12 @@ def _panel(ax: Any, event: Event, steps: list[float], raw: list[float | None], l
         ax.plot(bad, [0.93] * len(bad), linestyle="none", marker="x", color=NONFINITE_COLOUR,
                 markersize=g.pt(8), markeredgewidth=g.pt(2), transform=ax.get_xaxis_transform(),
                 zorder=4, label="NaN/Inf")
+
+
+def _constant(finite: Any) -> bool:
+    """Whether the finite values are one value (to a part in a million: a float32 LR read back varies by less)."""
+    lo, hi = float(finite.min()), float(finite.max())
+    return hi - lo <= 1e-6 * max(abs(hi), abs(lo), 1e-300)
 
 
 class _TickFormatter(Formatter):
@@ -409,6 +439,9 @@ def _rule_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
     if rule == "grad_norm" and _finite(thr):
         ax.axhline(thr, color=colour, linewidth=lw, linestyle="-.", zorder=3, label=f"threshold {thr:.4g}")
         return
+    if rule == "grad_norm_creep":
+        _creep_lines(ax, event, g, colour)
+        return
     if rule not in ("loss_spike", "grad_norm_spike", "throughput_drop") or base is None or not _finite(base):
         return
     ax.axhline(base, color=BASELINE_COLOUR, linewidth=lw, linestyle="--", zorder=3,
@@ -425,6 +458,26 @@ def _rule_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
         level = base * (1.0 - thr)
         ax.axhline(level, color=colour, linewidth=lw, linestyle="-.", zorder=3,
                    label=f"threshold {thr:.0%} below baseline = {_human(level, event.metric)}")
+
+
+_CREEP = re.compile(r"crept up [0-9.e+-]+x over the last ([0-9]+) steps")
+
+
+def _creep_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
+    """`grad_norm_creep`'s fitted trend (log-linear: from its start `baseline` to `baseline x value` over the
+    fit's span of steps, ending at the alert) and the level its threshold puts at the trend's end. The long
+    horizon's alert (a median against a reference) says no span: nothing is drawn for it."""
+    m = _CREEP.search(event.message)
+    start, rise, thr = event.baseline, event.value, event.threshold
+    if m is None or start is None or not (_finite(start) and _finite(rise) and start > 0 and rise > 0):
+        return
+    span = float(m.group(1))
+    xs = np.linspace(event.step - span, event.step, 50)
+    ax.plot(xs, start * rise ** ((xs - xs[0]) / span), color=colour, linewidth=g.pt(2.2), linestyle="--", zorder=3,
+            label=f"fitted trend {start:.3g} -> {start * rise:.3g} over {span:.0f} steps")
+    if _finite(thr) and thr > 0:
+        ax.axhline(start * thr, color=colour, linewidth=g.pt(1.6), linestyle="-.", zorder=3,
+                   label=f"threshold {thr:.3g}x the trend's start = {start * thr:.3g}")
 
 
 def _png(canvas: Any) -> bytes:

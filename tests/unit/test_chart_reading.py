@@ -1,0 +1,60 @@
+"""Charts read right (issue 29): `grad_norm_creep` draws the trend it fitted and the level its threshold sets, a
+constant LR is one line mid-panel with one tick (not ticks 1.90e-5 ... 2.10e-5 around nothing), and the x label
+says when the alert happened. The creep alert is the real detector's, on a real MindSpore CPU trace
+(data/backtest/mindspore-cpu/grad-creep.csv)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from bot.chart import chart_figure, render_chart  # noqa: E402
+from msmon.offline.readers import read_csv  # noqa: E402
+from msmon.offline.replay import replay, replay_monitor  # noqa: E402
+from notifier.config import load_config  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+
+def _first(trace: str, rule: str):
+    cfg = load_config(str(ROOT / "config" / "monitor.yaml"))
+    events = replay(read_csv(str(ROOT / "data" / "backtest" / "mindspore-cpu" / trace)), replay_monitor(cfg, "r"))
+    return next(e for e in events if e.rule == rule and e.status.value == "firing")
+
+
+def _creep():
+    return _first("grad-creep.csv", "grad_norm_creep")
+
+
+def _axes(fig):
+    return {ax.get_ylabel().removesuffix(" (log)"): ax for ax in fig.axes}
+
+
+def test_a_creep_chart_draws_the_fitted_trend_and_its_threshold() -> None:
+    ev = _creep()
+    m = re.search(r"over the last (\d+) steps \(trend ([0-9.e+-]+) -> ([0-9.e+-]+); threshold ([0-9.]+)x\)",
+                  ev.message)
+    assert m, ev.message
+    span, start, end, thr = int(m.group(1)), float(m.group(2)), float(m.group(3)), float(m.group(4))
+    lines = {line.get_label(): line for line in _axes(chart_figure(ev))["grad norm"].get_lines()}
+    trend = next(line for label, line in lines.items() if label.startswith("fitted trend"))
+    xs, ys = trend.get_xdata(), trend.get_ydata()
+    assert xs[0] == ev.step - span and xs[-1] == ev.step
+    assert ys[0] == pytest.approx(start, rel=0.01) and ys[-1] == pytest.approx(end, rel=0.01)
+    level = next(line for label, line in lines.items() if label.startswith("threshold"))
+    assert level.get_ydata()[0] == pytest.approx(start * thr, rel=0.01)
+    assert len(render_chart(ev)) > 10_000
+
+
+def test_a_constant_lr_is_one_line_mid_panel_and_the_time_is_said() -> None:
+    ev = _first("nan.csv", "nonfinite")  # the trace's LR is flat at 0.05 after its warmup, long before the NaN
+    assert len({v for v in ev.window.learning_rate if v is not None}) == 1, ev.window.learning_rate
+    fig = chart_figure(ev)
+    ax = _axes(fig)["learning rate"]
+    lo, hi = ax.get_ylim()
+    (v,) = {x for x in ev.window.learning_rate if x is not None}
+    assert lo < v < hi and (hi - lo) == pytest.approx(v, rel=1e-6)  # v +- 50 %: the line in the middle
+    assert [t for t in ax.get_yticks() if lo <= t <= hi] == [v]
+    assert "UTC" in fig.axes[-1].get_xlabel() and f"step {ev.step}" in fig.axes[-1].get_xlabel()
