@@ -206,14 +206,14 @@ def run_owner(store: Store, token: str, run_id: str, claimed: str | None = None
     project = claimed if claimed is not None else token if token != "*" else None
     if token not in ("*", project):
         return project, run_id, f"this token is for project {token!r}, not {project!r} (run {run_id!r})"
-    run = store.run(run_id)
+    owner = store.project_of(run_id)
     if project is None:
-        return (run["project"] if run is not None else None), run_id, None
-    if run is None or run["project"] == project:
+        return owner, run_id, None
+    if owner is None or owner == project:
         return project, run_id, None
     alias = f"{run_id}@{project}"
-    other = store.run(alias)
-    if other is None or other["project"] == project:
+    other = store.project_of(alias)
+    if other is None or other == project:
         return project, alias, None
     return project, alias, f"run ids {run_id!r} and {alias!r} both belong to other projects"
 

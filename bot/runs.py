@@ -43,17 +43,18 @@ class Runs:
         records it: when it is a new start's, the attempt before ends and a new one starts."""
         if not proc:
             return  # an older notifier: no way to tell a new start from a late message
+        ranks = self.state.ranks.runs.get(run_id)
+        was = ranks.members.get(str(rank) if rank is not None else device) if ranks is not None else None
+        if was is not None and was.life.proc == proc:
+            return  # the rank's own process going on (nearly every message): nothing read
         run = self.state.store.run(run_id)
         if run is None:
             return
-        ranks = self.state.ranks.run(run_id)
         known: set[str] = set()
-        restarted = False
         if ranks is not None:
             for m in ranks.members.values():
                 known |= {m.life.proc, *m.life.past}
-            was = ranks.members.get(str(rank) if rank is not None else device)
-            restarted = was is not None and bool(was.life.proc) and was.life.proc != proc
+        restarted = was is not None and bool(was.life.proc) and was.life.proc != proc
         if new_attempt(_PHASES[run["state"]], frozenset(known - {""}), proc, restarted):
             self._new_attempt(run, now)
 

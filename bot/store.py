@@ -170,6 +170,11 @@ class Store:
         return [self._run(r, latest.get(r["run_id"])) for r in
                 self.db.execute("SELECT * FROM runs ORDER BY last_seen DESC")]
 
+    def project_of(self, run_id: str) -> str | None:
+        """The project of a run (None: no such run): what every job request checks, in one read."""
+        r = self.db.execute("SELECT project FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        return None if r is None else str(r["project"])
+
     def run(self, run_id: str) -> dict[str, Any] | None:
         r = self.db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
         return None if r is None else self._run(r, self.attempts.latest(run_id))
