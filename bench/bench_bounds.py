@@ -7,6 +7,8 @@
    bot.window_samples (600); tracemalloc counts what stays allocated. Prints bytes per device.
 2. /healthz: a store of `runs` runs (inserted directly), the real bot served on loopback from it (its
    watchdog, escalator and outbox running), then `requests` sequential GET /healthz: p50, p99, max.
+3. An Alertmanager webhook of `--am-alerts` alerts about one host that `--am-runs` runs run on, through
+   the inbound handler's record() (what holds the loop): seconds.
 """
 
 from __future__ import annotations
@@ -52,6 +54,21 @@ def per_device(tmp: str, devices: int) -> float:
     return (after - before) / devices
 
 
+def alertmanager(tmp: str, alerts: int, runs: int) -> float:
+    from bot.alertmanager_inbound import AlertmanagerInboundHandler, AmAlert
+
+    cfg = BotConfig(state_path=os.path.join(tmp, "am.sqlite"))
+    state = BotState(cfg, Store(cfg.state_path), BotMetrics())
+    now = time.time()
+    for r in range(runs):
+        state.store.touch_run(f"run-{r}", "p", {"host": "node1"}, "0", 10, now)
+    handler = AlertmanagerInboundHandler(cfg, state, time.time)
+    body = [AmAlert(status="firing", labels={"alertname": f"Disk{i}", "instance": "node1:9100"}) for i in range(alerts)]
+    t = time.perf_counter()
+    handler.record(body)
+    return time.perf_counter() - t
+
+
 def fill_runs(path: str, runs: int) -> None:
     store = Store(path)
     now = time.time()
@@ -88,8 +105,12 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=100_000)
     ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--am-alerts", type=int, default=3000)
+    ap.add_argument("--am-runs", type=int, default=200)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        took = alertmanager(tmp, a.am_alerts, a.am_runs)
+        print(f"Alertmanager webhook of {a.am_alerts:,} alerts x {a.am_runs} runs on one host: {took:.2f} s")
         b = per_device(tmp, a.devices)
         print(f"memory: {b / 1024:.1f} KB per device (window_samples 600, {a.devices} devices of one run through the "
               f"ingest); bot.max_devices 4096 bounds a run at {b * 4096 / 2**20:.0f} MB")

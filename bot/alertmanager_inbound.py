@@ -18,12 +18,12 @@ import hmac
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from aiohttp import web
 
-from msmon.contract.wire import Severity
+from msmon.contract.wire import MAX_ID, MAX_TEXT, Severity
 
 from .config import AlertmanagerInbound, BotConfig
 from .pipeline.route import route_for
@@ -37,22 +37,29 @@ ROUTE = "/v1/alertmanager"
 _ERROR_SEVERITIES = {"critical", "error", "page", "fatal", "emergency"}
 
 
+_Str = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+_Map = Annotated[dict[Annotated[str, msgspec.Meta(max_length=MAX_ID)], _Str], msgspec.Meta(max_length=256)]
+MAX_ALERTS = 10_000  # alerts in one webhook (Alertmanager sends what a group holds; max_alerts caps it there)
+MAX_MATCHES = 10_000  # (alert, run) matches one webhook records: the work of one webhook is bounded
+
+
 class AmAlert(msgspec.Struct):
-    status: str
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-    startsAt: str = ""  # noqa: N815 - Alertmanager's field names
-    endsAt: str = ""  # noqa: N815
-    fingerprint: str = ""
+    status: Annotated[str, msgspec.Meta(max_length=MAX_ID)]
+    labels: _Map = {}
+    annotations: _Map = {}
+    startsAt: _Str = ""  # noqa: N815 - Alertmanager's field names
+    endsAt: _Str = ""  # noqa: N815
+    fingerprint: _Str = ""
 
 
 class AmWebhook(msgspec.Struct):
-    """Alertmanager's webhook body (version 4); fields msmon does not read are ignored."""
+    """Alertmanager's webhook body (version 4); fields msmon does not read are ignored. Bounded: at most
+    MAX_ALERTS alerts, 256 labels or annotations each, the wire's lengths for names and texts."""
 
-    alerts: list[AmAlert]
-    version: str = "4"
-    status: str = "firing"
-    receiver: str = ""
+    alerts: Annotated[list[AmAlert], msgspec.Meta(max_length=MAX_ALERTS)]
+    version: _Str = "4"
+    status: _Str = "firing"
+    receiver: _Str = ""
 
 
 def authorized(cfg: AlertmanagerInbound, header: str, env: Mapping[str, str] = os.environ) -> bool:
@@ -76,19 +83,43 @@ def run_hosts(labels: Mapping[str, str], cfg: AlertmanagerInbound) -> set[str]:
     return {h.strip() for k in cfg.run_host_labels for h in labels.get(k, "").split(",") if h.strip()}
 
 
+class RunIndex:
+    """The runs by host and by job, built once per webhook: each alert looks up the runs it concerns
+    instead of reading every run (3,000 alerts x 200 runs held the loop for a minute)."""
+
+    def __init__(self, runs: Iterable[Mapping[str, Any]], cfg: AlertmanagerInbound) -> None:
+        self.cfg = cfg
+        self.ids: list[str] = []
+        self.hosts: list[set[str]] = []
+        self.jobs: list[set[str]] = []
+        self.by_host: dict[str, list[int]] = {}
+        self.by_job: dict[str, list[int]] = {}
+        for i, r in enumerate(runs):
+            labels = r.get("labels") or {}
+            self.ids.append(r["run_id"])
+            self.hosts.append(run_hosts(labels, cfg))
+            self.jobs.append({r["run_id"]} | {labels[k] for k in cfg.run_job_labels if labels.get(k)})
+            for h in self.hosts[-1]:
+                self.by_host.setdefault(h, []).append(i)
+            for j in self.jobs[-1]:
+                self.by_job.setdefault(j, []).append(i)
+
+    def matching(self, alert: AmAlert) -> list[tuple[str, str]]:
+        """(run id, the host or job it matched) of each run the alert concerns, in the runs' order."""
+        hosts = {_host(alert.labels[k]) for k in self.cfg.host_labels if alert.labels.get(k)}
+        jobs = {alert.labels[k] for k in self.cfg.job_labels if alert.labels.get(k)}
+        found = {i for h in hosts for i in self.by_host.get(h, ())} | {i for j in jobs for i in self.by_job.get(j, ())}
+        out = []
+        for i in sorted(found):
+            by_host, by_job = hosts & self.hosts[i], jobs & self.jobs[i]
+            out.append((self.ids[i], sorted(by_host or by_job)[0]))
+        return out
+
+
 def matching_runs(alert: AmAlert, runs: Iterable[Mapping[str, Any]], cfg: AlertmanagerInbound
                   ) -> list[tuple[str, str]]:
     """(run id, the host or job it matched) of each run the alert concerns."""
-    hosts = {_host(alert.labels[k]) for k in cfg.host_labels if alert.labels.get(k)}
-    jobs = {alert.labels[k] for k in cfg.job_labels if alert.labels.get(k)}
-    out = []
-    for r in runs:
-        labels = r.get("labels") or {}
-        by_host = hosts & run_hosts(labels, cfg)
-        by_job = jobs & ({r["run_id"]} | {labels[k] for k in cfg.run_job_labels if labels.get(k)})
-        if by_host or by_job:
-            out.append((r["run_id"], sorted(by_host or by_job)[0]))
-    return out
+    return RunIndex(runs, cfg).matching(alert)
 
 
 def _severity(alert: AmAlert) -> Severity:
@@ -132,18 +163,27 @@ class AlertmanagerInboundHandler:
         store, now = self.state.store, self.clock()
         runs = [r for r in store.runs() if not r.get("gone")]
         steps = {r["run_id"]: r.get("last_step") or 0 for r in runs}  # a cluster alert starts at the run's step
+        index = RunIndex(runs, self.cfg.alertmanager.inbound)
+        states: dict[str, dict[str, str]] = {}  # run -> its alerts' status by fingerprint, read once a webhook
         rows: list[AlertRow] = []
         notes: list[OutboxEntry] = []
+        threads: dict[tuple[str, Severity], tuple[str, str, str]] = {}  # (run, severity) -> where its notes go
+        unrecorded = 0
         for alert in alerts:
-            for run_id, where in matching_runs(alert, runs, self.cfg.alertmanager.inbound):
+            for run_id, where in index.matching(alert):
+                if len(rows) >= MAX_MATCHES:
+                    unrecorded += 1
+                    continue
                 rule = "cluster:" + alert.labels.get("alertname", "alert")
                 fp = f"{run_id}|{rule}|{where}"
                 status = "resolved" if alert.status == "resolved" else "firing"
-                known = {a["fingerprint"]: a["status"] for a in store.alerts(run_id)}
+                known = states.get(run_id)
+                if known is None:
+                    known = states[run_id] = {a["fingerprint"]: a["status"] for a in store.alerts(run_id)}
                 sev = _severity(alert)
                 rows.append(AlertRow(fp, run_id, rule, where, sev.value, status, steps[run_id], now))
                 if known.get(fp) != status and (status == "firing" or fp in known):
-                    notes.append(self._note(run_id, sev, _text(alert, run_id, where), fp, now))
+                    notes.append(self._note(run_id, sev, _text(alert, run_id, where), fp, now, threads))
         with self.state.tx():
             if rows:
                 store.save_alerts(rows)
@@ -153,15 +193,25 @@ class AlertmanagerInboundHandler:
             self.state.wake_outbox()
         log.info("msmon bot: Alertmanager sent %d alert(s); %d matched a run, %d note(s) queued", len(alerts),
                  len(rows), len(notes))
+        if unrecorded:
+            log.warning("msmon bot: an Alertmanager webhook matched more than %d (alert, run) pairs; %d more were not "
+                        "recorded. Group fewer alerts per notification (route group_by, max_alerts) or label runs "
+                        "with fewer shared hosts", MAX_MATCHES, unrecorded)
         return len(rows)
 
-    def _note(self, run_id: str, severity: Severity, text: str, fp: str, now: float) -> OutboxEntry:
-        """A note in the thread of the run's first message on its route (the channel itself when none)."""
-        run = self.state.store.run(run_id) or {}
-        route = route_for(run.get("project", "default"), run.get("labels") or {}, severity, self.cfg.routes)
-        root = self.state.store.message(f"{run_id}|root|{route.receiver}|{route.channel}")
-        note = Note(text=text, reply_to=ReplyTo(channel=route.channel, thread=root["ts"] if root else ""))
-        return OutboxEntry(now, route.receiver, route.channel, "note", f"cluster|{fp}|{now!r}", run_id,
+    def _note(self, run_id: str, severity: Severity, text: str, fp: str, now: float,
+              threads: dict[tuple[str, Severity], tuple[str, str, str]]) -> OutboxEntry:
+        """A note in the thread of the run's first message on its route (the channel itself when none);
+        `threads` keeps each (run, severity)'s route and thread for the rest of the webhook."""
+        where = threads.get((run_id, severity))
+        if where is None:
+            run = self.state.store.run(run_id) or {}
+            route = route_for(run.get("project", "default"), run.get("labels") or {}, severity, self.cfg.routes)
+            root = self.state.store.message(f"{run_id}|root|{route.receiver}|{route.channel}")
+            where = threads[(run_id, severity)] = (route.receiver, route.channel, root["ts"] if root else "")
+        receiver, channel, thread = where
+        note = Note(text=text, reply_to=ReplyTo(channel=channel, thread=thread))
+        return OutboxEntry(now, receiver, channel, "note", f"cluster|{fp}|{now!r}", run_id,
                            msgspec.json.encode(note).decode(), now)
 
 

@@ -64,3 +64,30 @@ def test_runs_are_listed_a_page_at_a_time_with_a_cursor_and_a_bad_limit_is_a_422
             assert code == 422 and body["error"], bad
     finally:
         bot.stop()
+
+
+def test_an_alertmanager_webhook_is_bounded_in_alerts_and_in_the_matches_it_records(tmp_path, monkeypatch):
+    import json
+
+    import bot.alertmanager_inbound as am
+
+    monkeypatch.setattr(am, "MAX_MATCHES", 50)
+    monkeypatch.setenv("MSMON_ALERTMANAGER_TOKEN", "am-token")
+    bot = _bot(tmp_path, monkeypatch)
+    try:
+        for r in range(10):
+            body = encode(Envelope(run_id=f"run-{r}", device="0", sent_at=time.time(), project="llm",
+                                   labels={"host": "node1"}))
+            assert bot.request("POST", "/v1/ingest", body)[0] == 202
+
+        def webhook(n: int) -> tuple[int, dict]:
+            alerts = [{"status": "firing", "labels": {"alertname": f"Disk{i}", "instance": "node1:9100"}}
+                      for i in range(n)]
+            return bot.request("POST", "/v1/alertmanager", json.dumps({"alerts": alerts}).encode(), token="am-token")
+
+        assert webhook(10) == (200, {"alerts": 10, "matched": 50})  # 100 matches, the first 50 recorded
+        assert len(bot.store.alerts("run-0")) == 5
+        code, body = webhook(am.MAX_ALERTS + 1)
+        assert code == 422 and "10000" in body["error"]
+    finally:
+        bot.stop()
