@@ -29,6 +29,7 @@ What is drawn follows the README's rule table:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import io
 import math
@@ -432,52 +433,75 @@ def _spike_level(event: Event, base: float, thr: float) -> tuple[float, str] | N
     return base + thr * sigma, f"{thr:.3g} sigma above baseline"
 
 
-def _rule_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
-    """Threshold / baseline lines, only where they are in the panel's metric units."""
+@dataclasses.dataclass(frozen=True)
+class RuleLine:
+    """A line a rule's alert puts on its metric's panel, in the metric's own units: a level (`y`), or the fitted
+    trend from (`x0`, `y0`) to (`x1`, `y`) (`grad_norm_creep`). `kind`: "threshold", "baseline" or "trend"."""
+
+    kind: str
+    y: float
+    label: str
+    x0: float | None = None
+    y0: float | None = None
+    x1: float | None = None
+
+
+def threshold_lines(event: Event) -> list[RuleLine]:
+    """The lines `event`'s rule has in its metric's units (the chart and `msmon replay --plot` draw them):
+    `grad_norm`'s absolute threshold; the rolling median of `loss_spike`, `grad_norm_spike` and
+    `throughput_drop` and the level it implies; `grad_norm_creep`'s fitted trend and its threshold's level.
+    The other rules' thresholds are in units of their own and have none."""
     rule, thr, base = event.rule, event.threshold, event.baseline
-    lw = g.pt(1.6)
     if rule == "grad_norm" and _finite(thr):
-        ax.axhline(thr, color=colour, linewidth=lw, linestyle="-.", zorder=3, label=f"threshold {thr:.4g}")
-        return
+        return [RuleLine("threshold", thr, f"threshold {thr:.4g}")]
     if rule == "grad_norm_creep":
-        _creep_lines(ax, event, g, colour)
-        return
+        return _creep_lines(event)
     if rule not in ("loss_spike", "grad_norm_spike", "throughput_drop") or base is None or not _finite(base):
-        return
-    ax.axhline(base, color=BASELINE_COLOUR, linewidth=lw, linestyle="--", zorder=3,
-               label=f"baseline (rolling median) {_human(base, event.metric)}")
+        return []
+    out = [RuleLine("baseline", base, f"baseline (rolling median) {_human(base, event.metric)}")]
     if not _finite(thr):
-        return
+        return out
     if rule in ("grad_norm_spike", "loss_spike"):
         found = _spike_level(event, base, thr)
         if found is not None:
             level, how = found
-            ax.axhline(level, color=colour, linewidth=lw, linestyle="-.", zorder=3,
-                       label=f"threshold {how} = {_human(level, event.metric)}")
+            out.append(RuleLine("threshold", level, f"threshold {how} = {_human(level, event.metric)}"))
     elif rule == "throughput_drop":
         level = base * (1.0 - thr)
-        ax.axhline(level, color=colour, linewidth=lw, linestyle="-.", zorder=3,
-                   label=f"threshold {thr:.0%} below baseline = {_human(level, event.metric)}")
+        out.append(RuleLine("threshold", level, f"threshold {thr:.0%} below baseline = {_human(level, event.metric)}"))
+    return out
+
+
+def _rule_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
+    """Threshold / baseline lines, only where they are in the panel's metric units."""
+    for line in threshold_lines(event):
+        if line.kind == "trend" and line.x0 is not None and line.x1 is not None and line.y0:
+            xs = np.linspace(line.x0, line.x1, 50)
+            ratio = line.y / line.y0
+            ax.plot(xs, line.y0 * ratio ** ((xs - xs[0]) / (xs[-1] - xs[0])), color=colour, linewidth=g.pt(2.2),
+                    linestyle="--", zorder=3, label=line.label)
+        else:
+            ax.axhline(line.y, color=BASELINE_COLOUR if line.kind == "baseline" else colour, linewidth=g.pt(1.6),
+                       linestyle="--" if line.kind == "baseline" else "-.", zorder=3, label=line.label)
 
 
 _CREEP = re.compile(r"crept up [0-9.e+-]+x over the last ([0-9]+) steps")
 
 
-def _creep_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
+def _creep_lines(event: Event) -> list[RuleLine]:
     """`grad_norm_creep`'s fitted trend (log-linear: from its start `baseline` to `baseline x value` over the
     fit's span of steps, ending at the alert) and the level its threshold puts at the trend's end. The long
     horizon's alert (a median against a reference) says no span: nothing is drawn for it."""
     m = _CREEP.search(event.message)
     start, rise, thr = event.baseline, event.value, event.threshold
     if m is None or start is None or not (_finite(start) and _finite(rise) and start > 0 and rise > 0):
-        return
+        return []
     span = float(m.group(1))
-    xs = np.linspace(event.step - span, event.step, 50)
-    ax.plot(xs, start * rise ** ((xs - xs[0]) / span), color=colour, linewidth=g.pt(2.2), linestyle="--", zorder=3,
-            label=f"fitted trend {start:.3g} -> {start * rise:.3g} over {span:.0f} steps")
+    out = [RuleLine("trend", start * rise, f"fitted trend {start:.3g} -> {start * rise:.3g} over {span:.0f} steps",
+                    x0=event.step - span, y0=start, x1=float(event.step))]
     if _finite(thr) and thr > 0:
-        ax.axhline(start * thr, color=colour, linewidth=g.pt(1.6), linestyle="-.", zorder=3,
-                   label=f"threshold {thr:.3g}x the trend's start = {start * thr:.3g}")
+        out.append(RuleLine("threshold", start * thr, f"threshold {thr:.3g}x the trend's start = {start * thr:.3g}"))
+    return out
 
 
 def _png(canvas: Any) -> bytes:

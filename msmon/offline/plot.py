@@ -21,13 +21,14 @@ LOG_SPAN = 20.0  # the grad norm panel goes to a log scale when its values span 
 MAX_LABELS = 25  # rule names written beside the alert lines; more would be unreadable
 LABEL_ROWS = 3  # alert labels close together are staggered down over this many rows ...
 LABEL_GAP = 0.025  # ... when nearer than this fraction of the x range; a label with no free row is left out
+TICK = 0.012  # half the width of an alert's threshold bar, as a fraction of the x range
 
 # (Curves attribute, panel label, Event.metric values marked on this panel)
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("loss", "loss", ("loss",)),
     ("grad_norm", "grad norm", ("grad_norm",)),
     ("lr", "learning rate", ("learning_rate",)),
-    ("throughput", "tokens/s", ("throughput", "step_time")),
+    ("throughput", "throughput", ("throughput", "step_time")),  # its label: throughput_label(the log's format)
 )
 
 
@@ -80,21 +81,48 @@ def label_rows(steps: Sequence[int], span: float, rows: int = LABEL_ROWS, gap: f
 
 
 def _mark(ax: Any, events: list[Event], labelled: bool, span: float) -> int:
-    """The alert lines, and their rule names staggered (`label_rows`); how many names were left out."""
+    """The alert lines, and their rule names staggered (`label_rows`); how many names were left out. Where the
+    rule has a level in the metric's units (bot/chart.py's `threshold_lines`), a short horizontal tick at the
+    alert says it (a creep's fitted trend is drawn over its span)."""
     events = sorted(events, key=lambda e: e.step)
     rows = label_rows([e.step for e in events], span) if labelled else [None] * len(events)
     for e, row in zip(events, rows, strict=True):
-        ax.axvline(e.step, color=SEVERITY_COLOURS[e.severity], linewidth=1.2, alpha=0.8,
+        colour = SEVERITY_COLOURS[e.severity]
+        ax.axvline(e.step, color=colour, linewidth=1.2, alpha=0.8,
                    linestyle="-" if e.severity is Severity.ERROR else "--")
+        for line in _levels(e):
+            if line.kind == "trend" and line.x0 is not None and line.y0:
+                ax.plot([line.x0, e.step], [line.y0, line.y], color=colour, linewidth=1.6, linestyle=":")
+            elif line.kind == "threshold":
+                ax.plot([e.step - TICK * span, e.step + TICK * span], [line.y, line.y], color=colour, linewidth=2.0)
         if row is not None:
             ax.text(e.step, 1.0 - row / LABEL_ROWS, f" {e.rule}", transform=ax.get_xaxis_transform(), rotation=90,
                     va="top", ha="right", fontsize=7, color=SEVERITY_COLOURS[e.severity])
     return sum(r is None for r in rows) if labelled else 0
 
 
+def _levels(e: Event) -> list[Any]:
+    """The alert's lines in its metric's units (none without the bot's charts installed)."""
+    try:
+        from bot.chart import threshold_lines
+    except ImportError:
+        return []
+    return threshold_lines(e)
+
+
+def throughput_label(fmt: str) -> str:
+    """What the log's throughput is: MindFormers logs samples/s per device; other logs say no unit."""
+    return "samples/s per device" if fmt == "mindformers" else "throughput (as logged)"
+
+
 def plot_replay(result: Replayed, path: str, *, title: str = "", width_px: int = 1400) -> None:
     """Write a PNG of the replay's curves to `path`, each new alert a line on its metric's panel
     (ERROR solid red, WARNING dashed orange)."""
+    replay_figure(result, title=title, width_px=width_px).savefig(path, dpi=100)
+
+
+def replay_figure(result: Replayed, *, title: str = "", width_px: int = 1400) -> Any:
+    """The matplotlib `Figure` that `plot_replay` saves (with its Agg canvas)."""
     figure_cls, canvas_cls = _load()
     dpi = 100
     fig = figure_cls(figsize=(width_px / dpi, width_px * 0.7 / dpi), dpi=dpi, facecolor="white")
@@ -106,7 +134,7 @@ def plot_replay(result: Replayed, path: str, *, title: str = "", width_px: int =
     span = float(max(steps) - min(steps)) if steps else 1.0
     left_out = 0
     for ax, (attr, label, metrics) in zip(axes, PANELS, strict=True):
-        _draw_panel(ax, attr, label, result.curves)
+        _draw_panel(ax, attr, throughput_label(result.format) if attr == "throughput" else label, result.curves)
         left_out += _mark(ax, [e for e in firing if e.metric in metrics], labelled, span or 1.0)
     unlabelled = ("" if labelled else f"; {len(firing)} alerts: too many to name") + \
         (f"; {left_out} names left out where alerts crowd" if left_out else "")
@@ -115,6 +143,7 @@ def plot_replay(result: Replayed, path: str, *, title: str = "", width_px: int =
         axes[0].legend(loc="upper right", fontsize=8)
     counts = {s: sum(e.severity is s for e in firing) for s in (Severity.ERROR, Severity.WARNING)}
     fig.suptitle(f"{title}\n{counts[Severity.ERROR]} ERROR (red, solid), {counts[Severity.WARNING]} WARNING "
-                 f"(orange, dashed){unlabelled}", fontsize=10)
+                 f"(orange, dashed){unlabelled}; a short bar: the alert's threshold, dotted: a creep's trend",
+                 fontsize=10)
     fig.subplots_adjust(left=0.07, right=0.98, top=0.92, bottom=0.06, hspace=0.08)
-    fig.savefig(path, dpi=dpi)
+    return fig

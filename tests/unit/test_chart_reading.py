@@ -58,3 +58,23 @@ def test_a_constant_lr_is_one_line_mid_panel_and_the_time_is_said() -> None:
     assert lo < v < hi and (hi - lo) == pytest.approx(v, rel=1e-6)  # v +- 50 %: the line in the middle
     assert [t for t in ax.get_yticks() if lo <= t <= hi] == [v]
     assert "UTC" in fig.axes[-1].get_xlabel() and f"step {ev.step}" in fig.axes[-1].get_xlabel()
+
+
+def test_a_replay_plot_draws_each_alerts_threshold_and_says_what_its_throughput_is() -> None:
+    from msmon.offline.plot import replay_figure, throughput_label
+    from msmon.offline.replay import run_replay
+
+    cfg = load_config(str(ROOT / "config" / "monitor.yaml"))
+    result = run_replay(str(ROOT / "data" / "backtest" / "mindspore-cpu" / "grad-creep.csv"), cfg)
+    fig = replay_figure(result, title="grad-creep")
+    grad = next(ax for ax in fig.axes if ax.get_ylabel().startswith("grad norm"))
+    creep = next(e for e in result.firing() if e.rule == "grad_norm_creep")
+    trend = [ln for ln in grad.get_lines() if ln.get_linestyle() == ":"]
+    assert any(list(ln.get_xdata()) == [creep.step - 490, creep.step] for ln in trend), \
+        [list(ln.get_xdata()) for ln in trend]
+    threshold = next(e for e in result.firing() if e.rule == "grad_norm")
+    bars = [ln for ln in grad.get_lines() if len(ln.get_xdata()) == 2 and ln.get_linestyle() == "-"
+            and list(ln.get_ydata()) == [threshold.threshold] * 2]
+    assert bars, "no threshold bar at the grad_norm alert"
+    assert fig.axes[-1].get_ylabel() == "throughput (as logged)"
+    assert throughput_label("mindformers") == "samples/s per device"  # MindFormers' unit, not tokens/s
