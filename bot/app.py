@@ -33,6 +33,7 @@ from .commands import jobs
 from .commands.origin import Origin
 from .commands.service import CommandService, view
 from .config import BotConfig
+from .deadlines import read_body
 from .delivery import Policy
 from .devices import TooManyDevices
 from .digest import DigestReceiver, Digests
@@ -520,7 +521,7 @@ async def _every(period: float, fn: Callable[[], object], stop: asyncio.Event) -
 def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                receivers: dict[str, Receiver] | None = None, delivery: Policy | None = None,
                escalation_period: float = 1.0) -> web.Application:
-    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard])
+    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard, read_body(cfg.read_timeout)])
     store = open_store(cfg)  # SQLite (bot.state_path) or PostgreSQL (bot.store.url), migrated (bot/stores)
     m = BotMetrics()
     state = BotState(cfg, store, m, clock)

@@ -569,6 +569,9 @@ class BotConfig:
     port: int = _f(8080, "listen port (0: any free port)", ge=0, le=65535)
     state_path: str = _f("./msmon-bot.sqlite", "SQLite file for all state (WAL mode)")
     max_request_bytes: int = _f(4 << 20, "largest request accepted", ge=1024, le=256 << 20)
+    read_timeout: float = _f(30.0, "seconds a client has to send a whole request's headers, and again its body; a "
+                                   "slower one is cut (closed, or 408), as is a keep-alive connection idle this long",
+                             ge=1, le=3600)
     window_samples: int = _f(600, "metric samples kept per run and device (memory bound)", ge=10, le=100_000)
     max_runs: int = _f(1000, "runs kept in memory; the least recently seen are forgotten first", ge=1,
                        le=100_000)

@@ -26,6 +26,7 @@ from msmon.config.errors import ConfigError
 
 from .app import STORE, TOKENS, create_app
 from .config import BotConfig, load_bot_config
+from .deadlines import runner_args
 from .stores import StoreUnavailable
 from .web import announce_console
 
@@ -91,7 +92,8 @@ async def _serve(app: web.Application, cfg: BotConfig, access_log: bool = False)
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' event loop
             loop.add_signal_handler(sig, stop_on, sig)
-    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT,  # -v: aiohttp's line per request
+    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT, **runner_args(cfg.read_timeout),
+                           # -v: aiohttp's line per request
                            access_log=logging.getLogger("aiohttp.access") if access_log else None)
     await runner.setup()
     try:
@@ -135,7 +137,7 @@ class BotThread:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(self.app)
+        self.runner = web.AppRunner(self.app, **runner_args(self.cfg.read_timeout))
         try:
             self.loop.run_until_complete(self.runner.setup())
             site = web.TCPSite(self.runner, self.cfg.host, self.cfg.port)

@@ -91,3 +91,61 @@ def test_an_alertmanager_webhook_is_bounded_in_alerts_and_in_the_matches_it_reco
         assert code == 422 and "10000" in body["error"]
     finally:
         bot.stop()
+
+
+def test_slow_headers_and_slow_bodies_are_cut_after_read_timeout(tmp_path, monkeypatch):
+    """A client that sends its headers, or its body, a byte at a time is cut after bot.read_timeout: the
+    headers' connection closed, the body answered 408; a normal request meanwhile is served at once."""
+    import socket
+    import threading
+
+    bot = _bot(tmp_path, monkeypatch, read_timeout=1.5)
+
+    def trickle(data: bytes, out: list[bytes]) -> None:
+        with socket.create_connection(("127.0.0.1", bot.port), timeout=10) as s:
+            t0 = time.monotonic()
+            try:
+                for b in data:
+                    s.sendall(bytes([b]))
+                    time.sleep(0.2)
+                    if time.monotonic() - t0 > 8:
+                        break
+                out.append(s.recv(4096))
+            except OSError:
+                out.append(b"closed")
+            out.append(str(round(time.monotonic() - t0, 1)).encode())
+
+    try:
+        slow_headers: list[bytes] = []
+        head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 60 + b"\r\n\r\n"
+        body = b"x" * 30
+        slow_body: list[bytes] = []
+        req = (b"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer job-token\r\n"
+               b"Content-Type: application/json\r\nContent-Length: 30\r\n\r\n")
+        threads = [threading.Thread(target=trickle, args=(head, slow_headers)),
+                   threading.Thread(target=lambda: _slow_body(bot.port, req, body, slow_body))]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        assert bot.request("GET", "/healthz", token=None)[0] == 200 and time.monotonic() - t0 < 1.0
+        for t in threads:
+            t.join(20)
+        assert slow_headers[0] in (b"", b"closed") and float(slow_headers[1]) < 6, slow_headers
+        assert slow_body[0].startswith(b"HTTP/1.1 408"), slow_body
+    finally:
+        bot.stop()
+
+
+def _slow_body(port: int, head: bytes, body: bytes, out: list[bytes]) -> None:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head)
+        try:
+            for b in body:
+                s.sendall(bytes([b]))
+                time.sleep(0.2)
+        except OSError:
+            pass
+        out.append(s.recv(4096))

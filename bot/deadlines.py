@@ -1,0 +1,37 @@
+"""Slow requests are cut: a client that sends its headers or its body a byte at a time holds a
+connection and a coroutine for as long as it likes unless something ends it.
+
+* Headers: the connection's keep-alive timer (aiohttp's `keepalive_timeout`, started when the
+  connection opens and after each answer) closes a connection that has not sent a whole request
+  within `bot.read_timeout` seconds. `runner_args` gives it to the AppRunner.
+* Bodies: `read_body` reads a request's body within `bot.read_timeout` before the handler sees it
+  (408 otherwise); the handler then reads it from memory. A multipart body is left to its handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def runner_args(read_timeout: float) -> dict[str, Any]:
+    """The AppRunner's arguments that cut slow headers (and idle keep-alive connections)."""
+    return {"keepalive_timeout": read_timeout}
+
+
+def read_body(read_timeout: float) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.body_exists and not request.content_type.startswith("multipart/"):
+            try:
+                await asyncio.wait_for(request.read(), read_timeout)
+            except asyncio.TimeoutError:
+                raise web.HTTPRequestTimeout(reason=f"the request body did not arrive within {read_timeout:g} s "
+                                                    "(bot.read_timeout)") from None
+        return await handler(request)
+    return middleware
