@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -24,7 +25,7 @@ def runner_args(read_timeout: float) -> dict[str, Any]:
     return {"keepalive_timeout": read_timeout}
 
 
-def read_body(read_timeout: float) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def read_body(read_timeout: float) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.body_exists and not request.content_type.startswith("multipart/"):

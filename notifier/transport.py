@@ -168,7 +168,7 @@ class Spool:
     def prune_others(self, max_age: float, now: float) -> list[str]:
         """Remove the spools of other runs and devices in this directory untouched for `max_age` seconds (a
         run id that never comes back would keep its spool for ever); the names removed. Dead letters stay."""
-        removed = []
+        removed: list[str] = []
         try:
             names = os.listdir(self.directory)
         except OSError:
