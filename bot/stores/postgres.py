@@ -28,7 +28,10 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
 import re
+import socket
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -48,7 +51,16 @@ log = logging.getLogger("msmon.bot")
 
 _NUMBERED = re.compile(r"\?(\d+)")
 DB_NOW = "extract(epoch from clock_timestamp())"
-STATEMENT_TIMEOUT_MS = 10_000
+STATEMENT_TIMEOUT_MS = 3_000  # the server cancels a statement after this (a lock wait, a slow plan)
+# When the database host is gone without a reset (a dead host, a blackholing network), nothing answers: the
+# client gives up by itself, so that the bot answers 503 with Retry-After within seconds instead of hanging
+# until TCP gives up (~15 min). A connection attempt gets CONNECT_TIMEOUT_S; a statement the server does not
+# answer at all gets DEADLINE_S (then its connection is shut: the call raises); TCP keepalives and
+# tcp_user_timeout find a dead peer under an idle or a sending connection; after a statement or a connection
+# attempt nothing answered, statements fail at once for RETRY_CONNECT_S before the next attempt.
+CONNECT_TIMEOUT_S = 3
+DEADLINE_S = 4.0
+RETRY_CONNECT_S = 2.0
 
 
 class Row:
@@ -118,27 +130,72 @@ class PgDb:
         options = f"-c statement_timeout={STATEMENT_TIMEOUT_MS}" + (f" -c search_path={schema}" if schema else "") + \
             (f" {extra}" if extra else "")
         own = conninfo_to_dict(url).get("options")
-        self.conninfo = make_conninfo(url, options=f"{options} {own}" if own else options, keepalives_idle=30)
+        self.conninfo = make_conninfo(url, options=f"{options} {own}" if own else options, keepalives=1,
+                                      keepalives_idle=5, keepalives_interval=2, keepalives_count=2,
+                                      tcp_user_timeout=int(DEADLINE_S * 1000))
+        self.deadline: float | None = None  # armed once the store is open (migrations may take longer)
+        self._busy: float | None = None  # monotonic time the statement in flight started
+        self._down_until = 0.0
+        self._closed = threading.Event()
         self.conn = self._connect()
         self.in_tx = False
+        threading.Thread(target=self._watch, name="msmon-pg-deadline", daemon=True).start()
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.conninfo, autocommit=True, row_factory=_rows, connect_timeout=10)
+        t0 = time.monotonic()
+        try:
+            return psycopg.connect(self.conninfo, autocommit=True, row_factory=_rows,
+                                   connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.OperationalError:
+            if time.monotonic() - t0 > 1.0:  # no answer (not a refusal): the next calls fail at once for a while
+                self._down_until = time.monotonic() + RETRY_CONNECT_S
+            raise
 
     def _live(self) -> psycopg.Connection[Any]:
         if self.conn.closed and not self.in_tx:
+            wait = self._down_until - time.monotonic()
+            if wait > 0:
+                raise psycopg.OperationalError(f"PostgreSQL at {redact(self.url)} did not answer; the next connection "
+                                               f"attempt in {wait:.1f} s")
             log.warning("msmon bot: the PostgreSQL connection was lost; reconnecting to %s", redact(self.url))
             self.conn = self._connect()
         return self.conn
 
+    def _watch(self) -> None:
+        """Shut the connection of a statement the server has not answered within the deadline: the blocked
+        call raises (a dead host sends no reset; the server's statement_timeout cannot reach us)."""
+        while not self._closed.wait(0.25):
+            busy, deadline = self._busy, self.deadline
+            if busy is None or deadline is None or time.monotonic() - busy < deadline:
+                continue
+            with contextlib.suppress(OSError, psycopg.Error):
+                fd = self.conn.pgconn.socket
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    s.shutdown(socket.SHUT_RDWR)
+                log.error("msmon bot: PostgreSQL at %s has not answered a statement for %.0f s; its connection is "
+                          "closed (requests are answered 503 until it is back)", redact(self.url), deadline)
+            self._down_until = time.monotonic() + RETRY_CONNECT_S
+            self._busy = None
+
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        self._busy = time.monotonic()
+        try:
+            yield
+        finally:
+            self._busy = None
+
     def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
         text, named = translate(sql)
-        return self._live().execute(text, _params(args, named))
+        conn = self._live()
+        with self._timed():
+            return conn.execute(text, _params(args, named))
 
     def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> psycopg.Cursor[Any]:
         text, named = translate(sql)
         cur = self._live().cursor()
-        cur.executemany(text, [_params(a, named) for a in seq])
+        with self._timed():
+            cur.executemany(text, [_params(a, named) for a in seq])
         return cur
 
     def raw(self, query: Any, args: Sequence[Any] | dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
@@ -146,21 +203,35 @@ class PgDb:
             args = {k: _text(v) for k, v in args.items()}
         elif args is not None:
             args = [_text(v) for v in args]
-        return self._live().execute(query, args)
+        conn = self._live()
+        with self._timed():
+            return conn.execute(query, args)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[PgDb]:
-        """One transaction (BEGIN ... COMMIT, ROLLBACK on an exception). Not in psycopg's pipeline mode:
-        measured slower here than plain round trips for transactions of a few statements."""
+        """One transaction (BEGIN ... COMMIT, ROLLBACK on an exception), its BEGIN and its end under the
+        deadline as any statement. Not in psycopg's pipeline mode: measured slower here than plain round
+        trips for transactions of a few statements."""
         conn = self._live()
         self.in_tx = True
+        tx = conn.transaction()
         try:
-            with conn.transaction():
+            with self._timed():
+                tx.__enter__()
+            try:
                 yield self
+            except BaseException as exc:
+                with self._timed():
+                    if not tx.__exit__(type(exc), exc, exc.__traceback__):
+                        raise
+            else:
+                with self._timed():
+                    tx.__exit__(None, None, None)
         finally:
             self.in_tx = False
 
     def close(self) -> None:
+        self._closed.set()
         self.conn.close()
 
 
@@ -188,6 +259,7 @@ class PostgresStore(Store):
         self._AVAILABLE = (f"{Store._PENDING} AND (claimed_by IS NULL OR claimed_by='{self.owner}'"
                            f" OR claim_until<{DB_NOW})")
         self._migrate()
+        self.pg.deadline = DEADLINE_S  # from now on a statement nothing answers fails (503) within seconds
         self.commands = CommandLog(self.db, self._notify)
         self.escalations = EscalationLog(self.db)
         self.attempts = AttemptLog(self.db)
@@ -196,8 +268,17 @@ class PostgresStore(Store):
 
     @staticmethod
     def _create_schema(url: str, schema: str) -> None:
-        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema)))
+        """The schema, made once when replicas start together: under an advisory lock (CREATE SCHEMA IF NOT
+        EXISTS alone races: the second of two concurrent creators fails on pg_namespace's unique index)."""
+        with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+            key = lock_key(f"msmon.schema.{schema}")
+            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+            try:
+                conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema)))
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
+                pass  # another creator without the lock (an older replica): it is there
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     def close(self) -> None:
         self.db.close()
@@ -207,6 +288,7 @@ class PostgresStore(Store):
     def _lax(self) -> PgDb:
         if self.lax is None:
             self.lax = PgDb(self.url, self.pg.schema, "-c synchronous_commit=off")
+            self.lax.deadline = DEADLINE_S
         return self.lax
 
     @property
@@ -217,6 +299,7 @@ class PostgresStore(Store):
         db = self.pg
         key = lock_key(f"msmon.migrate.{self.schema}")
         db.raw("SELECT pg_advisory_lock(%s)", (key,))
+        db.raw("SET statement_timeout = 0")  # a migration may take longer than a statement of the running bot
         try:
             db.raw(migrations.VERSION_TABLE.format(real="DOUBLE PRECISION"))
             row = db.raw("SELECT MAX(version) AS v FROM schema_version").fetchone()
@@ -227,6 +310,7 @@ class PostgresStore(Store):
                            (m.version, m.name, time.time()))
                 log.info("msmon bot: schema migration %04d_%s applied to %s", m.version, m.name, self.path)
         finally:
+            db.raw("RESET statement_timeout")
             db.raw("SELECT pg_advisory_unlock(%s)", (key,))
 
     def schema_version(self) -> int:

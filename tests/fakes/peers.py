@@ -91,6 +91,78 @@ class HangingPeer:
         self._sock.close()
 
 
+class TcpProxy:
+    """A TCP proxy to `target` on loopback that can black-hole: `blackhole()` stops forwarding both ways
+    and keeps every connection open (no FIN, no RST: a database host that died, a network that drops), new
+    connections are accepted and never answered; `restore()` forwards again (new connections)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.holed = False
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self._conns: list[socket.socket] = []
+        self._done = threading.Event()
+        threading.Thread(target=self._accept, name="tcp-proxy", daemon=True).start()
+
+    def blackhole(self) -> None:
+        self.holed = True
+
+    def restore(self) -> None:
+        self.holed = False
+
+    def _accept(self) -> None:
+        while not self._done.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._conns.append(conn)
+            if self.holed:
+                continue
+            try:
+                up = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                conn.close()
+                continue
+            self._conns.append(up)
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        src.settimeout(0.2)
+        while not self._done.is_set():
+            if self.holed:  # read nothing more, send nothing more, close nothing
+                self._done.wait(0.2)
+                continue
+            try:
+                data = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        if not self.holed:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._done.set()
+        self._sock.close()
+        for c in self._conns:
+            with contextlib.suppress(OSError):
+                c.close()
+
+
 @contextlib.contextmanager
 def robots(*items: FakeRobot) -> Iterator[list[ThreadedRobot]]:
     with contextlib.ExitStack() as stack:
