@@ -134,17 +134,24 @@ def _callback(bot, headers, body):
     return send(urllib.request.Request(bot.url + "/dingtalk/callback", data=body, method="POST", headers=headers))
 
 
-def test_an_allowed_users_pause_is_answered_at_once_and_a_strangers_refused(tmp_path, monkeypatch):
-    import time
-
-    from tests.fakes.dingtalk_api import callback_request
+def _reported_bot(tmp_path, monkeypatch):
+    """The commands bot with its AppSecret, run-42 of project llm reported to it."""
     from tests.fakes.records import envelope
 
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("DINGTALK_APP_SECRET", APP_SECRET)
     bot = _commands_bot(tmp_path)
+    assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
+    return bot
+
+
+def test_an_allowed_users_pause_is_answered_at_once_and_a_strangers_refused(tmp_path, monkeypatch):
+    import time
+
+    from tests.fakes.dingtalk_api import callback_request
+
+    bot = _reported_bot(tmp_path, monkeypatch)
     try:
-        assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
         now = int(time.time() * 1000)
         status, answer = _callback(bot, *callback_request("pause run-42", APP_SECRET, now))
         assert status == 200 and answer["msgtype"] == "markdown"
@@ -205,13 +212,9 @@ def test_a_captured_timestamp_and_sign_carry_no_second_body_and_msg_ids_outlive_
     import time
 
     from tests.fakes.dingtalk_api import callback_request
-    from tests.fakes.records import envelope
 
-    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
-    monkeypatch.setenv("DINGTALK_APP_SECRET", APP_SECRET)
-    bot = _commands_bot(tmp_path)
+    bot = _reported_bot(tmp_path, monkeypatch)
     try:
-        assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
         now = int(time.time() * 1000)
         headers, body = callback_request("pause run-42", APP_SECRET, now, msg_id="m-1")
         assert "queued as c1" in _callback(bot, headers, body)[1]["markdown"]["text"]
