@@ -30,4 +30,6 @@ def test_the_cpu_traces_score_as_kept(capsys) -> None:
     with open(MS_TRACES / "issue24" / "after-cpu-10.json", encoding="utf-8") as f:
         kept = json.load(f)["runs"]
     assert [r["summary"] for r in runs] == [r["summary"] for r in kept]
-    assert runs[0]["summary"]["false_alarms"] == 0
+    # issue 24's goal on the clean steps: no ERROR at all, at most 1 false WARNING episode per 10k steps
+    assert runs[0]["summary"]["false_alarms_per_10k"] <= 1.0
+    assert not [a for t in runs[0]["traces"] for a in t["false_alarms"] if a["severity"] == "ERROR"]
