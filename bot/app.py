@@ -270,14 +270,31 @@ _ACK_PAGE = ("<!doctype html><html><head><meta charset=utf-8><title>msmon: ackno
              "<p>{text}</p>{form}</body></html>")
 
 
+MAX_ACK_TOKEN = 200  # characters of an acknowledge link's token (docs/openapi.yaml); a longer one is no link
+
+
+def _not_a_link(request: web.Request) -> web.Response | None:
+    """404 for a token longer than any link the bot makes, before anything reads it."""
+    if len(request.match_info["token"]) <= MAX_ACK_TOKEN:
+        return None
+    return web.Response(text=_ACK_PAGE.format(text="Not an acknowledge link msmon made.", form=""), status=404,
+                        content_type="text/html")
+
+
 async def ack_page(request: web.Request) -> web.Response:
     """The email link's page: a button that POSTs (a mail scanner fetching the link acknowledges nothing)."""
+    refused = _not_a_link(request)
+    if refused is not None:
+        return refused
     form = ('<form method="post"><button type="submit">Acknowledge: stop the escalation</button></form>')
     return web.Response(text=_ACK_PAGE.format(text="Acknowledge this msmon alert?", form=form),
                         content_type="text/html")
 
 
 async def ack_link(request: web.Request) -> web.Response:
+    refused = _not_a_link(request)
+    if refused is not None:
+        return refused
     status, text = request.app[ESCALATOR].ack_link(request.match_info["token"])
     return web.Response(text=_ACK_PAGE.format(text=escape_html(text), form=""), status=status,
                         content_type="text/html")

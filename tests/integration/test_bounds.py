@@ -149,3 +149,13 @@ def _slow_body(port: int, head: bytes, body: bytes, out: list[bytes]) -> None:
         except OSError:
             pass
         out.append(s.recv(4096))
+
+
+def test_an_ack_token_longer_than_any_link_is_a_404_both_ways(tmp_path, monkeypatch):
+    bot = _bot(tmp_path, monkeypatch)
+    try:
+        for method in ("GET", "POST"):
+            assert bot.request(method, "/ack/" + "a" * 201, token=None)[0] == 404
+        assert bot.request("GET", "/ack/" + "a" * 200, token=None)[0] == 200  # the page; the POST decides
+    finally:
+        bot.stop()
