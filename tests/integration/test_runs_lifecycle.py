@@ -22,9 +22,12 @@ from notifier.transport import BotTransport
 from tests.fakes.bot_server import BotServer, wait_for
 from tests.fakes.process import terminate
 from tests.fakes.recording_bot import RecordingBot
+from tests.integration.test_isolation import A as TOKEN
+from tests.integration.test_isolation import B as VISION
+from tests.integration.test_isolation import env  # noqa: F401 - the job, vision, operator and Slack tokens
 
 pytest.importorskip("aiohttp")
-TOKEN, VISION = "job-token", "vision-token"
+pytestmark = pytest.mark.usefixtures("env")
 
 
 def config(tmp_path, slack, token_project="llm", **ranks):
@@ -39,14 +42,6 @@ def config(tmp_path, slack, token_project="llm", **ranks):
         "commands": {"operators": [{"user": "cli:ops", "env": "MSMON_OPERATOR"}],
                      "allow": [{"project": "*", "users": ["cli:ops"]}]},
         "ranks": {"period": 0.2, "missing_after": 1.5, **ranks}}}
-
-
-@pytest.fixture
-def env(monkeypatch):
-    monkeypatch.setenv("MSMON_TEST_TOKEN", TOKEN)
-    monkeypatch.setenv("MSMON_VISION", VISION)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
-    monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
 
 
 def job(bot, run, tmp_path, *, project="llm", token=TOKEN, rank=None, world=None, device="0", **kw):
@@ -73,7 +68,7 @@ def texts(slack):
 # -- ownership ----------------------------------------------------------------------------------------
 
 
-def test_a_heartbeat_first_job_with_a_token_of_every_project_delivers_every_error(tmp_path, slack, env):
+def test_a_heartbeat_first_job_with_a_token_of_every_project_delivers_every_error(tmp_path, slack):
     """A job compiling its first step heartbeats before its first envelope: its run is its project's (not
     'default'), and every ERROR it then sends is accepted and posted."""
     bot = BotServer(config(tmp_path, slack, token_project="*"))
@@ -95,7 +90,7 @@ def test_a_heartbeat_first_job_with_a_token_of_every_project_delivers_every_erro
         bot.stop()
 
 
-def test_another_project_cannot_squat_a_run_id_a_job_then_uses(tmp_path, slack, env):
+def test_another_project_cannot_squat_a_run_id_a_job_then_uses(tmp_path, slack):
     bot = BotServer(config(tmp_path, slack))
     try:
         squat = Heartbeat(run_id="llm-7b", device="0", time=time.time(), step=1, project="vision")
@@ -115,7 +110,7 @@ def test_another_project_cannot_squat_a_run_id_a_job_then_uses(tmp_path, slack, 
 # -- ends and attempts ---------------------------------------------------------------------------------
 
 
-def test_an_ended_run_is_shown_ended_with_its_alerts_closed_and_a_rerun_is_a_new_attempt(tmp_path, slack, env):
+def test_an_ended_run_is_shown_ended_with_its_alerts_closed_and_a_rerun_is_a_new_attempt(tmp_path, slack):
     bot = BotServer(config(tmp_path, slack))
     try:
         first = job(bot, "rerun", tmp_path)
@@ -155,7 +150,7 @@ def test_an_ended_run_is_shown_ended_with_its_alerts_closed_and_a_rerun_is_a_new
         bot.stop()
 
 
-def test_32_ranks_closing_together_page_no_missing_rank_and_end_the_run_once(tmp_path, slack, env, caplog):
+def test_32_ranks_closing_together_page_no_missing_rank_and_end_the_run_once(tmp_path, slack, caplog):
     caplog.set_level(logging.INFO, "msmon.bot")
     bot = BotServer(config(tmp_path, slack, missing_after=1.0))
     ranks = [job(bot, "dp-32", tmp_path, rank=r, world=32, device=str(r), heartbeat_interval=0.05) for r in range(32)]
@@ -198,7 +193,7 @@ t.close(final=True)
 """
 
 
-def test_a_killed_rank_stays_missing_when_the_others_finish(tmp_path, slack, env):
+def test_a_killed_rank_stays_missing_when_the_others_finish(tmp_path, slack):
     bot = BotServer(config(tmp_path, slack))
     stop = tmp_path / "stop"
     procs = [subprocess.Popen([sys.executable, "-c", RANK_JOB, bot.url, "dp-4", str(r), "4", str(stop)],
@@ -247,7 +242,7 @@ def test_close_ends_the_heartbeats_before_the_final_one(tmp_path):
         bot.stop()
 
 
-def test_a_refused_job_does_not_flood_the_bot_on_close(tmp_path, slack, env, caplog):
+def test_a_refused_job_does_not_flood_the_bot_on_close(tmp_path, slack, caplog):
     """Envelopes the bot refuses (a token of project vision for a job saying llm): close() keeps the backoff."""
     bot = BotServer(config(tmp_path, slack))
     caplog.set_level(logging.WARNING, "msmon")
@@ -262,7 +257,7 @@ def test_a_refused_job_does_not_flood_the_bot_on_close(tmp_path, slack, env, cap
         bot.stop()
 
 
-def test_a_custom_loop_under_rank_id_3_reports_rank_3(tmp_path, slack, env, monkeypatch):
+def test_a_custom_loop_under_rank_id_3_reports_rank_3(tmp_path, slack, monkeypatch):
     from notifier.monitor import Monitor
 
     monkeypatch.setenv("RANK_ID", "3")
@@ -288,7 +283,7 @@ def test_a_custom_loop_under_rank_id_3_reports_rank_3(tmp_path, slack, env, monk
         bot.stop()
 
 
-def test_save_checkpoint_while_paused_is_written_at_the_paused_step_within_10_s(tmp_path, slack, env):
+def test_save_checkpoint_while_paused_is_written_at_the_paused_step_within_10_s(tmp_path, slack):
     """pause, then save-checkpoint (the natural thing while a run diverges): written at once at the paused step,
     not after the resume; status says what is queued meanwhile."""
     ms = pytest.importorskip("mindspore")
@@ -357,7 +352,7 @@ def test_save_checkpoint_while_paused_is_written_at_the_paused_step_within_10_s(
         bot.stop()
 
 
-def test_a_bot_outage_pages_nothing_for_the_runs_that_went_on(tmp_path, slack, env):
+def test_a_bot_outage_pages_nothing_for_the_runs_that_went_on(tmp_path, slack):
     """The bot is down for longer than heartbeat_timeout while a healthy job goes on: on its start it judges
     the run's silence from its own start (the lifecycle's bot restart), so no job_gone."""
     from tests.fakes.serve_process import free_port
