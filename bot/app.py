@@ -418,7 +418,9 @@ async def post_command(request: web.Request) -> web.Response:
     out = answer.to_json()
     if answer.chart is not None:  # a status: its chart's path (null when charts are off or it failed)
         console = request.app[CONFIG].console
-        out["chart"] = await save_status_chart(console.charts_dir, answer.chart, request.app[STATE].windows) \
+        state = request.app[STATE]
+        out["chart"] = await save_status_chart(console.charts_dir, answer.chart, state.windows,
+                                               state.store.alerts(answer.chart.run_id, "firing")) \
             if console.charts else None
     return web.json_response(tag_nonfinite(out), status=answer.status)
 

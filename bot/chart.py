@@ -65,6 +65,7 @@ MAX_RANK_LINES = 8  # ranks drawn one line each in the throughput panel; more: t
 RANK_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 RankSeries = tuple[Sequence[int], Sequence[float | None]]  # one rank's (steps, throughput)
+AlertStart = tuple[int, str, str]  # a firing alert's (first step, rule, severity), marked on a status chart
 
 # (event.metric, Window field, panel label)
 PANELS = (
@@ -81,9 +82,16 @@ def chart_size(event: Event, width_px: int = 1200) -> tuple[int, int]:
     return width_px, max(1, round(width_px * aspect))
 
 
-async def render_chart_off_loop(event: Event, ranks: Mapping[str, RankSeries] | None = None) -> bytes:
+async def render_chart_off_loop(event: Event, ranks: Mapping[str, RankSeries] | None = None,
+                                starts: Sequence[AlertStart] = ()) -> bytes:
     """`render_chart` in the default executor: a chart takes tens of milliseconds the event loop must not."""
-    return await asyncio.get_running_loop().run_in_executor(None, lambda: render_chart(event, ranks=ranks))
+    return await asyncio.get_running_loop().run_in_executor(
+        None, lambda: render_chart(event, ranks=ranks, starts=starts))
+
+
+def alert_starts(firing: Sequence[Mapping[str, Any]]) -> list[AlertStart]:
+    """The firing alerts (the store's rows) as `render_chart(starts=...)` marks them: where each began."""
+    return sorted((int(a["first_step"]), str(a["rule"]), str(a["severity"])) for a in firing)
 
 
 def throughput_field(window: Window) -> tuple[str, str]:
@@ -105,14 +113,17 @@ def rank_throughput(windows: Windows, run_id: str) -> dict[str, RankSeries]:
             for dev, ss in samples.items()}
 
 
-def render_chart(event: Event, *, width_px: int = 1200, ranks: Mapping[str, RankSeries] | None = None) -> bytes:
+def render_chart(event: Event, *, width_px: int = 1200, ranks: Mapping[str, RankSeries] | None = None,
+                 starts: Sequence[AlertStart] = ()) -> bytes:
     """PNG bytes of the metric snapshot for `event` (1200 x 900 px at the default width). `ranks`: the run's
     throughput per rank (`rank_throughput`), drawn in the throughput panel one line each when there are two
-    or more."""
-    return _png(chart_figure(event, width_px=width_px, ranks=ranks).canvas)
+    or more. `starts`: where the run's firing alerts began (`alert_starts`), marked on a status chart, its
+    step axis reaching back to the first of them."""
+    return _png(chart_figure(event, width_px=width_px, ranks=ranks, starts=starts).canvas)
 
 
-def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, RankSeries] | None = None) -> Any:
+def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, RankSeries] | None = None,
+                 starts: Sequence[AlertStart] = ()) -> Any:
     """The matplotlib `Figure` that `render_chart` saves (with its Agg canvas): what the tests look into."""
     width, height = chart_size(event, width_px)
     # A hair over the exact size: Agg truncates width_in * dpi to whole pixels.
@@ -166,6 +177,8 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
         ax.axvline(event.step, color=colour, linewidth=g.pt(1.5), linestyle=":", zorder=3,
                    label=f"now: step {event.step}" if event.rule == "status" else f"alert at step {event.step}")
         ax.tick_params(labelbottom=i == len(PANELS) - 1)
+    if starts:
+        _mark_starts(axes, starts, steps, g)
     axes[-1].set_xlabel(f"step   ({'now' if event.rule == 'status' else 'alert'} at step {event.step}, "
                         f"{_clock(event.time)})", fontsize=g.pt(12), labelpad=g.pt(3))
     axes[-1].ticklabel_format(axis="x", useOffset=False, style="plain")
@@ -180,6 +193,28 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
                bbox_to_anchor=(left / width, g.fy(legend_top)), borderaxespad=0, borderpad=0,
                ncol=len(handles), fontsize=g.pt(10.5), handlelength=2.2, columnspacing=2.0)
     return fig
+
+
+def _mark_starts(axes: list[Any], starts: Sequence[AlertStart], steps: list[float], g: _Geometry) -> None:
+    """A dashed line on every panel where each firing alert began, its rule written at the top panel's edge (a
+    rule near the one before it goes a row down); the step axis reaches back to the first of them."""
+    first = min(s for s, _, _ in starts)
+    lo, hi = min(steps + [first]), max(steps + [first])
+    axes[0].set_xlim(lo - 0.02 * (hi - lo or 1), hi + 0.02 * (hi - lo or 1))
+    last_x: list[float] = []
+    for step, rule, severity in starts:
+        colour = SEVERITY_COLOURS.get(Severity(severity), SEVERITY_COLOURS[Severity.ERROR]) \
+            if severity in ("WARNING", "ERROR") else MUTED_COLOUR
+        for ax in axes:
+            ax.axvline(step, color=colour, linewidth=g.pt(1.2), linestyle=(0, (4, 3)), alpha=0.85, zorder=3)
+        row = next((i for i, x in enumerate(last_x) if step - x > 0.08 * (hi - lo or 1)), len(last_x))
+        if row == len(last_x):
+            last_x.append(step)
+        last_x[row] = step
+        right = step > lo + 0.7 * (hi - lo)  # near the right edge: the label left of its line, not cut off
+        axes[0].text(step, 0.97 - 0.13 * row, f"{rule} since {step} " if right else f" {rule} since {step}",
+                     transform=axes[0].get_xaxis_transform(), ha="right" if right else "left", va="top",
+                     fontsize=g.pt(9), color=colour, parse_math=False)
 
 
 class _Geometry:

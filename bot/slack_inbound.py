@@ -180,14 +180,15 @@ class SlackInbound:
         takes no file)."""
         if answer.chart is None or not self.charts or not origin.reply_to.channel:
             return
-        from .chart import rank_throughput, render_chart_off_loop
+        from .chart import alert_starts, rank_throughput, render_chart_off_loop
 
         event = answer.chart
         ranks = rank_throughput(self.svc.state.windows, event.run_id)  # one throughput line per rank
+        starts = alert_starts(self.svc.state.store.alerts(event.run_id, "firing"))  # where they began
 
         async def draw() -> None:
             try:
-                png = await render_chart_off_loop(event, ranks)
+                png = await render_chart_off_loop(event, ranks, starts)
             except Exception as exc:  # noqa: BLE001 - job data matplotlib cannot draw: the answer stands without it
                 log.warning("msmon bot: the status chart of run %s at step %s could not be drawn (%s: %s); the "
                             "status answer went out without it", event.run_id, event.step, type(exc).__name__, exc)

@@ -10,7 +10,8 @@ import itertools
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, TextIO
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 from msmon.common.safenames import inside, slug
 from msmon.contract.wire import Event, Status
@@ -35,15 +36,16 @@ def save_png(directory: str, name: str, png: bytes) -> str:
     return path
 
 
-async def save_status_chart(directory: str, event: Event, windows: Windows | None = None) -> str | None:
+async def save_status_chart(directory: str, event: Event, windows: Windows | None = None,
+                            firing: Sequence[Mapping[str, Any]] = ()) -> str | None:
     """`msmon cmd status`'s chart, drawn off the event loop into the charts folder; its path, or None when
     matplotlib or the disk refuses (logged: a chart never fails the command). `windows`: the bot's per-device
-    rings, for one throughput line per rank."""
-    from ..chart import rank_throughput, render_chart_off_loop  # matplotlib only when a chart is drawn
+    rings, for one throughput line per rank; `firing`: the run's firing alerts, marked where they began."""
+    from ..chart import alert_starts, rank_throughput, render_chart_off_loop  # matplotlib only when drawn
 
     ranks = rank_throughput(windows, event.run_id) if windows is not None else None
     try:  # the file is a slug of the run id inside the folder (save_png)
-        png = await render_chart_off_loop(event, ranks)
+        png = await render_chart_off_loop(event, ranks, alert_starts(firing))
         return save_png(directory, f"status-{event.run_id}-step{event.step}.png", png)
     except Exception as exc:  # noqa: BLE001 - matplotlib or the disk: the answer goes without its chart
         log.warning("msmon bot: status chart of run %r step %d not drawn or written to %s: %s: %s", event.run_id,

@@ -78,3 +78,21 @@ def test_a_replay_plot_draws_each_alerts_threshold_and_says_what_its_throughput_
     assert bars, "no threshold bar at the grad_norm alert"
     assert fig.axes[-1].get_ylabel() == "throughput (as logged)"
     assert throughput_label("mindformers") == "samples/s per device"  # MindFormers' unit, not tokens/s
+
+
+def test_a_status_chart_marks_where_the_firing_alerts_began_even_before_its_window() -> None:
+    from bot.chart import alert_starts
+    from bot.commands.service import _status_event
+    from msmon.contract.wire import Sample
+
+    hist = [Sample(run_id="r", device="0", step=s, time=1.79e9 + s, loss=0.25, learning_rate=0.05, grad_norm=0.3)
+            for s in range(2500, 3001, 10)]  # the bot's window: the last samples only
+    firing = [{"first_step": 2010, "rule": "lr_schedule", "severity": "ERROR"},
+              {"first_step": 2900, "rule": "grad_norm_spike", "severity": "WARNING"}]
+    fig = chart_figure(_status_event({"run_id": "r"}, hist, firing), starts=alert_starts(firing))
+    lo, hi = fig.axes[0].get_xlim()
+    assert lo <= 2010 and hi >= 3000  # the axis reaches back to where the first alert began
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert " lr_schedule since 2010" in texts and "grad_norm_spike since 2900 " in texts, texts
+    marks = [ln for ln in fig.axes[1].get_lines() if list(ln.get_xdata()) in ([2010, 2010], [2900, 2900])]
+    assert len(marks) == 2
