@@ -43,8 +43,9 @@ def run_demo(trace: str, monitor_config: str, out_dir: str, story: Story, pace: 
         "console": {"charts_dir": os.path.join(out_dir, "charts")},
         # A terminal has no chat API's rate to respect: every message goes at once, in the order it came.
         "rate_limit": {"per_channel": 1000, "per_run": 1000, "global_rate": 1000, "burst": 1000},
-        # ... and every alert is shown, a WARNING during an ERROR too, so each step `status` names is printed above.
-        "pipeline": {"group_wait": 0.05, "inhibit_warnings": False},
+        # ... and every alert is shown, a WARNING during an ERROR too, so each step `status` names is printed above;
+        # one device, nothing to group: each goes out as it comes, so a WARNING is never printed after a later ERROR.
+        "pipeline": {"group_wait": 0.0, "inhibit_warnings": False},
         "commands": {"operators": [{"user": "demo:you", "env": "MSMON_OPERATOR_TOKEN"}],
                      "allow": [{"project": "*", "users": ["demo:you"]}]}}})
     for suffix in ("", "-wal", "-shm"):  # a fresh demo each time
