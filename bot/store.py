@@ -115,6 +115,12 @@ class Store:
             (name, owner, now + ttl, now))
         return bool(cur.rowcount == 1)
 
+    def release(self, owner: str) -> None:
+        """A process that stops gives up what it holds (its named leases, its escalations), so that the next
+        owner takes over at once instead of after the lease."""
+        self.db.execute("DELETE FROM leases WHERE owner=?", (owner,))
+        self.db.execute("UPDATE escalations SET owner=NULL, lease_until=NULL WHERE owner=?", (owner,))
+
     def lock_run(self, run_id: str) -> None:
         """Inside a transaction: no other writer decides on this run's alerts until it ends. One SQLite
         process holds the whole file (BEGIN IMMEDIATE): nothing to do."""

@@ -22,7 +22,6 @@ import hmac
 import logging
 import secrets
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -101,7 +100,9 @@ class Escalator:
     def __init__(self, state: BotState, clock: Callable[[], float] = time.time, owner: str | None = None,
                  period: float = 1.0, links: AckLinks | None = None) -> None:
         self.state, self.cfg, self.clock, self.period, self.links = state, state.cfg, clock, period, links
-        self.owner = owner or f"bot-{uuid.uuid4().hex[:8]}"
+        # The store's owner: one per SQLite file (a restarted bot holds its escalations' leases at once, so
+        # a level falls due on time across a SIGKILL), one per process on PostgreSQL (released at stop).
+        self.owner = owner or state.store.owner
         self.scheduler: AsyncIOScheduler | None = None
         # (run, rule, who, now) after an email link acknowledged a firing alert: bot/app.py tells the job
         # through the command service, as for an ack typed in chat
@@ -128,8 +129,17 @@ class Escalator:
             log.info("msmon bot: %d open escalations taken up from %s", len(opened), self.store.path)
 
     def stop(self) -> None:
+        """Stop, and give up this owner's leases (the next process or replica takes over at once)."""
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        try:
+            with self.state.tx():
+                self.store.release(self.owner)
+                if self.state.store.owner != self.owner:
+                    self.store.release(self.state.store.owner)
+        except Exception:  # noqa: BLE001 - the store is away: the leases run out by themselves
+            log.warning("msmon bot: could not release the escalator's leases; another owner takes over when they "
+                        "run out")
 
     def _plan(self, esc_id: int, at: float | None) -> None:
         """The job of one escalation at its next due time (real time: apscheduler's clock)."""
