@@ -6,6 +6,8 @@ import random
 from collections.abc import Iterable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from msmon.contract.wire import Sample, Severity, Status
 from msmon.core.detectors import DetectorContext
@@ -241,3 +243,30 @@ def test_skip_leaves_the_state_alone() -> None:
     v = gate.admit(st, f, 3, 2)
     assert v is not None and v.severity is ERROR
     assert gate.admit(st, SKIP, 4, 2) is None and st.firing is ERROR
+
+
+# -- any interleaving: a new episode is never hidden ---------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(seq=hs.lists(hs.sampled_from(["clear", "W", "E"]), max_size=200),
+       interval=hs.sampled_from([0, 1, 5, 500]), resolve_after=hs.integers(1, 4), consecutive=hs.integers(1, 3))
+def test_every_episode_goes_out_once_and_is_resolved_at_most_once(seq, interval, resolve_after, consecutive):
+    """Whatever the findings and alert_interval: an episode that reaches a level is sent when it does (FIRING, not
+    a reminder), each rise once, a reminder never comes sooner than alert_interval after the last event of its
+    level, and a RESOLVED follows only an episode that was sent."""
+    gate, st = AlertGate(alert_interval=interval, baseline_steps=0, resolve_after=resolve_after), GateState()
+    firing, last_sent = None, {}
+    for step, kind in enumerate(seq):
+        f = {"clear": CLEAR, "W": W, "E": E}[kind]
+        before = st.firing
+        v = gate.admit(st, f, step, consecutive)
+        if before is None and st.firing is not None or before is WARNING and st.firing is ERROR:
+            assert v is not None and v.status is FIRING and not v.repeat and v.severity is st.firing
+        if v is not None and v.status is FIRING and v.repeat:
+            assert interval > 0 and step - last_sent[v.severity] >= interval
+        if v is not None and v.status is RESOLVED:
+            assert firing is not None
+        if v is not None and v.status is FIRING:
+            last_sent[v.severity] = step
+        firing = st.firing
