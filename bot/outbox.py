@@ -493,7 +493,7 @@ class Outbox:
             self.store.mark_posted(t.ids, ref["ts"])
         if firing_devices <= resolved:
             view = self._message(fkey, fired or t.payloads)
-            view.status = Status.RESOLVED
+            view.status, view.resolution = Status.RESOLVED, msg.lead.message  # the post says why it closed
             await t.receiver.update(channel, ref["ts"], view)
             self.store.retire_message(fkey, self.clock())
 

@@ -51,6 +51,7 @@ class Message:
     link: str | None = None  # the run's page in the web console ("open in msmon"; console.web.public_url set)
     ranks: dict[str, int] = dataclasses.field(default_factory=dict)  # device -> the rank that sent its event
     known_ranks: int = 0  # ranks the bot knows in the run (bot/ranks): a storm says "on 12/64 ranks"
+    resolution: str = ""  # a resolved message's reason when it is not "back to normal" (its run ended)
 
     @property
     def devices(self) -> list[str]:

@@ -207,7 +207,7 @@ RUN_ENDED = "run ended"  # the resolution reason of an alert closed with its run
 def resolved_text(msg: Message, esc: Escape) -> str:
     """What a resolution says: "back to normal", or why it closed without being back to normal (its run
     ended: `RUN_ENDED`, then the run's own words)."""
-    why = msg.lead.message
+    why = msg.resolution or msg.lead.message
     if why.startswith(RUN_ENDED):
         return f"closed, {esc(why)} (devices {devices_text(msg, esc)})"
     return f"back to normal on devices {devices_text(msg, esc)}"

@@ -375,3 +375,38 @@ def test_a_bot_outage_pages_nothing_for_the_runs_that_went_on(tmp_path, slack):
     finally:
         t.close(final=True)
         bot.stop()
+
+
+def test_a_job_resumed_after_it_was_gone_is_a_new_attempt_whose_gone_alert_closes_once(tmp_path, slack):
+    cfg = config(tmp_path, slack)
+    cfg["bot"]["pipeline"]["heartbeat_timeout"] = 1.5
+    bot = BotServer(cfg)
+    stop = tmp_path / "stop"
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", RANK_JOB, bot.url, "resumed", "0", "1", str(stop)],
+                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+                                start_new_session=True)
+    procs = [start()]
+    try:
+        assert wait_for(lambda: (v := run_view(bot, "resumed")) is not None and v["last_step"], timeout=30)
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(10)
+        assert wait_for(lambda: [a["rule"] for a in run_view(bot, "resumed")["firing"]] == ["job_gone"], timeout=15)
+        procs.append(start())  # the job resumed under the same run id (from its checkpoint)
+        assert wait_for(lambda: run_view(bot, "resumed")["attempt"] == 2, timeout=30)
+        view = run_view(bot, "resumed")
+        assert view["firing"] == [] and view["state"] == "running"
+        assert [(a["attempt"], a["end_reason"]) for a in view["attempts"]] == [(1, "gone"), (2, None)]
+        time.sleep(3.0)  # the watchdog's checks after the new attempt's heartbeats: nothing more about job_gone
+        gone = [x for x in texts(slack) if "job_gone" in x]
+        # the post (updated) and its thread's reply say why it closed; no "back to normal" from the watchdog after
+        assert gone and all("closed, run ended: a new attempt (2)" in x for x in gone), gone
+        stop.write_text("")
+        assert procs[1].wait(30) == 0
+        assert wait_for(lambda: run_view(bot, "resumed")["state"] == "ended", timeout=30)
+    finally:
+        stop.write_text("")
+        for p in procs:
+            terminate(p, 10)
+        bot.stop()
