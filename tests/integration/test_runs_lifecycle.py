@@ -410,3 +410,29 @@ def test_a_job_resumed_after_it_was_gone_is_a_new_attempt_whose_gone_alert_close
         for p in procs:
             terminate(p, 10)
         bot.stop()
+
+
+def test_msmon_serve_a_heartbeat_first_job_then_another_projects_squat_then_its_end(tmp_path, slack):
+    """The same on a real `msmon serve` process: a '*' token's heartbeat-first job keeps its run and its
+    ERROR; a heartbeat of another project naming the run id first squats nothing; the end shows at once."""
+    from tests.fakes.serve_process import ServeProcess
+
+    cfg = config(tmp_path, slack, token_project="*")
+    serve = ServeProcess(tmp_path, "serve", cfg, env={k: os.environ[k] for k in (
+        "MSMON_TEST_TOKEN", "MSMON_VISION", "SLACK_BOT_TOKEN", "MSMON_OPERATOR")})
+    try:
+        squat = Heartbeat(run_id="served", device="0", time=time.time(), step=1, project="vision")
+        assert serve.request("POST", "/v1/heartbeat", encode(squat), token=VISION)[0] == 202
+        t = job(serve, "served", tmp_path, heartbeat_interval=0.05)
+        time.sleep(0.3)  # heartbeats first, as a job compiling its first step
+        t.event(error("served", 7))
+        assert t.flush(10)
+        mine = run_view(serve, "served@llm")
+        assert mine["project"] == "llm" and [a["rule"] for a in mine["firing"]] == ["nonfinite"]
+        assert run_view(serve, "served", token=VISION)["project"] == "vision"
+        assert slack.wait_for(lambda s: any("nonfinite" in x for x in texts(s)), timeout=15), texts(slack)
+        t.close(final=True)
+        assert wait_for(lambda: run_view(serve, "served@llm")["state"] == "ended", timeout=30)
+        assert run_view(serve, "served@llm")["firing"] == []
+    finally:
+        serve.stop()
