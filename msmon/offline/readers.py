@@ -414,7 +414,7 @@ def _read_event_folder(files: list[str], device: str | None,
                 if x is not None:
                     series.setdefault(v.tag, []).append((ev.step, x, ev.wall_time, path))
     where = files[0] if len(files) == 1 else os.path.dirname(files[0])
-    chosen = _choose(sorted(series), columns, where, "tag", (*METRICS, *LOCAL))
+    chosen = _choose(sorted(series), columns, where, "tag", (*METRICS, *LOCAL, *SCALING))
     rows: dict[int, Row] = {}
     for arg, tag in chosen.items():
         order = _StepOrder()
@@ -425,7 +425,7 @@ def _read_event_folder(files: list[str], device: str | None,
             row = rows.get(step)
             if row is None:
                 row = rows[step] = Row(step=step, time=wall, device=device)
-            setattr(row, arg, x)
+            setattr(row, arg, bool(x) if arg == "overflow" else x)
     return [rows[s] for s in sorted(rows)], chosen
 
 

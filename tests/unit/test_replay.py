@@ -431,3 +431,39 @@ def test_cli_levels_option_and_a_bad_levels_file(tmp_path: Path, capsys) -> None
     assert main(["replay", str(csv_path), "--config", str(config), "--levels", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:2: unknown rule 'grad_nrom'" in err and "Traceback" not in err
+
+
+# -- dynamic loss scaling in msmon's own outputs (issue 24) ---------------------------------------------------
+
+
+def test_the_overflow_flag_and_loss_scale_round_trip_through_csv_jsonl_and_tensorboard(tmp_path):
+    """What a job writes (CSV, TensorBoard) and a JSONL log hold, read back the same; a replay of them raises
+    nothing for the skipped steps (their grad norm not a measurement) and the loss_scale rule for a stall."""
+    from msmon.contract.wire import Sample
+    from notifier.outputs.csv_sink import CsvSink
+    from notifier.outputs.tensorboard_sink import TensorBoardSink
+
+    def sample(k: int) -> Sample:
+        stuck = k >= 400  # every step skipped from 400 on
+        over = stuck or k % 50 == 0
+        return Sample(run_id="r", device="0", step=k, time=1e9 + k, loss=2.0 + 0.01 * (k % 7), learning_rate=1e-4,
+                      grad_norm=None if over else 1.0 + 0.05 * (k % 5), overflow=over,
+                      loss_scale=max(2.0 ** 16 / 2 ** max(k - 399, 0), 1.0), skipped_steps=None)
+
+    samples = [sample(k) for k in range(1, 501)]
+    csv_sink, tb = CsvSink(str(tmp_path / "r.csv"), "r"), TensorBoardSink(str(tmp_path / "tb"), "r")
+    with open(tmp_path / "r.jsonl", "w") as f:
+        for s in samples:
+            csv_sink.write(s)
+            tb.write(s)
+            f.write(json.dumps({"step": s.step, "loss": s.loss, "lr": s.learning_rate, "grad_norm": s.grad_norm,
+                                "overflow": s.overflow, "loss_scale": s.loss_scale}) + "\n")
+    csv_sink.close()
+    tb.close()
+    want = [(s.step, s.overflow, s.loss_scale) for s in samples]
+    for path in (tmp_path / "r.csv", tmp_path / "r.jsonl", Path(tb.dir_for("0"))):
+        rows = list(read_log(str(path)))
+        assert [(r.step, r.overflow, r.loss_scale) for r in rows] == want, path
+        events = [e for e in replay(rows, Monitor({"monitor_on": True, "step_interval": 1}, "r", sinks=[]))
+                  if e.status is Status.FIRING]
+        assert {e.rule for e in events} == {"loss_scale"} and 400 < events[0].step <= 420, (path, events)
