@@ -398,3 +398,42 @@ def test_job_control_hands_checkpoints_the_lr_and_the_stop_to_its_backend():
     assert done[1].detail == "lr 0.1 -> 0.05"
     assert backend.calls == [("save_checkpoint", "loop-device3-step9"), ("scale_lr", 0.5), ("stop", "ctx"),
                              ("save_checkpoint", "loop-device3-step9")]
+
+
+def _lr_jump_monitor() -> tuple[Monitor, list]:
+    mon = Monitor({"monitor_on": True, "step_interval": 1}, "lr", sinks=[], clock=lambda: 0.0)
+    events = []
+    for step in range(1, 121):
+        events += mon.step(step, loss=1.0, lr=0.6 if step > 100 else 0.05, grad_norm=1.0, time=float(step))
+    return mon, events
+
+
+def test_an_unannounced_lr_change_fires_at_its_step_and_holds_until_an_ack():
+    """Issue 24: LR 0.05 -> 0.6 at step 101 of a constant-LR run: WARNING at 101, no RESOLVED while it stays; an
+    acknowledgement takes it as the new normal, an announced change (scale-lr) is no alert at all."""
+    mon, events = _lr_jump_monitor()
+    assert [(e.step, e.rule, e.severity, e.status) for e in events] == [
+        (101, "lr_schedule", Severity.WARNING, Status.FIRING)]
+    assert "lr_schedule: the level now is taken as the new normal" in mon.acknowledge("lr_schedule")
+    after = [e for k in range(121, 130) for e in mon.step(k, loss=1.0, lr=0.6, grad_norm=1.0, time=float(k))]
+    assert [(e.rule, e.status) for e in after] == [("lr_schedule", Status.RESOLVED)]
+    quiet = Monitor({"monitor_on": True, "step_interval": 1}, "lr", sinks=[], clock=lambda: 0.0)
+    announced = []
+    for step in range(1, 121):
+        if step == 101:
+            quiet.note_lr_change()  # what JobControl's scale_lr does
+        announced += quiet.step(step, loss=1.0, lr=0.6 if step > 100 else 0.05, grad_norm=1.0, time=float(step))
+    assert announced == []
+
+
+def test_a_nan_after_a_resolved_transient_inside_alert_interval_is_sent():
+    """Issue 24: a non-finite grad norm at step 100 (fires, resolves at 103) and a NaN loss at step 300, with the
+    default alert_interval of 500: two ERRORs."""
+    mon = Monitor({"monitor_on": True, "step_interval": 1}, "nan", sinks=[], clock=lambda: 0.0)
+    events = []
+    for step in range(1, 320):
+        loss = math.nan if step == 300 else 1.0
+        grad = math.inf if step == 100 else 1.0
+        events += mon.step(step, loss=loss, lr=0.01, grad_norm=grad, time=float(step))
+    fired = [(e.step, e.rule, e.severity) for e in events if e.status is Status.FIRING]
+    assert fired == [(100, "nonfinite", Severity.ERROR), (300, "nonfinite", Severity.ERROR)]
