@@ -4,12 +4,13 @@ ticks and the per-request access log only come with `-v`. And the first minutes:
 /favicon.ico is there, `--port 0` names the real port in the console's line, an operator whose token is empty
 is told apart from no operator at all, and a bot that would refuse every request does not start unless told.
 
-How the quiet run is measured: about 30 s of steady state (the job posting samples and heartbeats about once a
-second, long-polling for commands, then paused with a second command waiting 20 s in `msmon cmd`, which asks
-for its result five times a second). Every line the bot wrote in that window that is not an alert (the console
-receiver's `[msmon] ` lines) is counted. The time-driven sources (apscheduler's 1 s tick, aiohttp's line per
-request) are switched off, not slowed down, so the count in the window is the commands' own lifecycle lines
-and nothing per second: 0 time-driven lines in about 30 s (a source ticking every 30 s or more would not show here).
+How the quiet run is measured: about 30 s of steady state (a real job posting samples and heartbeats about once
+a second and long-polling for commands, then paused and resumed; a second real job hung (SIGSTOP) with a pause
+for it waiting 25 s in `msmon cmd`, which asks for its result five times a second). Every line the bot wrote in
+that window that is not an alert (the console receiver's `[msmon] ` lines) is counted. The time-driven sources
+(apscheduler's 1 s tick, aiohttp's line per request) are switched off, not slowed down, so the count in the
+window is the commands' own lifecycle lines and nothing per second: 0 time-driven lines in about 30 s (a source
+ticking every 30 s or more would not show here).
 """
 
 from __future__ import annotations
@@ -81,46 +82,50 @@ def _cmd(url: str, words: str, wait: float = 60) -> subprocess.Popen[str]:
 def test_serve_with_a_job_and_a_waiting_cmd_writes_alerts_and_lifecycle_lines_only(tmp_path: Path) -> None:
     pytest.importorskip("mindspore")
     bot = Serve(tmp_path)
-    job = None
+    jobs: list[subprocess.Popen[bytes]] = []
     try:
         (tmp_path / "monitor.yaml").write_text(
             "monitor_config:\n  monitor_on: true\n  step_interval: 1\n  log_interval: 1000\n"
             f"  alert: {{baseline_steps: 100}}\n  bot: {{url: \"{bot.url}\", token_env: T_JOB}}\n")
-        job = subprocess.Popen([sys.executable, str(ROOT / "examples" / "custom_loop.py"), "--steps", "100000",
-                                "--run-id", "quiet-run", "--step-time", "0.02", "--config", "monitor.yaml"],
-                               cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+        for run in ("quiet-run", "hung-run"):  # one job that goes on, one that will hang
+            jobs.append(subprocess.Popen([sys.executable, str(ROOT / "examples" / "custom_loop.py"), "--steps",
+                                          "100000", "--run-id", run, "--step-time", "0.02", "--config",
+                                          "monitor.yaml"], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, start_new_session=True))
 
-        def run_seen() -> bool:
+        def seen(run: str) -> bool:
             status, body = request(bot.url, "GET", "/v1/runs", token=OP)
-            return status == 200 and any(r.get("run_id") == "quiet-run" for r in body.get("runs", body))
+            return status == 200 and any(r.get("run_id") == run for r in body.get("runs", body))
 
-        assert wait_for(run_seen, timeout=120), bot.text()[-2000:]
-        time.sleep(3)  # the job is past its first posts
+        assert wait_for(lambda: seen("quiet-run") and seen("hung-run"), timeout=180), bot.text()[-2000:]
+        time.sleep(3)  # past the jobs' first posts
+        os.killpg(jobs[1].pid, signal.SIGSTOP)  # hung (a wedged process): it takes no command any more
         start, t0 = len(bot.text()), time.monotonic()
-        time.sleep(10)  # steady: samples and heartbeats about once a second, a long poll held
+        time.sleep(5)  # steady: samples and heartbeats about once a second, a long poll held
         pause = _cmd(bot.url, "pause quiet-run")
         assert pause.wait(90) == 0, pause.communicate()
-        waiting = _cmd(bot.url, "scale-lr quiet-run 0.5")  # due after the paused step: it waits for the resume
+        waiting = _cmd(bot.url, "pause hung-run", wait=25)  # no job takes it: it asks 5 times a second
         time.sleep(20)
-        assert waiting.poll() is None, waiting.communicate()  # it was waiting all along, asking 5 times a second
+        assert waiting.poll() is None, waiting.communicate()  # still waiting
         resume = _cmd(bot.url, "resume quiet-run")
         assert resume.wait(90) == 0, resume.communicate()
         out, err = waiting.communicate(timeout=90)
-        assert waiting.returncode == 0 and "lr " in out, (out, err)
+        assert waiting.returncode != 0 and "no result from the job after 25 s" in out, (out, err)
         window = time.monotonic() - t0
-        seen = bot.text()[start:]
+        seen_text = bot.text()[start:]
     finally:
-        terminate_group(job)
+        for job in jobs:
+            terminate_group(job)  # the hung one too: SIGCONT, then SIGKILL
         text = bot.stop()
-    lines = _not_alerts(seen)
+    lines = _not_alerts(seen_text)
     lifecycle = [line for line in lines if re.search(r"msmon bot: command c\d+ `", line)]
     other = [line for line in lines if line not in lifecycle]
-    print(f"{window:.0f} s of a job, a pause, a scale-lr waiting 20 s and a resume: {len(lines)} non-alert lines "
-          f"({len(lifecycle)} the commands' own lifecycle lines, {len(other)} time-driven or other)")
+    print(f"{window:.0f} s of two jobs (one hung), a pause, a msmon cmd waiting 25 s on the hung one and a "
+          f"resume: {len(lines)} non-alert lines ({len(lifecycle)} the commands' own lifecycle lines, "
+          f"{len(other)} time-driven or other)")
     assert other == [], "\n".join(other[:20])
-    assert len(lifecycle) == 3, lifecycle  # pause, scale-lr, resume: one line each
-    assert "[msmon] c" in seen  # the commands' results were reported on the console as alerts are
+    assert len(lifecycle) == 3, lifecycle  # pause, the waiting pause, resume: one line each
+    assert "[msmon] c" in seen_text  # the results were reported on the console as alerts are
     whole = _not_alerts(text)
     assert len(whole) <= 10, "\n".join(whole)  # start (listening, console), 3 commands, stop (3 lines)
 
