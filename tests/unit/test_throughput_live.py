@@ -61,11 +61,12 @@ def test_dips_of_3_to_20_steps_raise_nothing_and_repeated_ones_a_warning_at_most
     rng = random.Random(3)
     few = [(s, s + rng.randint(3, 20), 0.2) for s in (300, 700)]
     assert alerts(live(throughput_rows(1200, few), cfg())) == []
-    many = [(s, s + rng.randint(3, 20), 0.2) for s in range(300, 1200, 60)]
-    got = alerts(live(throughput_rows(1500, many), cfg()))
+    many = [(s, s + rng.randint(3, 20), 0.2) for s in range(300, 2400, 60)]
+    assert alerts(live(throughput_rows(1000, many), cfg())) == []  # while the baseline fills: a rate settling
+    got = alerts(live(throughput_rows(2700, many), cfg()))
     assert got and {sev for _, sev in got} == {Severity.WARNING}
-    # the dips stop at 1200: the warning resolves once they have not repeated for a window of spans
-    events = live(throughput_rows(3500, many), cfg())
+    # the dips stop at 2400: the warning resolves once they have not repeated for a window of spans
+    events = live(throughput_rows(5000, many), cfg())
     assert any(e.rule == "throughput_drop" and e.status is Status.RESOLVED for e in events)
 
 

@@ -40,7 +40,8 @@ class ThroughputDropParams(RuleParams):
     alone. With the default `consecutive: 5` a drop must hold for 5 spans in a row (ERROR: 5 spans at
     the ERROR loss), so a dip of a few steps is averaged out inside one span. Short dips that repeat
     (`repeats` spans over a level, none held `consecutive` in a row, within `window` spans) are a WARNING,
-    never an ERROR, until they stop.
+    never an ERROR, until they stop; they count once the baseline holds `window` spans (while it fills, the job's
+    rate is still settling: compiling, warming up, a shared machine's first minutes).
 
     A loss must also be beyond the rate's own noise: at least `noise_sigma` robust sigmas (IQR / 1.349
     of the rolling spans) below the median, as well as the level's fraction. A 30% dip of a rate that
@@ -112,7 +113,7 @@ class ThroughputDrop(BaselineRule):
             f = _against(rate, expected, p, lasted)
         else:
             f = self._judged(rate, unit, p, lasted)
-        return self.dips.see(f, s.step)
+        return self.dips.see(f, s.step, young=self.window.n < self.window.size)
 
     def _judged(self, rate: float, unit: str, p: RuleParams, lasted: str) -> Finding | None:
         r = self.judge(rate, p)
@@ -171,14 +172,16 @@ class Dips:
         self.run = 0  # spans in a row over a level
         self.ends: deque[int] = deque(maxlen=repeats)  # span numbers where short dips ended
 
-    def see(self, f: Finding | None, step: int) -> Finding | None:
+    def see(self, f: Finding | None, step: int, young: bool = False) -> Finding | None:
+        """`young`: the baseline is still filling (a job warming up, compiling, its rate not settled): a short dip
+        then is not counted toward the repeats; a drop that holds is judged all the same."""
         self.spans += 1
         if f is not None and f.level is not None:
             self.run += 1
             if self.run >= self.consecutive:
                 return f  # sustained: the gate decides
         else:
-            if 0 < self.run < self.consecutive:
+            if 0 < self.run < self.consecutive and not young:
                 self.ends.append(self.spans)
             self.run = 0
         ends = self.ends
