@@ -490,7 +490,7 @@ def _extra_receivers(cfg: BotConfig, receivers: dict[str, Receiver], store: Stor
         from .receivers.email import EmailReceiver
 
         out["email"] = EmailReceiver(e.host, e.port, e.tls, e.sender, e.timeout, e.username_env, e.password_env,
-                                     e.ca_file)
+                                     e.ca_file, clock)
     if any(r.receiver == "digest" for r in cfg.routes) and "digest" not in out:
         out["digest"] = DigestReceiver(store, clock)
     return out

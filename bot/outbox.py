@@ -53,7 +53,7 @@ from .payload import Payload
 from .pipeline import DELIVERY, flow
 from .pipeline.group import firing_key
 from .pipeline.ratelimit import RateLimiter
-from .receivers import DeliveryError, Mail, Mailer, Message, Note, Receiver, decode_note
+from .receivers import DeliveryError, Mail, Mailer, Message, Note, PartlyRefused, Receiver, decode_note
 from .receivers.im_webhook import Held
 from .store import OutboxEntry, Store
 
@@ -389,8 +389,13 @@ class Outbox:
         elif kind == "mail":
             if not isinstance(t.receiver, Mailer):
                 raise TypeError(f"receiver {t.receiver.name} cannot send mail")
-            for mail in t.mails:
-                await t.receiver.mail(mail)
+            for row, mail in zip(t.rows, t.mails, strict=True):
+                try:
+                    await t.receiver.mail(mail)
+                except PartlyRefused as exc:  # sent to the others: the row keeps only the refused, retried
+                    mail.to = [to for to in mail.to if to in exc.refused] or mail.to
+                    self.store.set_payload(row.id, msgspec.json.encode(mail).decode())
+                    raise
         elif kind == "alert":
             await self._alert(t)
         elif kind == "repeat":

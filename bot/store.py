@@ -371,6 +371,10 @@ class Store:
     def depth(self) -> int:
         return int(self.db.execute(f"SELECT COUNT(*) FROM outbox WHERE {self._PENDING}").fetchone()[0])
 
+    def set_payload(self, row_id: int, payload: str) -> None:
+        """What is left of a row to send (a mail's refused recipients, after the others took it)."""
+        self.db.execute("UPDATE outbox SET payload=? WHERE id=?", (payload, row_id))
+
     def due_now_lane(self, receiver: str, channel: str, now: float) -> int:
         """A lane that was down delivered again: its rows waiting for a retry are due at once."""
         cur = self.db.execute(f"UPDATE outbox SET next_at=? WHERE {self._PENDING} AND receiver=? AND channel=?"

@@ -35,10 +35,10 @@ from ..config import EscalationPolicy
 from ..pipeline.group import firing_key
 from ..pipeline.route import route_for
 from ..receivers import Mail, Note, ReplyTo
-from ..receivers.render import escape_console, mention_text, num
+from ..receivers.render import cost_line, escape_console, mention_text, num
 from ..state import BotState
 from ..store import OutboxEntry
-from .policy import AlertNow, Escalation, Step, cost_line, decide
+from .policy import AlertNow, Escalation, Step, decide
 
 log = logging.getLogger("msmon.bot")
 
@@ -275,7 +275,7 @@ class Escalator:
             self.store.escalations.record_step(row["id"], step.number, step.round, step.level, now, row["receiver"],
                                                list(level.mention), lines[0])
         if level.email:
-            mail = self._mail(row, step, ev, text, list(level.email), reply_to, now)
+            mail = self._mail(row, step, ev, text, list(level.email), reply_to, devices, now)
             self._queue(OutboxEntry(now, "email", "email", "mail", f"esc{row['id']}|step{step.number}", ev.run_id,
                                     msgspec.json.encode(mail).decode(), now))
             self.store.escalations.record_step(row["id"], step.number, step.round, step.level, now, "email",
@@ -292,7 +292,7 @@ class Escalator:
                        else "")
 
     def _mail(self, row: dict[str, Any], step: Step, ev: Event, text: str, to: list[str], reply_to: ReplyTo,
-              now: float) -> Mail:
+              devices: int, now: float) -> Mail:
         domain = self.cfg.email.sender.rpartition("@")[2] or "msmon"
         message_id = f"<msmon.esc{row['id']}.step{step.number}.{secrets.token_hex(4)}@{domain}>"
         thread = row["mail_root"] or ""
@@ -305,7 +305,7 @@ class Escalator:
             ack_url = f"{public.rstrip('/')}/ack/{self.links.make(row['id'], now)}"
         return Mail(to=to, subject=subject(ev), text=text, message_id=message_id, thread=thread, ack_url=ack_url,
                     event_json=encode(ev).decode(), report_via=row["receiver"],
-                    report_to=reply_to)
+                    report_to=reply_to, since=float(row["started_at"]), devices=devices)
 
     # -- the email link -------------------------------------------------------------------------------
 

@@ -34,6 +34,15 @@ class DeliveryError(Exception):
         self.permanent = permanent
 
 
+class PartlyRefused(DeliveryError):
+    """A mail the SMTP server took for some recipients and refused for `refused` (a 550): the outbox keeps
+    only those in the row, says so in the channel and retries them."""
+
+    def __init__(self, message: str, refused: list[str]) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
 @dataclasses.dataclass
 class Message:
     """What a receiver renders: one group of events (one per device), newest state."""
@@ -112,6 +121,8 @@ class Mail(msgspec.Struct):
     event_json: str = ""
     report_via: str = ""
     report_to: ReplyTo = ReplyTo()
+    since: float = 0.0  # when the escalation started: the first line's "in ERROR for N" is its age when sent
+    devices: int = 0  # the run's devices, for that line
 
 
 def decode_note(raw: bytes | str, channel: str) -> Note:

@@ -7,7 +7,9 @@ user name and password come from the environment (bot.email.username_env / passw
 
 Job data in the HTML part goes through `escape_html`; the text part is plain text. Every step of one
 alert carries `In-Reply-To` and `References` of the alert's first mail, so mail clients show one
-conversation.
+conversation. A recipient the server refuses (a 550) while it takes the others is kept in the row, said
+in the channel and retried (PartlyRefused); the first line's "in ERROR for N" is the alert's age when
+the mail is sent.
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+from collections.abc import Callable
 from email.message import EmailMessage
 from email.utils import formatdate
 
 import aiosmtplib
+import msgspec
 
 from msmon.contract.wire import Event, decode
 
-from . import DeliveryError, Mail, Message, Note
-from .render import escape_html
+from . import DeliveryError, Mail, Message, Note, PartlyRefused
+from .render import cost_line, escape_html
 
 log = logging.getLogger("msmon.bot")
 
@@ -37,8 +42,10 @@ class EmailReceiver:
     charts = True
 
     def __init__(self, host: str, port: int, tls: str, sender: str, timeout: float,
-                 username_env: str | None = None, password_env: str | None = None, ca_file: str | None = None) -> None:
+                 username_env: str | None = None, password_env: str | None = None, ca_file: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.host, self.port, self.tls, self.sender, self.timeout = host, port, tls, sender, timeout
+        self.clock = clock
         self.username_env, self.password_env, self.ca_file = username_env, password_env, ca_file
 
     async def mail(self, m: Mail) -> None:
@@ -47,13 +54,17 @@ class EmailReceiver:
         user = os.environ.get(self.username_env) if self.username_env else None
         password = os.environ.get(self.password_env) if (user and self.password_env) else None
         try:
-            await asyncio.wait_for(aiosmtplib.send(
+            refused, _ = await asyncio.wait_for(aiosmtplib.send(
                 msg, hostname=self.host, port=self.port, username=user, password=password,
                 use_tls=self.tls == "ssl", start_tls=self.tls == "starttls", cert_bundle=self.ca_file,
                 timeout=self.timeout), self.timeout * 2)
         except (aiosmtplib.SMTPException, OSError, asyncio.TimeoutError) as exc:
             raise DeliveryError(f"SMTP {self.host}:{self.port} failed: {type(exc).__name__}: "
                                 f"{str(exc).strip()[:200]}") from None
+        if refused:  # taken for the others: these are retried (and said in the channel)
+            said = "; ".join(f"{to}: {r.code} {r.message}"[:200] for to, r in refused.items())
+            raise PartlyRefused(f"SMTP {self.host}:{self.port} refused {len(refused)} of {len(m.to)} recipients "
+                                f"({said})", list(refused))
 
     async def build(self, m: Mail) -> EmailMessage:
         """The MIME message: multipart/alternative of text and HTML, the chart related to the HTML."""
@@ -67,9 +78,10 @@ class EmailReceiver:
             msg["In-Reply-To"] = m.thread
             msg["References"] = m.thread
         ack = f"\n\nAcknowledge (stops the escalation): {m.ack_url}" if m.ack_url else ""
-        msg.set_content(m.text + ack)
+        text = self.aged(m, self.clock())
+        msg.set_content(text + ack)
         chart = await self._chart(m)
-        body = "<br>\n".join(escape_html(line) for line in m.text.split("\n"))
+        body = "<br>\n".join(escape_html(line) for line in text.split("\n"))
         if m.ack_url:
             body += f'<p><a href="{escape_html(m.ack_url)}">Acknowledge</a> (stops the escalation)</p>'
         if chart is not None:
@@ -80,6 +92,19 @@ class EmailReceiver:
             assert isinstance(html_part, EmailMessage)
             html_part.add_related(chart, "image", "png", cid=f"<{CHART_CID}>", filename="chart.png")
         return msg
+
+    @staticmethod
+    def aged(m: Mail, now: float) -> str:
+        """The mail's text with its first line (how long the alert has been firing, what it cost) as of `now`,
+        the time it is sent, not the time it was queued."""
+        if not m.since or not m.event_json:
+            return m.text
+        try:
+            ev = decode(m.event_json, Event)
+        except (msgspec.DecodeError, ValueError, TypeError):
+            return m.text
+        _, _, rest = m.text.partition("\n")
+        return cost_line(ev.run_id, m.devices, ev.severity.value, m.since, now) + ("\n" + rest if rest else "")
 
     async def _chart(self, m: Mail) -> bytes | None:
         """The alert's chart (its event's metric window), or None when there is none or it fails."""

@@ -245,3 +245,24 @@ def console_path(run_id: str) -> str:
 def console_url(public_url: str, run_id: str) -> str:
     """The link a chat message gives to its run's console page."""
     return public_url.rstrip("/") + console_path(run_id)
+
+
+def duration_text(seconds: float) -> str:
+    """35 min, 2 h 05 min, 3 d 4 h: how long, for a person."""
+    m = max(int(seconds // 60), 0)
+    if m < 120:
+        return f"{m} min" if m else f"{max(int(seconds), 0)} s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h} h {m:02d} min"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h"
+
+
+def cost_line(run_id: str, devices: int, severity: str, since: float, now: float) -> str:
+    """The cost of waiting: "run-42 on 64 devices has been in ERROR for 35 min (≈37 device-hours)"."""
+    age = max(now - since, 0.0)
+    hours = devices * age / 3600.0
+    spent = f"{hours:.0f}" if hours >= 10 else f"{hours:.1f}"
+    where = f"on {devices} device{'s' if devices != 1 else ''} " if devices else ""
+    return f"{run_id} {where}has been in {severity} for {duration_text(age)} (≈{spent} device-hours)"

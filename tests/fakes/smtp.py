@@ -23,8 +23,16 @@ class Inbox:
     def __init__(self) -> None:
         self.messages: list[tuple[list[str], EmailMessage]] = []
         self.refuse = False  # answer 451 to every DATA
+        self.unknown: set[str] = set()  # recipients answered 550 at RCPT (the others are taken)
         self.hang = 0.0  # seconds to sit on DATA before answering
         self.lock = threading.Lock()
+
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,  # noqa: N802
+                          rcpt_options: list[str]) -> str:
+        if address in self.unknown:
+            return "550 5.1.1 no such user here"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's name
         if self.hang:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from bot.config import EscalationLevel, EscalationPolicy
-from bot.escalation.policy import AlertNow, Escalation, cost_line, decide, duration_text, step_at
+from bot.escalation.policy import AlertNow, Escalation, decide, step_at
+from bot.receivers.render import cost_line, duration_text
 
 POLICY = EscalationPolicy(levels=[EscalationLevel(after=0, mention=["U1"]),
                                   EscalationLevel(after=600, email=["oncall@x.org"]),
