@@ -82,6 +82,7 @@ def level_shift(points: Sequence[tuple[int, float]]) -> Shift | None:
             m0, sigma = _level([x for _, x in points[max(0, since - 3 * (n - since)):since]])  # just before it
             return Shift(points[since][0], _median([x for _, x in points[since:]]), m0, sigma)
         t = n if t >= n - SHIFT_BEFORE else min(max(t + 1, int(1.25 * t)), n - SHIFT_BEFORE)
+    return None
 
 
 @dataclass(frozen=True)
