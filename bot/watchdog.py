@@ -66,13 +66,32 @@ class Watchdog:
         self.cfg, self.store, self.ingest, self.clock, self.period = cfg, store, ingest, clock, period
         self.firing: dict[tuple[str, str], bool] = {}
         self.started = clock()  # the `bot restart` event: silence counts from here at the earliest
+        self.checked: float | None = None  # the last pass (None: none yet)
+
+    def candidates(self, now: float) -> list[dict[str, Any]]:
+        """The runs whose verdict can have changed since the last pass, so that a pass costs what changed,
+        not every stored run (100,000 runs read every 2 s held the loop for seconds). A verdict changes
+        only when the run is heard from (its last_seen moves: a heartbeat, a pause, its end) or when its
+        silence crosses a timeout; every run on the first pass and when the bot-start grace ends."""
+        p, prev = self.cfg.pipeline, self.checked
+        # (a second's overlap on every bound: a run read twice is judged twice, the same way; one missed is not)
+        if prev is None or any(prev - 1.0 <= self.started + t <= now for t in (p.heartbeat_timeout, p.stall_timeout)):
+            return self.store.runs()
+        rows = self.store.db.execute(
+            "SELECT run_id FROM runs WHERE last_seen>=? OR (last_heartbeat>=? AND last_heartbeat<=?)"
+            " OR (last_progress>=? AND last_progress<=?)",
+            (prev - 1.0, prev - p.heartbeat_timeout - 1.0, now - p.heartbeat_timeout, prev - p.stall_timeout - 1.0,
+             now - p.stall_timeout)).fetchall()
+        return [run for run in (self.store.run(r["run_id"]) for r in rows) if run is not None]
 
     def check(self) -> int:
         now = self.clock()
         p = self.cfg.pipeline
         queued = 0
         ended = self.store.escalations.ended()
-        for run in self.store.runs():
+        runs = self.candidates(now)
+        self.checked = now
+        for run in runs:
             found = verdicts(run, now, p.heartbeat_timeout, p.stall_timeout, ended.get(run["run_id"]), self.started)
             for rule in ("job_gone", "job_stalled"):
                 key = (run["run_id"], rule)
