@@ -87,6 +87,8 @@ class Ingest:
         store = self.state.store
         self.devices.admit(hb.run_id, hb.device)
         self.runs.before(hb.run_id, hb.rank, hb.device, hb.proc, self.state.clock())
+        if self.runs.stale(hb.run_id, hb.proc):
+            return  # late, from a process of an earlier attempt: the run's liveness is the new attempt's
         self.state.windows.add_plan(hb)
         if self.state.cfg.ranks.enable:
             self.state.ranks.heartbeat(hb, self.state.clock())
@@ -107,7 +109,12 @@ class Ingest:
                                 Payloads(project, labels, rank=rank, ranks=self.state.ranks.known(ev.run_id)))
 
     def _record(self, env: Envelope, now: float) -> None:
-        """The envelope's run (its devices, last step, heartbeat), samples, plans and job actions."""
+        """The envelope's run (its devices, last step, heartbeat), samples, plans and job actions. One sent late
+        by a process of an earlier attempt is not the run's liveness, steps or series (its events still count)."""
+        if self.runs.stale(env.run_id, env.proc):
+            for a in env.actions:
+                self.state.windows.add_action(a)
+            return
         steps = [s.step for s in env.samples] + [e.step for e in env.events]
         steps += [h.step for h in env.heartbeats if h.step is not None]
         steps += [a.step for a in env.actions]  # a pause's answer names the step the ranks wait at

@@ -31,6 +31,7 @@ log = logging.getLogger("msmon.bot")
 
 Emit = Callable[[Event, str, dict[str, str], float], int]  # Ingest.event
 
+_RETIRED = 4096  # earlier attempts' processes remembered per run (a late message of one is dropped)
 _PHASES = {"ended": RunPhase.ENDED, "gone": RunPhase.GONE, "paused": RunPhase.PAUSED, "running": RunPhase.RUNNING}
 
 
@@ -47,21 +48,25 @@ class Runs:
         was = ranks.members.get(str(rank) if rank is not None else device) if ranks is not None else None
         if was is not None and was.life.proc == proc:
             return  # the rank's own process going on (nearly every message): nothing read
+        known = ranks.procs() if ranks is not None else frozenset()
+        if proc in known:
+            return  # a process the run has seen: going on, or late from an earlier attempt (the view drops it)
         run = self.state.store.run(run_id)
         if run is None:
             return
-        known: set[str] = set()
-        if ranks is not None:
-            for m in ranks.members.values():
-                known |= {m.life.proc, *m.life.past}
         restarted = was is not None and bool(was.life.proc) and was.life.proc != proc
-        if new_attempt(_PHASES[run["state"]], frozenset(known - {""}), proc, restarted):
+        if new_attempt(_PHASES[run["state"]], known, proc, restarted):
             self._new_attempt(run, now)
+
+    def stale(self, run_id: str, proc: str) -> bool:
+        """A message of a process of an earlier attempt of the run (sent late): not the run's liveness nor series."""
+        ranks = self.state.ranks.runs.get(run_id)
+        return bool(proc) and ranks is not None and proc in ranks.retired
 
     def ended(self, beats: list[Heartbeat]) -> None:
         """After the ingest recorded them: a final heartbeat that leaves every rank of its run ended (as many
         as the job's world, when it said its size) ends the run's attempt."""
-        final = [hb for hb in beats if hb.final]
+        final = [hb for hb in beats if hb.final and not self.stale(hb.run_id, hb.proc)]
         if not final:
             return
         hb = final[-1]
@@ -91,7 +96,11 @@ class Runs:
                          "gone" if run["gone"] else f"replaced by attempt {n + 1}")
         attempts.start(run_id, n + 1, now)
         self._close(run, now, f"{RUN_ENDED}: a new attempt ({n + 1}) of {run_id} started")
-        self.state.ranks.runs.pop(run_id, None)  # the new attempt's ranks and series start clean
+        old = self.state.ranks.runs.pop(run_id, None)  # the new attempt's ranks and series start clean
+        if old is not None:  # what the earlier attempts' processes still send is stale
+            fresh = self.state.ranks.run(run_id, create=True)
+            assert fresh is not None
+            fresh.retired = frozenset(sorted(old.procs())[-_RETIRED:])
         windows = self.state.windows
         windows.runs.pop(run_id, None)
         windows.actions.pop(run_id, None)

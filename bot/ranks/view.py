@@ -133,10 +133,15 @@ class RunRanks:
         self.members: dict[str, RankState] = {}
         self.refused = 0  # samples of ranks past max_ranks
         self.world: int | None = None  # the job's world size, as its heartbeats say it (RANK_SIZE)
+        self.retired: frozenset[str] = frozenset()  # processes of the run's earlier attempts: their messages are stale
         self.firing: dict[tuple[str, str], Firing] = {}  # (rule, rank key) -> its state
         # (host, device) -> rank key: a heartbeat posted on its own names its device and host, not its rank
         # (device ids repeat across hosts); (None, device) for the first rank seen with that device
         self.by_device: dict[tuple[str | None, str], str] = {}
+
+    def procs(self) -> frozenset[str]:
+        """Every process this run's view has seen (its ranks' current and earlier ones, earlier attempts')."""
+        return self.retired.union(*({m.life.proc, *m.life.past} for m in self.members.values())) - {""}
 
     def member(self, rank: int | None, device: str, host: str) -> RankState | None:
         key = member_key(rank, device)
@@ -228,6 +233,8 @@ class RankViews:
         device is the rank it names), heartbeats, and that they were heard from now."""
         run = self.run(env.run_id, create=True)
         assert run is not None
+        if env.proc and env.proc in run.retired:
+            return  # late, from a process of an earlier attempt
         for s in env.samples:
             m = run.member(env.rank if s.device == env.device else None, s.device, env.host)
             if m is not None and on_message(m.life, now, proc=env.proc)[-1] is not RankInput.STALE:
@@ -243,6 +250,8 @@ class RankViews:
         older notifier's names none: the rank of that host and device)."""
         run = self.run(hb.run_id, create=True)
         assert run is not None
+        if hb.proc and hb.proc in run.retired:
+            return  # late, from a process of an earlier attempt
         run.world = hb.world or run.world
         if hb.rank is not None:
             m = run.member(hb.rank, hb.device, hb.host)

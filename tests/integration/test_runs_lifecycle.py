@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from msmon.contract.wire import Event, Heartbeat, Sample, Severity, Status, encode
+from msmon.contract.wire import Envelope, Event, Heartbeat, Sample, Severity, Status, encode
 from notifier.transport import BotTransport
 from tests.fakes.bot_server import BotServer, wait_for
 from tests.fakes.process import terminate
@@ -139,6 +139,14 @@ def test_an_ended_run_is_shown_ended_with_its_alerts_closed_and_a_rerun_is_a_new
         assert (view["state"], view["firing"], view["last_step"]) == ("running", [], 1)  # clean, its own series
         assert [(a["attempt"], a["end_reason"], a["last_step"]) for a in view["attempts"]] == [
             (1, "ended normally", 800), (2, None, None)]
+        assert [s["step"] for s in view["latest"].values()] == [1]
+        late = Envelope(run_id="rerun", device="0", sent_at=time.time(), project="llm", proc=first.proc,
+                        samples=[Sample(run_id="rerun", device="0", step=900, time=time.time(), loss=9.0)],
+                        heartbeats=[Heartbeat(run_id="rerun", device="0", time=time.time(), step=900, proc=first.proc,
+                                              seq=10**6, final=True)])
+        assert bot.request("POST", "/v1/ingest", encode(late))[0] == 202  # the first job's, sent late
+        view = run_view(bot, "rerun")
+        assert (view["attempt"], view["state"], view["last_step"]) == (2, "running", 1)  # moves nothing
         assert [s["step"] for s in view["latest"].values()] == [1]
         second.event(error("rerun", 2))  # the new attempt's own NaN pages again
         assert second.flush(10)
