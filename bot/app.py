@@ -636,6 +636,11 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                  asyncio.create_task(store.listen(state.command_queued, stop))]  # other replicas' commands
         if mailbox is not None:
             tasks.append(asyncio.create_task(mailbox.run(stop)))
+        if "alertmanager_api" in receivers:  # firing alerts pushed again, as Prometheus does (bot/alertmanager_out.py)
+            from .alertmanager_out import AlertmanagerRefresh
+
+            refresh = AlertmanagerRefresh(state, receivers["alertmanager_api"], cfg.alertmanager.resend_interval)
+            tasks.append(asyncio.create_task(refresh.run(stop)))
         if cfg.ranks.enable:
             tasks.append(asyncio.create_task(_every(cfg.ranks.period, ranks.check, stop)))
         yield

@@ -365,6 +365,9 @@ class AlertmanagerConfig:
 
     webhook_url: str = _f("", "where the `alertmanager` receiver POSTs Alertmanager's webhook body")
     api_url: str = _f("", "a real Alertmanager (http://host:9093) the `alertmanager_api` receiver pushes to")
+    api_urls: list[str] = _f([], "the other peers of an Alertmanager cluster: each gets every push too")
+    resend_interval: float = _f(30.0, "seconds between pushes of a still-firing alert to Alertmanager (each "
+                                "valid 4 intervals: it stays active whatever its resolve_timeout)", ge=1, le=DAY)
     chart_url: str = _f("", "chart link in each alert's annotations, {run_id} and {rule} filled in (e.g. a "
                             "Grafana dashboard URL)")
     timeout: float = _f(10.0, "seconds before an unanswered POST counts as a failed try", gt=0, le=600)
@@ -372,6 +375,10 @@ class AlertmanagerConfig:
 
     def check(self) -> Iterator[tuple[str, str]]:
         yield from _url_problems(self, "webhook_url", "api_url")
+        for i, url in enumerate(self.api_urls):
+            problem = url_problem(url)
+            if problem:
+                yield f"api_urls[{i}]", problem
         problem = chart_url_problem(self.chart_url) if self.chart_url else None
         if problem:
             yield "chart_url", problem

@@ -103,6 +103,8 @@ class NatsIngest:
         self._stop.set()
         for t in list(self._polls):
             t.cancel()
+        if self._task is not None and not self.ready.is_set():
+            self._task.cancel()  # still connecting (NATS unreachable): nothing taken to finish, no 10 s wait
         if self._task is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._task, 10)
@@ -131,8 +133,13 @@ class NatsIngest:
                     await asyncio.wait_for(self._stop.wait(), min(hi, lo * 2 ** min(failures, 16)))
 
     async def _connect(self) -> Any:
-        async def quiet(exc: Exception) -> None:  # the loop says what matters, once
-            log.debug("msmon bot: NATS: %s: %s", type(exc).__name__, exc)
+        async def quiet(exc: Exception) -> None:  # said once a minute while NATS is not there; else debug
+            if self.ready.is_set():
+                log.debug("msmon bot: NATS: %s: %s", type(exc).__name__, exc)
+            else:
+                self._say("connect", f"msmon bot: cannot reach NATS at {self.cfg.url} ({type(exc).__name__}: {exc});"
+                                     " HTTP ingest goes on, NATS is tried again (jobs sending over NATS spool "
+                                     "meanwhile): check bot.nats.url and that nats-server runs", warn=True)
 
         async def reconnected() -> None:
             log.info("msmon bot: NATS at %s is back; the consumer goes on", self.cfg.url)

@@ -3,10 +3,12 @@
 - `alertmanager`: POSTs Alertmanager's webhook body (version 4: status, groupKey, commonLabels,
   alerts[] with labels, annotations, startsAt/endsAt) to `bot.alertmanager.webhook_url`, so anything
   that consumes Alertmanager webhooks (PagerDuty, Grafana OnCall, Opsgenie bridges) consumes msmon.
-- `alertmanager_api`: pushes the alerts into a real Alertmanager's `POST /api/v2/alerts`, so a team's
-  routing, silences and inhibition apply. A firing alert carries no endsAt (Alertmanager resolves it
-  after its resolve_timeout unless msmon's reminder, every pipeline.repeat_interval, pushes it again);
-  a resolution carries its endsAt.
+- `alertmanager_api`: pushes the alerts into a real Alertmanager's `POST /api/v2/alerts` (to every peer
+  of an HA cluster: `api_url` and `api_urls`), so a team's routing, silences and inhibition apply. As
+  Prometheus does, a firing alert carries an endsAt `4 x resend_interval` ahead and is pushed again
+  every `resend_interval` while it fires (bot/alertmanager_out.py), so it stays active whatever the
+  Alertmanager's resolve_timeout and comes back within an interval after an Alertmanager restart; a
+  resolution carries its endsAt.
 
 One alert per device, labelled alertname/run/rule/severity/device/project, annotated with the
 message, the hint and a chart URL (`bot.alertmanager.chart_url` with {run_id} and {rule}). Both go
@@ -19,6 +21,7 @@ import datetime
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +29,7 @@ import msgspec
 
 from msmon.contract.wire import Event, Status
 
-from . import Message, Note, Receiver
+from . import DeliveryError, Message, Note, Receiver
 from .webhook import HttpReceiver, post_json
 
 if TYPE_CHECKING:
@@ -58,15 +61,18 @@ def _resolved(msg: Message) -> bool:
     return msg.status is Status.RESOLVED
 
 
-def api_alerts(msg: Message, chart_url: str) -> list[dict[str, Any]]:
+def api_alerts(msg: Message, chart_url: str, valid_until: float | None = None) -> list[dict[str, Any]]:
     """The body of `POST /api/v2/alerts` (postableAlerts): one per device, started at its event's time
-    (Alertmanager knows an alert by its labels, so a resolution ends the alert it pushed before)."""
+    (Alertmanager knows an alert by its labels, so a resolution ends the alert it pushed before). A firing
+    alert ends at `valid_until` unless pushed again (None: no endsAt, Alertmanager's resolve_timeout)."""
     out = []
     for e in msg.events:
         alert: dict[str, Any] = {"labels": alert_labels(msg, e), "annotations": alert_annotations(msg, e, chart_url),
                                  "startsAt": rfc3339(e.time)}
         if _resolved(msg):
             alert["endsAt"] = rfc3339(e.time)
+        elif valid_until is not None:
+            alert["endsAt"] = rfc3339(valid_until)
         out.append(alert)
     return out
 
@@ -118,13 +124,29 @@ class AlertmanagerPushReceiver(HttpReceiver):
 
     name = "alertmanager_api"
 
-    def __init__(self, base_url: str, chart_url: str = "", timeout: float = 10.0) -> None:
+    def __init__(self, base_url: str | list[str], chart_url: str = "", timeout: float = 10.0,
+                 resend_interval: float = 30.0, clock: Callable[[], float] = time.time) -> None:
         super().__init__(timeout)
-        self.url, self.chart_url = base_url.rstrip("/") + "/api/v2/alerts", chart_url
+        bases = [base_url] if isinstance(base_url, str) else base_url
+        self.urls = [b.rstrip("/") + "/api/v2/alerts" for b in bases if b]
+        self.url = self.urls[0] if self.urls else ""
+        self.chart_url, self.resend_interval, self.clock = chart_url, resend_interval, clock
 
     async def send(self, msg: Message, action: str, ref: str) -> None:
-        await post_json(self.url, msgspec.json.encode(api_alerts(msg, self.chart_url)),
-                        timeout=self.timeout)
+        """To every peer (an Alertmanager cluster gossips, but a peer that was down has not heard); a failure
+        when no peer took it (one that did is enough: the next refresh reaches the others)."""
+        body = msgspec.json.encode(api_alerts(msg, self.chart_url, self.clock() + 4 * self.resend_interval))
+        errors: list[DeliveryError] = []
+        for url in self.urls:
+            try:
+                await post_json(url, body, timeout=self.timeout)
+            except DeliveryError as exc:
+                errors.append(exc)
+        if errors and len(errors) == len(self.urls):
+            raise errors[0]
+        for error in errors:
+            log.warning("msmon bot: an Alertmanager peer did not take the alerts of run %s (%s); the others did, "
+                        "it gets them at the next refresh", msg.run_id, error)
 
     async def note(self, note: Note) -> None:
         """Nothing: Alertmanager takes alerts, not chat answers."""
@@ -139,8 +161,9 @@ def interop_receivers(cfg: BotConfig) -> dict[str, Receiver]:
     wanted: dict[str, tuple[str, str, Callable[[], Receiver]]] = {
         "alertmanager": (am.webhook_url, "bot.alertmanager.webhook_url",
                          lambda: AlertmanagerWebhookReceiver(am.webhook_url, am.chart_url, am.timeout)),
-        "alertmanager_api": (am.api_url, "bot.alertmanager.api_url",
-                             lambda: AlertmanagerPushReceiver(am.api_url, am.chart_url, am.timeout)),
+        "alertmanager_api": (am.api_url or "".join(am.api_urls), "bot.alertmanager.api_url",
+                             lambda: AlertmanagerPushReceiver([am.api_url, *am.api_urls], am.chart_url, am.timeout,
+                                                              am.resend_interval)),
         "webhook": (wh.url and os.environ.get(wh.secret_env, ""), f"bot.webhook.url and the environment variable "
                     f"{wh.secret_env}", lambda: WebhookReceiver(wh.url, os.environ.get(wh.secret_env, ""), wh.timeout)),
     }

@@ -159,3 +159,24 @@ def test_an_ack_token_longer_than_any_link_is_a_404_both_ways(tmp_path, monkeypa
         assert bot.request("GET", "/ack/" + "a" * 200, token=None)[0] == 200  # the page; the POST decides
     finally:
         bot.stop()
+
+
+def test_an_unreachable_nats_url_is_said_at_start_and_does_not_hold_the_shutdown(tmp_path, monkeypatch, caplog):
+    import logging
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    caplog.set_level(logging.WARNING, "msmon")
+    bot = _bot(tmp_path, monkeypatch, nats={"url": f"nats://127.0.0.1:{port}"})
+    try:
+        deadline = time.monotonic() + 10
+        while "cannot reach NATS" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert f"cannot reach NATS at nats://127.0.0.1:{port}" in caplog.text and "bot.nats.url" in caplog.text
+        assert bot.request("GET", "/healthz", token=None)[0] == 200  # HTTP goes on
+    finally:
+        t0 = time.monotonic()
+        bot.stop()
+        assert time.monotonic() - t0 < 5.0
