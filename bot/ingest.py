@@ -64,7 +64,7 @@ class Ingest:
         state = self.state
         now = state.clock()
         self.devices.admit(env.run_id, env.device)  # TooManyDevices: refused before anything is kept
-        self.runs.before(env.run_id, env.rank, env.device, env.proc, now)
+        self.runs.before(env.run_id, env.rank, env.device, env.host, env.proc, now)
         decides = bool(env.events or env.actions)  # else the run's liveness only: its one write, no transaction
         with state.tx() if decides else contextlib.nullcontext():
             if decides:
@@ -86,7 +86,7 @@ class Ingest:
         """A heartbeat on its own: the run's plan and liveness (a run it creates belongs to `project`)."""
         store = self.state.store
         self.devices.admit(hb.run_id, hb.device)
-        self.runs.before(hb.run_id, hb.rank, hb.device, hb.proc, self.state.clock())
+        self.runs.before(hb.run_id, hb.rank, hb.device, hb.host, hb.proc, self.state.clock())
         if self.runs.stale(hb.run_id, hb.proc):
             return  # late, from a process of an earlier attempt: the run's liveness is the new attempt's
         self.state.windows.add_plan(hb)

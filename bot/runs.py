@@ -39,9 +39,9 @@ class Runs:
     def __init__(self, state: BotState, emit: Emit) -> None:
         self.state, self.emit = state, emit
 
-    def before(self, run_id: str, rank: int | None, device: str, proc: str, now: float) -> None:
-        """A message of run `run_id` from process `proc` (rank `rank`, device `device`), before the ingest
-        records it: when it is a new start's, the attempt before ends and a new one starts."""
+    def before(self, run_id: str, rank: int | None, device: str, host: str, proc: str, now: float) -> None:
+        """A message of run `run_id` from process `proc` (rank `rank`, device `device` on `host`), before the
+        ingest records it: when it is a new start's, the attempt before ends and a new one starts."""
         if not proc:
             return  # an older notifier: no way to tell a new start from a late message
         ranks = self.state.ranks.runs.get(run_id)
@@ -54,7 +54,10 @@ class Runs:
         run = self.state.store.run(run_id)
         if run is None:
             return
-        restarted = was is not None and bool(was.life.proc) and was.life.proc != proc
+        # a new process of a rank that had one; without a rank, only on the same host (processes of one device
+        # id on several hosts, from a launcher msmon does not know, are not restarts of each other)
+        restarted = was is not None and bool(was.life.proc) and was.life.proc != proc and \
+            (rank is not None or was.host == host)
         if new_attempt(_PHASES[run["state"]], known, proc, restarted):
             self._new_attempt(run, now)
 

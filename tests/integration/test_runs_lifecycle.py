@@ -444,3 +444,19 @@ def test_msmon_serve_a_heartbeat_first_job_then_another_projects_squat_then_its_
         assert run_view(serve, "served@llm")["firing"] == []
     finally:
         serve.stop()
+
+
+def test_processes_without_a_rank_on_two_hosts_are_not_restarts_of_each_other(tmp_path, slack):
+    """A launcher msmon does not know (no RANK_ID): two hosts' processes both say device 0, no rank. They
+    are one attempt, not a new attempt at every message."""
+    bot = BotServer(config(tmp_path, slack))
+    try:
+        for k in range(1, 6):
+            for host in ("node-a", "node-b"):
+                env = Envelope(run_id="no-rank", device="0", sent_at=time.time(), project="llm", host=host,
+                               proc=f"{host}-proc", samples=[Sample(run_id="no-rank", device="0", step=k,
+                                                                    time=time.time(), loss=2.0)])
+                assert bot.request("POST", "/v1/ingest", encode(env))[0] == 202
+        assert run_view(bot, "no-rank")["attempt"] == 1
+    finally:
+        bot.stop()
