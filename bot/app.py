@@ -527,6 +527,17 @@ def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
     return receivers
 
 
+def prune_old_runs(state: BotState) -> list[str]:
+    """The runs past bot.retention forgotten, a batch a pass, by one replica at a time (its lease)."""
+    if not state.cfg.retention or not state.owns("retention"):
+        return []
+    gone = state.store.prune_runs(state.clock() - state.cfg.retention)
+    if gone:
+        log.info("msmon bot: forgot %d run(s) last seen more than %.0f days ago (bot.retention): %s", len(gone),
+                 state.cfg.retention / 86400, ", ".join(gone[:5]) + (" ..." if len(gone) > 5 else ""))
+    return gone
+
+
 async def _every(period: float, fn: Callable[[], object], stop: asyncio.Event) -> None:
     while not stop.is_set():
         with contextlib.suppress(asyncio.TimeoutError):
@@ -631,6 +642,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
         escalator.start()
         digests.start(escalator.scheduler)
         tasks = [asyncio.create_task(outbox.run(stop)), asyncio.create_task(watchdog.run(stop)),
+                 asyncio.create_task(_every(60.0, lambda: prune_old_runs(state), stop)),
                  asyncio.create_task(_every(1.0, state.flush, stop)),
                  asyncio.create_task(_every(1.0, lambda: state.owns("command-expiry") and jobs.expire(state), stop)),
                  asyncio.create_task(store.listen(state.command_queued, stop))]  # other replicas' commands

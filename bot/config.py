@@ -582,6 +582,9 @@ class BotConfig:
     window_samples: int = _f(600, "metric samples kept per run and device (memory bound)", ge=10, le=100_000)
     max_runs: int = _f(1000, "runs kept in memory; the least recently seen are forgotten first", ge=1,
                        le=100_000)
+    retention: float = _f(30 * DAY, "seconds a run is kept after it was last seen, with its alerts and attempts (the "
+                                    "command log stays); never one with an alert firing, an escalation open or a "
+                                    "command waiting; 0: kept for ever", ge=0, le=3650 * DAY)
     max_devices: int = _f(4096, "devices (ranks) one run may report from; one more is refused (each costs about "
                                 "window_samples x 74 bytes of memory: 44 KB at 600)", ge=1, le=1_000_000)
     tokens: list[JobToken] = _f([], "job tokens (none: every job is refused)")

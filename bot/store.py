@@ -215,6 +215,25 @@ class Store:
     def mark_gone(self, run_id: str, gone: bool) -> None:
         self.db.execute("UPDATE runs SET gone=? WHERE run_id=?", (int(gone), run_id))
 
+    def prune_runs(self, before: float, limit: int = 500) -> list[str]:
+        """Forget up to `limit` runs last seen before `before` (bot.retention) with what is theirs alone: their
+        alerts and notification log, level changes, attempts, end and thread roots. Never a run with an alert
+        firing, an escalation open or a command waiting; the command log (the audit) stays. The run ids."""
+        ids = [r["run_id"] for r in self.db.execute(
+            "SELECT run_id FROM runs WHERE last_seen<?"
+            " AND run_id NOT IN (SELECT run_id FROM alerts WHERE status='firing')"
+            " AND run_id NOT IN (SELECT run_id FROM escalations WHERE closed_at IS NULL AND run_id IS NOT NULL)"
+            " AND run_id NOT IN (SELECT run_id FROM commands WHERE status='pending' AND run_id IS NOT NULL)"
+            " ORDER BY last_seen LIMIT ?", (before, limit))]
+        with self.tx():
+            for run_id in ids:
+                for table in ("alerts", "level_changes", "run_attempts", "run_ends", "runs"):
+                    self.db.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))  # noqa: S608 - names above
+                self.db.execute("DELETE FROM messages WHERE substr(key, 1, length(?) + 1) = ? || '|'",
+                                (run_id, run_id))
+                self._run_cache.pop(run_id, None)
+        return ids
+
     # -- alerts and what was sent for them (the notification log) -------------------------------
 
     def alert_states(self, fps: list[str]) -> dict[str, tuple[NotifyState, str | None, str | None, bool]]:

@@ -180,3 +180,32 @@ def test_an_unreachable_nats_url_is_said_at_start_and_does_not_hold_the_shutdown
         t0 = time.monotonic()
         bot.stop()
         assert time.monotonic() - t0 < 5.0
+
+
+def test_runs_past_retention_are_forgotten_unless_something_of_theirs_is_open(tmp_path, monkeypatch):
+    """bot.retention: a run last seen before it goes with its alerts and attempts; one with an alert firing
+    or a command waiting stays; the command log stays; a fresh run stays."""
+    from bot.app import prune_old_runs
+    from bot.config import load_bot_config
+    from bot.metrics import BotMetrics
+    from bot.state import BotState
+    from bot.store import AlertRow, Store
+
+    cfg = load_bot_config({"bot": {"state_path": str(tmp_path / "r.sqlite"), "retention": 3600}})
+    store = Store(cfg.state_path)
+    now = time.time()
+    state = BotState(cfg, store, BotMetrics(), lambda: now)
+    for run_id, seen in (("old", now - 7200), ("old-firing", now - 7200), ("old-waiting", now - 7200),
+                         ("fresh", now - 60)):
+        store.touch_run(run_id, "p", {}, "0", 5, seen, heartbeat=True)
+    with store.tx():
+        store.save_alerts([AlertRow("old|x|0", "old", "x", "0", "ERROR", "resolved", 5, now - 7200),
+                           AlertRow("old-firing|x|0", "old-firing", "x", "0", "ERROR", "firing", 5, now - 7200)])
+        for cid, run_id, status in (("c1", "old", "done"), ("c2", "old-waiting", "pending")):
+            store.db.execute("INSERT INTO commands(id, created_at, run_id, status, updated_at) VALUES(?,?,?,?,?)",
+                             (cid, now - 7200, run_id, status, now - 7200))
+    assert prune_old_runs(state) == ["old"]
+    assert store.run("old") is None and store.alerts("old") == []
+    assert {r["run_id"] for r in store.runs()} == {"old-firing", "old-waiting", "fresh"}
+    assert store.commands.get("c1") is not None  # the audit log stays
+    assert prune_old_runs(state) == []
