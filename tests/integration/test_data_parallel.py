@@ -18,6 +18,7 @@ pytest.importorskip("mindspore")
 pytest.importorskip("aiohttp")
 
 from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
+from tests.fakes.process import terminate_group  # noqa: E402
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timing]
 JOB = Path(__file__).parents[1] / "fakes" / "jobs" / "data_parallel_job.py"
@@ -82,7 +83,5 @@ def test_every_rank_applies_each_command_at_the_same_step(tmp_path, monkeypatch)
         out, _ = job.communicate(timeout=120)
         assert job.returncode == 0, out[-3000:]
     finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait(30)
+        terminate_group(job, grace=0)  # msrun and its ranks (each in a session of its own; a paused one too)
         bot.stop()
