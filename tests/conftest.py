@@ -79,7 +79,8 @@ def _msmon_logging():
 @pytest.fixture
 def traces() -> Path:
     if not TRACES.is_dir():
-        pytest.skip(f"real traces not found at {TRACES} (they live in ../shared beside the checkout)")
+        pytest.skip(f"real traces not found at {TRACES} (they live in ../shared beside the checkout; where they "
+                    "come from and how to lay them out: docs/user-guide/offline-analysis.md, 'Real traces')")
     return TRACES
 
 
