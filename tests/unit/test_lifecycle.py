@@ -256,3 +256,21 @@ def test_a_process_reporting_several_devices_ends_them_all_with_its_final_heartb
         Sample(run_id="r", device=str(d), step=1, time=0.0) for d in range(4)]), 1.0)
     views.heartbeat(Heartbeat(run_id="r", device="0", time=0.0, step=1, proc="p", seq=9, final=True), 2.0)
     assert views.runs["r"].ended()
+
+
+def test_the_run_table_is_total_and_only_a_new_attempt_leaves_ended():
+    assert set(RUN_TABLE) == {(p, i) for p in RunPhase for i in RunInput}
+    assert {i for (p, i), to in RUN_TABLE.items() if p is RunPhase.ENDED and to is not RunPhase.ENDED} == {
+        RunInput.NEW_ATTEMPT}
+    assert {p for (p, i), to in RUN_TABLE.items() if i is RunInput.NO_HEARTBEAT} == set(RunPhase)
+    assert RUN_TABLE[(RunPhase.PAUSED, RunInput.NO_PROGRESS)] is RunPhase.PAUSED  # paused on purpose: no stall
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list(RunInput)), max_size=40))
+def test_any_sequence_of_run_inputs_moves_by_the_table(inputs):
+    phase = RunPhase.RUNNING
+    for inp in inputs:
+        before, phase = phase, run_step(phase, inp)
+        if before is RunPhase.ENDED and inp is not RunInput.NEW_ATTEMPT:
+            assert phase is RunPhase.ENDED  # a late message, a tick or a bot restart never revives an ended run
