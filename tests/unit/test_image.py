@@ -133,3 +133,37 @@ def test_the_checks_above_can_fail(tmp_path: Path) -> None:
     bad = tmp_path / "x.lock.txt"
     bad.write_text("aiohttp>=3\n")
     assert re.match(r"^([A-Za-z0-9_.\-]+)==\S+", bad.read_text()) is None
+
+
+def test_the_locks_satisfy_pyproject_so_a_changed_dependency_needs_a_new_lock() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+
+    def closure(name: str, seen: set[str]) -> list[str]:
+        """The requirements an extra brings, its msmon[...] extras followed."""
+        out = []
+        for r in extras[name]:
+            req = Requirement(r)
+            if req.name == "msmon":
+                for inner in req.extras - seen:
+                    seen.add(inner)
+                    out += closure(inner, seen)
+            else:
+                out.append(r)
+        return out
+
+    versions = {}
+    for name in ("bot", "all"):
+        text = (ROOT / "requirements" / f"{name}.lock.txt").read_text()
+        pins = re.finditer(r"^([A-Za-z0-9_.\-]+)==(\S+)", text, re.M)
+        versions[name] = {m.group(1).lower(): m.group(2) for m in pins}
+    for name in ("bot", "all"):
+        for r in project["dependencies"] + closure(name, {name}):
+            req = Requirement(r)
+            pinned = versions[name].get(req.name.lower())
+            assert pinned is not None, f"{name}.lock.txt lacks {req.name}: run tools/lock.sh"
+            assert req.specifier.contains(pinned, prereleases=True), \
+                f"{name}.lock.txt pins {req.name}=={pinned}, pyproject.toml wants {req.specifier}: run tools/lock.sh"
