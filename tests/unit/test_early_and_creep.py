@@ -25,7 +25,7 @@ def mk(step: int, **metrics: float | None) -> Sample:
 
 
 def test_an_absolute_level_alerts_inside_an_explicit_baseline_period() -> None:
-    gate, st, p = AlertGate(500, 500, 3), GateState(), GradNormParams(error=10.0, consecutive=1)
+    gate, st, p = AlertGate(500, 500, 3), GateState(), GradNormParams(error=10.0, consecutive=1, early_steps=0)
     f = GradNormThreshold(p, DetectorContext()).update(mk(0, grad_norm=12.0), p)
     assert f is not None and f.absolute
     v = gate.admit(st, f, 0, 1)

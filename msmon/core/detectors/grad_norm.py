@@ -25,7 +25,12 @@ class GradNormParams(RuleParams):
     down for this run, the job's log says so once with the numbers, and `grad_norm_spike` (the grad norm
     against its own median) still judges. A level set live (`set_threshold`, `loosen-threshold`) is judged
     again. A level exceeded less than that at the first sample (llm.c GPT-2 starts at 15 against 10)
-    alerts from the first sample, as the level says.
+    alerts from the first sample, as the level says. In the run's first `early_steps` steps a freshly
+    initialised network's grad norm can start over the level and fall as it leaves its initialisation (GPT-2's
+    is 15 for its first 4 steps against the example's 10): when the run's first grad norm was already over
+    the level, a value over it there alerts once it is also
+    `early_rise` x the run's first grad norm, or has stayed over the level for 10 samples in a row (a run
+    that is over it, not leaving it); a gross jump is `grad_norm_spike`'s, from its 2nd sample.
     """
 
     warning: float | None = dataclasses.field(
@@ -36,6 +41,11 @@ class GradNormParams(RuleParams):
     out_of_scale: float | None = dataclasses.field(default=100.0, metadata=spec(
         gt=1, le=1e12, doc="the run's first grad norm this many x the ERROR level: the level is not at this "
                            "model's scale and the rule stands down for the run (null: never)"))
+    early_steps: int = dataclasses.field(default=300, metadata=spec(
+        ge=0, le=1_000_000_000, doc="the run's first steps: a grad norm over the level but not over early_rise x "
+                                   "the run's first one, for under 10 samples, is the network's initialisation"))
+    early_rise: float = dataclasses.field(default=2.0, metadata=spec(
+        gt=1, le=1e6, doc="in the first early_steps, the level judges a grad norm this many x the run's first"))
 
     def warning_level(self) -> float | None:
         if self.warning is not None:
@@ -45,6 +55,7 @@ class GradNormParams(RuleParams):
 
 class GradNormThreshold:
     rule: ClassVar[str] = "grad_norm"
+    EARLY_HOLD: ClassVar[int] = 10  # in the first early_steps: samples in a row over the level that are the run's
     summary: ClassVar[str] = "grad norm above an absolute threshold"
     metric: ClassVar[str] = "grad_norm"
     requires: ClassVar[frozenset[str]] = frozenset({"grad_norm"})
@@ -52,7 +63,10 @@ class GradNormThreshold:
 
     def __init__(self, p: GradNormParams, ctx: DetectorContext) -> None:
         self.out_of_scale = p.out_of_scale
+        self.early_steps, self.early_rise = p.early_steps, p.early_rise
         self.first = True  # no grad norm seen yet
+        self.initial = 0.0  # the run's first grad norm
+        self.early_over = 0  # samples in a row over the level in the first early_steps, not early_rise x initial
         self.down_at: float | None = None  # the ERROR level found out of this run's scale
         self.notice: str | None = None  # why it stood down, for the job's log (taken by the Monitor)
 
@@ -63,6 +77,7 @@ class GradNormThreshold:
         err = p.levels[1]
         if self.first:
             self.first = False
+            self.initial = g
             k = self.out_of_scale
             if k is not None and err is not None and g >= k * err:
                 self.down_at = err
@@ -76,7 +91,12 @@ class GradNormThreshold:
             self.down_at = None  # a new level was set: judged as given
         level, thr = classify(g, p)
         if level is None:
+            self.early_over = 0
             return None
+        if s.step < self.early_steps and thr <= self.initial and g <= self.early_rise * self.initial:
+            self.early_over += 1
+            if self.early_over < self.EARLY_HOLD:
+                return None  # leaving its initialisation, as far as it can tell yet (see GradNormParams)
         return Finding(level, g, thr, f"grad norm {g:.4g} is over the threshold {thr:g}", absolute=True)
 
 
