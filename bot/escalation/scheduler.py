@@ -173,6 +173,9 @@ class Escalator:
         if not self.state.owns("escalator"):
             return 0  # another replica runs the escalations (a lease row); this one takes over if it stops
         with self.state.tx():
+            opened = self.store.escalations.open()
+            if not opened and not self._severities():
+                return 0  # nothing open and no route escalates: the firing alerts are not read at all
             groups = self._groups()
             self._start_new(groups, now)
             for row in self.store.escalations.open():
@@ -211,12 +214,25 @@ class Escalator:
             return None, None
         return route_for(run["project"], run["labels"], Severity.ERROR, self.cfg.routes), run
 
+    def _severities(self) -> set[str]:
+        """The severities some route's escalation policy takes (none: no route escalates)."""
+        return {sev for r in self.cfg.routes if r.escalation and r.escalation in self.cfg.escalations
+                for sev in self.cfg.escalations[r.escalation].severities}
+
     def _start_new(self, groups: dict[tuple[str, str], Group], now: float) -> None:
+        # What a pass costs follows what can escalate: no run read for a group of a severity no policy takes,
+        # each run's route read once a pass (20,000 firing alerts read their run every second: 1.9 s a pass)
+        severities = self._severities()
+        if not severities:
+            return
         active = {(r["run_id"], r["rule"]) for r in self.store.escalations.open()}
+        routes: dict[str, Any] = {}
         for key, g in groups.items():
-            if key in active or g.acked_by is not None:
+            if key in active or g.acked_by is not None or g.severity not in severities:
                 continue
-            route, _ = self._route(g.run_id)
+            if g.run_id not in routes:
+                routes[g.run_id] = self._route(g.run_id)[0]
+            route = routes[g.run_id]
             policy = self.cfg.escalations.get(route.escalation) if route is not None and route.escalation else None
             if policy is None or g.severity not in policy.severities:
                 continue
@@ -322,6 +338,12 @@ class Escalator:
             row = self.store.escalations.get(esc_id)
             if row is None:
                 return 404, f"no escalation {esc_id}"
+            if row["state"] != "active":  # a link is bound to its episode: never the next one of the run's rule
+                why = f"acknowledged already (by {row['acked_by']})" if row["state"] == "acked" and row["acked_by"] \
+                    else "acknowledged already" if row["state"] == "acked" else "over: the alert resolved"
+                return 409, (f"this escalation of {row['rule']} of run {row['run_id']} is {why}; if it fires again, "
+                             f"that is a new episode with links of its own (or acknowledge in chat: `ack "
+                             f"{row['run_id']}/{row['rule']}`)")
             if not self.store.escalations.use_link(nonce, now, "email link"):
                 return 409, "this link was used already; the escalation is acknowledged"
             fps = self.store.ack(row["run_id"], row["rule"], None, f"email link (escalation {esc_id})")
