@@ -173,6 +173,9 @@ def test_the_console_shows_a_real_job_live_and_pauses_it(bot, tmp_path, artifact
                 alert = next(a for a in bot.store.alerts("run-x") if a["rule"] == "nonfinite")
                 marked = page.evaluate("() => window.msmonConsole.alerts.map(a => [a.rule, a.first_step])")
                 assert ["nonfinite", alert["first_step"]] in marked  # a marker on the curves at that step
+                # the NaN losses since then: one stretch in the note (every 2nd step is sampled), not each step
+                page.wait_for_function("() => /not finite \\(NaN or Inf\\) at steps [0-9,]+-[0-9,]+: drawn as a gap"
+                                       "/.test(document.querySelector('#chart-loss .note').textContent)")
 
                 # the alert's buttons: ack (the row says who, live) and silence (the answer says for how long)
                 row = "#alerts tr[data-rule='nonfinite']"

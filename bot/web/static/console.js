@@ -224,11 +224,13 @@
     return {devs: devs, data: data, bad: bad, clock: clock};
   }
 
-  function stretches(steps) {
-    // sorted steps -> "2,005-2,999" ranges (steps closer than 1% of the span are one stretch)
+  function stretches(steps, spacing) {
+    // steps -> "2,005-2,999" ranges: steps no further apart than the samples' own spacing (or 1% of the span)
+    // are one stretch
     if (!steps.length) return [];
     steps = steps.slice().sort(function (a, b) { return a - b; });
-    var gap = Math.max(1, (steps[steps.length - 1] - steps[0]) / 100), out = [], lo = steps[0], hi = steps[0];
+    var gap = Math.max(1, 1.5 * (spacing || 1), (steps[steps.length - 1] - steps[0]) / 100);
+    var out = [], lo = steps[0], hi = steps[0];
     steps.slice(1).forEach(function (s) {
       if (s - hi > gap) { out.push([lo, hi]); lo = s; }
       hi = s;
@@ -326,7 +328,9 @@
         fig.querySelector("figcaption").textContent = "throughput" + (unit ? " (" + unit.replace("_per_s", "/s") + ")" : "");
       }
       var xs = al.data[0], says = [];
-      if (al.bad.length) says.push("not finite (NaN or Inf) at steps " + stretches(al.bad).join(", ") + ": drawn as a gap");
+      var spacing = xs.length > 1 ? (xs[xs.length - 1] - xs[0]) / (xs.length - 1) : 1;
+      if (al.bad.length) says.push("not finite (NaN or Inf) at steps " + stretches(al.bad, spacing).join(", ") +
+                                   ": drawn as a gap");
       if (reach !== null && xs.length && reach < xs[0])
         says.push("the alerts began at step " + fmtStep(reach) + "; the bot keeps samples from step " + fmtStep(xs[0]) +
                   " on (bot.window_samples)");
