@@ -42,8 +42,8 @@ class Runs:
     def before(self, run_id: str, rank: int | None, device: str, host: str, proc: str, now: float) -> None:
         """A message of run `run_id` from process `proc` (rank `rank`, device `device` on `host`), before the
         ingest records it: when it is a new start's, the attempt before ends and a new one starts."""
-        if not proc:
-            return  # an older notifier: no way to tell a new start from a late message
+        if not proc or not self.state.cfg.ranks.enable:
+            return  # an older notifier, or no view of the ranks: no way to tell a new start from a late message
         ranks = self.state.ranks.runs.get(run_id)
         was = ranks.members.get(str(rank) if rank is not None else device) if ranks is not None else None
         if was is not None and was.life.proc == proc:
@@ -81,6 +81,8 @@ class Runs:
         ranks = self.state.ranks.run(hb.run_id) if self.state.cfg.ranks.enable else None
         if ranks is not None and not ranks.ended(ranks.world):
             return  # other ranks go on (or are missing): the run has not ended
+        if ranks is None and (hb.world or 1) > 1:
+            return  # one of many ranks, and no view of the others (ranks.enable false): the watchdog's end only
         n = len(ranks.members) if ranks is not None else 1
         step = max((m.step for m in ranks.members.values() if m.step is not None), default=hb.step) \
             if ranks is not None else hb.step
