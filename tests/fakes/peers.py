@@ -44,73 +44,16 @@ class ThreadedRobot:
         self._thread.join(10)
 
 
-class HangingPeer:
-    """Accepts connections and never answers while `hanging`; `answer` (a full HTTP response) is sent to the
-    connections that come after `hanging` is cleared. `connections`: how many came."""
+class _Listener:
+    """A loopback listener whose thread hands each connection to `_serve` until closed."""
 
-    def __init__(self, answer: bytes = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 29"
-                                      b"\r\nConnection: close\r\n\r\n{\"errcode\": 0, \"errmsg\": \"ok\"}") -> None:
-        self.answer = answer
-        self.hanging = True
-        self.connections = 0
+    def __init__(self) -> None:
         self._sock = socket.create_server(("127.0.0.1", 0))
         self._sock.settimeout(0.2)
         self.port = self._sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._held: list[socket.socket] = []
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hanging-peer", daemon=True)
-
-    def _run(self) -> None:
-        while not self._done.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.connections += 1
-            if self.hanging:
-                self._held.append(conn)  # read nothing, answer nothing, keep it open
-                continue
-            with conn:
-                conn.settimeout(2)
-                with contextlib.suppress(OSError):
-                    conn.recv(65536)
-                    conn.sendall(self.answer)
-
-    def __enter__(self) -> HangingPeer:
+        self._thread = threading.Thread(target=self._accept, name=type(self).__name__, daemon=True)
         self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join(5)
-        for c in self._held:
-            c.close()
-        self._sock.close()
-
-
-class TcpProxy:
-    """A TCP proxy to `target` on loopback that can black-hole: `blackhole()` stops forwarding both ways
-    and keeps every connection open (no FIN, no RST: a database host that died, a network that drops), new
-    connections are accepted and never answered; `restore()` forwards again (new connections)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.holed = False
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self._sock.settimeout(0.2)
-        self.port = self._sock.getsockname()[1]
-        self._conns: list[socket.socket] = []
-        self._done = threading.Event()
-        threading.Thread(target=self._accept, name="tcp-proxy", daemon=True).start()
-
-    def blackhole(self) -> None:
-        self.holed = True
-
-    def restore(self) -> None:
-        self.holed = False
 
     def _accept(self) -> None:
         while not self._done.is_set():
@@ -120,17 +63,79 @@ class TcpProxy:
                 continue
             except OSError:
                 return
-            self._conns.append(conn)
-            if self.holed:
-                continue
-            try:
-                up = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                conn.close()
-                continue
-            self._conns.append(up)
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            self._serve(conn)
+
+    def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+        self._sock.close()
+
+
+class HangingPeer(_Listener):
+    """Accepts connections and never answers while `hanging`; `answer` (a full HTTP response) is sent to the
+    connections that come after `hanging` is cleared. `connections`: how many came."""
+
+    def __init__(self, answer: bytes = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 29"
+                                      b"\r\nConnection: close\r\n\r\n{\"errcode\": 0, \"errmsg\": \"ok\"}") -> None:
+        self.answer = answer
+        self.hanging = True
+        self.connections = 0
+        self._held: list[socket.socket] = []
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _serve(self, conn: socket.socket) -> None:
+        self.connections += 1
+        if self.hanging:
+            self._held.append(conn)  # read nothing, answer nothing, keep it open
+            return
+        with conn:
+            conn.settimeout(2)
+            with contextlib.suppress(OSError):
+                conn.recv(65536)
+                conn.sendall(self.answer)
+
+    def __enter__(self) -> HangingPeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+        for c in self._held:
+            c.close()
+
+
+class TcpProxy(_Listener):
+    """A TCP proxy to `target` on loopback that can black-hole: `blackhole()` stops forwarding both ways
+    and keeps every connection open (no FIN, no RST: a database host that died, a network that drops), new
+    connections are accepted and never answered; `restore()` forwards again (new connections)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.holed = False
+        self._conns: list[socket.socket] = []
+        super().__init__()
+
+    def blackhole(self) -> None:
+        self.holed = True
+
+    def restore(self) -> None:
+        self.holed = False
+
+    def _serve(self, conn: socket.socket) -> None:
+        self._conns.append(conn)
+        if self.holed:
+            return
+        try:
+            up = socket.create_connection(self.target, timeout=5)
+        except OSError:
+            conn.close()
+            return
+        self._conns.append(up)
+        for a, b in ((conn, up), (up, conn)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         src.settimeout(0.2)
@@ -156,8 +161,7 @@ class TcpProxy:
                     s.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        self._done.set()
-        self._sock.close()
+        self._stop()
         for c in self._conns:
             with contextlib.suppress(OSError):
                 c.close()

@@ -1,4 +1,5 @@
-"""Fixtures the integration tests share: the local Slack-API-compatible server and a real SMTP server."""
+"""Fixtures the integration tests share: the local Slack-API-compatible server, a real SMTP server and a fresh
+schema on the machine's real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -23,3 +24,16 @@ def smtp() -> Iterator[Any]:
 
     with SMTPServer() as s:
         yield s
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    """A fresh schema on the real PostgreSQL (tests/fakes/postgres.py), dropped afterwards; skipped with the reason
+    when PostgreSQL does not answer."""
+    from tests.fakes import postgres
+
+    reason = postgres.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with postgres.fresh_schema() as name:
+        yield name

@@ -25,15 +25,6 @@ from tests.fakes.records import envelope, event
 
 
 @pytest.fixture
-def schema() -> Iterator[str]:
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    with postgres.fresh_schema() as name:
-        yield name
-
-
-@pytest.fixture
 def proxy() -> Iterator[TcpProxy]:
     u = urllib.parse.urlsplit(postgres.PG_URL)
     p = TcpProxy(u.hostname or "127.0.0.1", u.port or 5432)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -72,15 +71,6 @@ class BlackHole:
         self.sock.close()
         for c in self.held:
             c.close()
-
-
-@pytest.fixture
-def schema() -> Iterator[str]:
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    with postgres.fresh_schema() as name:
-        yield name
 
 
 def db(sql: str, schema: str) -> list[tuple[Any, ...]]:
