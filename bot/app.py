@@ -305,16 +305,12 @@ async def runs(request: web.Request) -> web.Response:
     `next` is the cursor of the page after, null on the last."""
     limit = _limit(request, 100, 1000)
     after = _cursor(request.query.get("cursor"))
-    store = request.app[STORE]
     request.app[STATE].flush()
-    mine = sorted(((r["last_seen"] or 0.0, r["run_id"], r) for r in store.runs()
-                   if request[PROJECT] in ("*", r["project"])), key=lambda t: (-t[0], t[1]))
-    if after is not None:
-        mine = [t for t in mine if (-t[0], t[1]) > (-after[0], after[1])]
-    page = mine[:limit]
-    more = len(mine) > limit
-    return web.json_response({"runs": [_run_view(request, r) for _, _, r in page],
-                              "next": _cursor_of(page[-1][0], page[-1][1]) if more else None})
+    project = None if request[PROJECT] == "*" else request[PROJECT]
+    page = request.app[STORE].runs_page(project, after, limit + 1)  # one more: is there a page after?
+    more, page = len(page) > limit, page[:limit]
+    return web.json_response({"runs": [_run_view(request, r) for r in page],
+                              "next": _cursor_of(page[-1]["last_seen"] or 0.0, page[-1]["run_id"]) if more else None})
 
 
 def _limit(request: web.Request, default: int, most: int) -> int:

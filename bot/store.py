@@ -176,6 +176,19 @@ class Store:
         return [self._run(r, latest.get(r["run_id"])) for r in
                 self.db.execute("SELECT * FROM runs ORDER BY last_seen DESC")]
 
+    def runs_page(self, project: str | None, after: tuple[float, str] | None, limit: int) -> list[dict[str, Any]]:
+        """Up to `limit` runs (of `project`; None: every project), most recently seen first, after the run
+        `after` (its last_seen and run id: a page's cursor): a page read, never every run."""
+        q, args = "SELECT * FROM runs WHERE 1=1", []
+        if project is not None:
+            q += " AND project=?"
+            args.append(project)
+        if after is not None:
+            q += " AND (COALESCE(last_seen, 0) < ? OR (COALESCE(last_seen, 0) = ? AND run_id > ?))"
+            args += [after[0], after[0], after[1]]
+        rows = self.db.execute(q + " ORDER BY COALESCE(last_seen, 0) DESC, run_id LIMIT ?", (*args, limit)).fetchall()
+        return [self._run(r, self.attempts.latest(r["run_id"])) for r in rows]
+
     def project_of(self, run_id: str) -> str | None:
         """The project of a run (None: no such run): what every job request checks, in one read."""
         r = self.db.execute("SELECT project FROM runs WHERE run_id=?", (run_id,)).fetchone()
