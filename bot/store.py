@@ -179,7 +179,7 @@ class Store:
     def runs_page(self, project: str | None, after: tuple[float, str] | None, limit: int) -> list[dict[str, Any]]:
         """Up to `limit` runs (of `project`; None: every project), most recently seen first, after the run
         `after` (its last_seen and run id: a page's cursor): a page read, never every run."""
-        q, args = "SELECT * FROM runs WHERE 1=1", []
+        q, args = "SELECT * FROM runs WHERE 1=1", list[Any]()
         if project is not None:
             q += " AND project=?"
             args.append(project)
