@@ -15,8 +15,8 @@ worker (bot/outbox.py) is the edge that reads rows, calls receivers and applies 
   and for a refusal the platform documents as permanent: a bad signature, a removed robot)
   the group is a dead letter: kept, reported once, never tried again by this process.
 - An outage is not a poison row: while a lane is down (another group failed on it too since its
-  last success, or nothing got through on it since the row was queued) a delivery error does not
-  bring a row nearer its dead-letter bound; the rows keep retrying at the longest backoff they
+  last success, or nothing got through on it since the row was queued, for up to `max_hold`) a
+  delivery error does not bring a row nearer its dead-letter bound; the rows keep retrying at the longest backoff they
   reached (at most `cap`, 30 s by default) and all go when the receiver is back (a missing token
   fixed by a restart, Slack down for an hour). A lane that looks down is probed by one group a
   round (a new message tries once, the retries wait for the probe); the first success on it makes
@@ -106,6 +106,7 @@ class Policy:
     max_attempts: int = 10  # tries before a delivery error makes a dead letter (about 3 min at the defaults)
     max_error_attempts: int = 3  # tries when the receiver raised something else (a bug, data it cannot take)
     max_retry_after: float = 900.0  # longest Retry-After honoured
+    max_hold: float = 6 * 3600.0  # longest a message waits for a lane where nothing got through since it was queued
 
     def bounds(self, attempts: int) -> tuple[float, float]:
         """The (shortest, longest) backoff after the `attempts`-th failed try (1 = the first)."""
@@ -216,9 +217,10 @@ class Scheduler:
         if outcome.kind in ("transient", "rate_limited"):
             failing = self._failing.setdefault(lane, set())
             since = min(r.created_at for r in rows)
-            if failing - {group} or self._ok.get(lane, -math.inf) < since:
-                # the lane is down (others fail too, or nothing got through since this was queued): not this
-                # row's fault, no nearer to a dead letter
+            if failing - {group} or (self._ok.get(lane, -math.inf) < since and now - since < self.policy.max_hold):
+                # the lane is down (others fail too, or nothing got through since this was queued, for up to
+                # max_hold: a lone message that never goes anywhere ends as a dead letter): not this row's
+                # fault, no nearer to a dead letter
                 attempts = min(attempts, limit - 1)
             if len(failing) < 2:
                 failing.add(group)

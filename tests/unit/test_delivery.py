@@ -317,6 +317,8 @@ def test_a_lone_alert_in_an_outage_is_held_not_dead():
     held = s.after([row(1, attempts=9)], Failed("transient", "HTTP 503"), NOW)
     assert (held.state, held.attempts) == ("retry", 9)
     assert s.after([row(1, attempts=9)], Failed("permanent", "code 310000"), NOW).state == "dead"  # no retry helps
+    stale = s.after([row(1, attempts=9)], Failed("transient", "HTTP 404"), NOW - 10 + POLICY.max_hold)
+    assert stale.state == "dead"  # held 6 h with nothing through: a lone message that never goes ends
     assert s.after([row(1, attempts=2)], Failed("error", "KeyError: 'ts'"), NOW).state == "dead"  # a bug
 
 
