@@ -286,85 +286,39 @@ def test_the_bot_starts_while_the_homeserver_is_down(tmp_path, monkeypatch):
         bot.stop()
 
 
-class _LateForwarder:
-    """A TCP forwarder to the homeserver on a port reserved now and listened on only from `open()`: the
-    homeserver as the bot sees it, down until then."""
-
-    def __init__(self, target_port: int) -> None:
-        import socket
-
-        self.target = target_port
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server: Any = None
-
-    def open(self) -> None:
-        import contextlib
-        import socket
-        import socketserver
-
-        target = self.target
-
-        class Pipe(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                upstream = socket.create_connection(("127.0.0.1", target))
-
-                def pump(a: socket.socket, b: socket.socket) -> None:
-                    try:
-                        while data := a.recv(65536):
-                            b.sendall(data)
-                    except OSError:
-                        pass
-                    finally:
-                        for s in (a, b):
-                            with contextlib.suppress(OSError):
-                                s.shutdown(socket.SHUT_RDWR)
-
-                back = threading.Thread(target=pump, args=(upstream, self.request), daemon=True)
-                back.start()
-                pump(self.request, upstream)
-                back.join(5)
-                upstream.close()
-
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", self.port), Pipe)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-
-
 def test_a_command_typed_while_the_homeserver_was_down_at_the_bots_start_is_answered(homeserver, tmp_path,
                                                                                      monkeypatch):
     """The bot starts, the homeserver unreachable from it (its room not joined yet); alice types a command;
     the homeserver comes back: the bot joins, and its first sync's timeline (read back to its start) has
     the command, which is answered. A message typed before the bot started is not."""
+    import socket
     import time
+
+    from tests.fakes.peers import TcpProxy
 
     hs, users, _ = homeserver
     late = hs.register("latebot")
     room = users["alice"].create_room(invite=[late.user_id])
     before = users["alice"].say(room, "!msmon help")
     time.sleep(0.05)
-    forwarder = _LateForwarder(hs.port)
+    with socket.socket() as s:  # a port nothing listens on: the proxy closes what it accepts at once
+        s.bind(("127.0.0.1", 0))
+        nowhere = s.getsockname()[1]
+    proxy = TcpProxy("127.0.0.1", nowhere)  # the homeserver as the bot sees it: down until re-aimed
     monkeypatch.setenv("MATRIX_ACCESS_TOKEN", late.token)
     bot = BotServer({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"), "console": {"charts": False},
         "routes": [{"receiver": "matrix", "channel": room}],
-        "matrix": {"homeserver": f"http://127.0.0.1:{forwarder.port}", "user_id": late.user_id, "rooms": [room],
+        "matrix": {"homeserver": f"http://127.0.0.1:{proxy.port}", "user_id": late.user_id, "rooms": [room],
                    "timeout": 5}}})
     try:
         time.sleep(0.5)  # its first join and sync have failed
         asked = users["alice"].say(room, "!msmon help")
-        forwarder.open()
+        proxy.target = ("127.0.0.1", hs.port)  # the homeserver is back
         assert wait_for(lambda: in_thread(users["alice"], room, asked, late.user_id), timeout=40), \
             users["alice"].messages(room)
         time.sleep(1.0)
         assert in_thread(users["alice"], room, before, late.user_id) == []
     finally:
         bot.stop()
-        forwarder.close()
+        proxy.close()
