@@ -56,6 +56,27 @@ def per_device(tmp: str, devices: int) -> float:
     return (after - before) / devices
 
 
+def per_run(tmp: str, runs: int) -> float:
+    """Bytes each run of one device keeps (its row and caches, its ring, its gate), through the ingest."""
+    cfg = BotConfig(state_path=os.path.join(tmp, "runs.sqlite"), max_runs=runs + 1)
+    state = BotState(cfg, Store(cfg.state_path), BotMetrics())
+    ingest = Ingest(state)
+    now = time.time()
+
+    def one(r: int) -> None:
+        ingest.envelope(Envelope(run_id=f"run-{r}", device="0", sent_at=now, project="p", samples=[
+            Sample(run_id=f"run-{r}", device="0", step=1, time=now, loss=2.0, grad_norm=1.0)]))
+
+    one(0)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for r in range(1, runs + 1):
+        one(r)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return (after - before) / runs
+
+
 def alertmanager(tmp: str, alerts: int, runs: int) -> float:
     from bot.alertmanager_inbound import AlertmanagerInboundHandler, AmAlert
 
@@ -143,6 +164,7 @@ def main() -> None:
             print(f"escalator pass with {a.firing:,} firing alerts, {how}: {ms:.0f} ms (median of 5)")
         took = alertmanager(tmp, a.am_alerts, a.am_runs)
         print(f"Alertmanager webhook of {a.am_alerts:,} alerts x {a.am_runs} runs on one host: {took:.2f} s")
+        print(f"memory: {per_run(tmp, 1000) / 1024:.1f} KB per run of one device (1,000 runs through the ingest)")
         b = per_device(tmp, a.devices)
         print(f"memory: {b / 1024:.1f} KB per device (window_samples 600, {a.devices} devices of one run through the "
               f"ingest); bot.max_devices 4096 bounds a run at {b * 4096 / 2**20:.0f} MB")
