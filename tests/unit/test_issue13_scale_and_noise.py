@@ -52,14 +52,14 @@ def test_a_level_under_100x_applies_unless_the_run_is_leaving_its_initialisation
     _, events = grad_run([15.0, 14.0, 13.0, 11.0, 3.0, 2.0])
     assert firing(events, "grad_norm") == []
     _, events = grad_run([15.0] * 12)
-    assert firing(events, "grad_norm") == [(11, Severity.ERROR)]  # the 10th over it, and 2 in a row
+    assert firing(events, "grad_norm") == [(12, Severity.ERROR)]  # 10 over it, then the level: 2 in a row
     _, events = grad_run([15.0, 31.0, 32.0, 3.0])
     assert firing(events, "grad_norm") == [(3, Severity.ERROR)]
 
 
 def test_out_of_scale_null_keeps_the_level_whatever_the_scale():
     _, events = grad_run([9.0e4, 9.1e4, 9.2e4] * 4, rules={"grad_norm": {"out_of_scale": None}})
-    assert firing(events, "grad_norm") == [(11, Severity.ERROR)]  # the 10th over it, and 2 in a row
+    assert firing(events, "grad_norm") == [(12, Severity.ERROR)]  # 10 over it, then the level: 2 in a row
 
 
 def test_a_new_level_set_live_is_judged_as_given():

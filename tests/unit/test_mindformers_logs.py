@@ -292,7 +292,9 @@ def test_convert_tensorboard_and_stdout_and_errors(tmp_path, steps, capsys):
     mfl.write_tensorboard(tmp_path / "tb", steps[:5])
     assert main(["convert", str(tmp_path / "tb"), "-o", "-"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "step,loss,lr,grad_norm,throughput,time,device" and len(out) == 6 and out[1].startswith("1,")
+    # MindFormers' TensorBoard has its loss scale ("loss-scale"): the two loss-scaling columns come with it
+    assert out[0] == "step,loss,lr,grad_norm,throughput,time,device,overflow,loss_scale" and len(out) == 6
+    assert out[1].startswith("1,") and out[1].endswith(",,1.0")
     assert main(["convert", str(tmp_path / "missing.log"), "-o", str(tmp_path / "x.csv")]) == 2
     assert "msmon convert: " in capsys.readouterr().err and not (tmp_path / "x.csv").exists()
     bad = tmp_path / "bad.csv"

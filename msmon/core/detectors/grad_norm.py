@@ -27,10 +27,10 @@ class GradNormParams(RuleParams):
     again. A level exceeded less than that at the first sample (llm.c GPT-2 starts at 15 against 10)
     alerts from the first sample, as the level says. In the run's first `early_steps` steps a freshly
     initialised network's grad norm can start over the level and fall as it leaves its initialisation (GPT-2's
-    is 15 for its first 4 steps against the example's 10): when the run's first grad norm was already over
-    the level, a value over it there alerts once it is also
-    `early_rise` x the run's first grad norm, or has stayed over the level for 10 samples in a row (a run
-    that is over it, not leaving it); a gross jump is `grad_norm_spike`'s, from its 2nd sample.
+    is 15 for its first 4 steps against the example's 10): while it has been over the level from its first
+    sample on, it alerts once it is also `early_rise` x the run's first grad norm, or has stayed over the level
+    for 10 samples (a run that is over it, not leaving it); once under the level, the level applies as it
+    says. A gross jump is `grad_norm_spike`'s, from its 2nd sample.
     """
 
     warning: float | None = dataclasses.field(
@@ -66,7 +66,7 @@ class GradNormThreshold:
         self.early_steps, self.early_rise = p.early_steps, p.early_rise
         self.first = True  # no grad norm seen yet
         self.initial = 0.0  # the run's first grad norm
-        self.early_over = 0  # samples in a row over the level in the first early_steps, not early_rise x initial
+        self.early_over = 0  # samples over the level since the first, none under it (the initialisation's excess)
         self.down_at: float | None = None  # the ERROR level found out of this run's scale
         self.notice: str | None = None  # why it stood down, for the job's log (taken by the Monitor)
 
@@ -91,12 +91,11 @@ class GradNormThreshold:
             self.down_at = None  # a new level was set: judged as given
         level, thr = classify(g, p)
         if level is None:
-            self.early_over = 0
+            self.early_over = self.EARLY_HOLD  # under the level once: the initialisation is behind it
             return None
-        if s.step < self.early_steps and thr <= self.initial and g <= self.early_rise * self.initial:
-            self.early_over += 1
-            if self.early_over < self.EARLY_HOLD:
-                return None  # leaving its initialisation, as far as it can tell yet (see GradNormParams)
+        if s.step < self.early_steps and self.early_over < self.EARLY_HOLD and g <= self.early_rise * self.initial:
+            self.early_over += 1  # over the level from the first sample on: leaving its initialisation, as far
+            return None  # as it can tell yet (see GradNormParams)
         return Finding(level, g, thr, f"grad norm {g:.4g} is over the threshold {thr:g}", absolute=True)
 
 
