@@ -60,6 +60,7 @@ from .store import OutboxEntry, Store
 log = logging.getLogger("msmon.bot")
 
 CHARTS_KEPT = 16  # drawn charts kept for the retries of their group (about 100 kB each)
+CHART_WAIT = 1.0  # seconds a new alert's text waits for its chart before it goes without (the chart follows)
 
 
 def _events(payloads: list[Payload]) -> list[Event]:
@@ -433,8 +434,11 @@ class Outbox:
             self._charts.popitem(last=False)
 
     async def _post(self, t: _Try, msg: Message, root_key: str | None = None) -> None:
-        """Post a new message, store its reference at once, then attach its chart (the follow-up)."""
-        await self._chart(t, msg)
+        """Post a new message, store its reference at once, then attach its chart (the follow-up). The text
+        waits for its chart at most CHART_WAIT seconds (a busy bot draws slowly): a chart not drawn by then
+        follows the text instead of holding the page back."""
+        drawing = asyncio.ensure_future(self._chart(t, msg))
+        await asyncio.wait({drawing}, timeout=CHART_WAIT)
         channel, key = t.head.channel, t.head.key
         if t.plan.post:
             t.posted = await t.receiver.post(channel, msg)
@@ -447,6 +451,7 @@ class Outbox:
                 self.store.mark_posted(t.ids, t.posted)
         ref = t.posted or t.plan.ref
         assert ref is not None
+        await drawing
         await t.receiver.attach(channel, ref, msg)
 
     async def _alert(self, t: _Try) -> None:
