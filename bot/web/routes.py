@@ -133,7 +133,6 @@ class Console:
         resp.headers["Retry-After"] = str(max(int(wait), 1))
         return resp
 
-
     def page(self, handler: Handler) -> Handler:
         """A page: without a login, to the login form (and back here after it)."""
         async def wrapped(request: web.Request) -> web.StreamResponse:
