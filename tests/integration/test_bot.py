@@ -193,8 +193,12 @@ def test_docker_image_recipe_is_bot_only_and_checks_health():
     from tests.conftest import ROOT
 
     text = (ROOT / "Dockerfile").read_text()
-    installs = [line for line in text.splitlines() if "pip install" in line]
-    assert installs == ["RUN pip install --no-cache-dir '.[bot]'"]  # the bot's dependencies, not MindSpore
+    installs = [line.strip() for line in text.splitlines() if "pip install" in line]
+    # the bot's dependencies from the lock with hashes, then msmon itself without resolving anything more
+    assert installs[0].startswith("RUN pip install --require-hashes --no-deps -r /tmp/lock/build.lock.txt")
+    assert installs[1:] == ["pip install --no-deps --no-build-isolation /src"]
+    lock = (ROOT / "requirements" / "bot.lock.txt").read_text().lower()
+    assert "mindspore" not in lock and "--hash=sha256:" in lock  # the bot's dependencies, not MindSpore
     assert "USER msmon" in text and "HEALTHCHECK" in text and "/healthz" in text
 
 
