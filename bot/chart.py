@@ -20,6 +20,8 @@ What is drawn follows the README's rule table:
 - the throughput panel draws tokens/s, or samples/s when the job reports no tokens/s (its label says
   which); with `ranks` (a run's per-device rings, `rank_throughput`) one line per rank;
 - `grad_norm_creep`'s fitted trend over its span and the level its threshold sets at the trend's end;
+- the steps fp16 loss scaling skipped (`window.overflow_steps`) as small triangles at the foot of the grad norm
+  panel: a skipped step, not a fault (its grad norm is no measurement, often absent);
 - a constant series (a flat LR) is one line mid-panel with one tick, not ticks around nothing;
 - the x label says the alert's step and its wall-clock time (UTC, the job's clock);
 - a log scale (the grad norm over more than `LOG_SPAN`x) says so in its panel's label;
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 SEVERITY_COLOURS = {Severity.ERROR: "#d62728", Severity.WARNING: "#ff7f0e"}
 RESOLVED_COLOUR = "#2ca02c"
 NONFINITE_COLOUR = "#d62728"
+SKIPPED_COLOUR = "#9467bd"
 LINE_COLOUR = "#1f77b4"
 BASELINE_COLOUR = "#444444"
 TEXT_COLOUR = "#222222"
@@ -177,6 +180,8 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
         ax.axvline(event.step, color=colour, linewidth=g.pt(1.5), linestyle=":", zorder=3,
                    label=f"now: step {event.step}" if event.rule == "status" else f"alert at step {event.step}")
         ax.tick_params(labelbottom=i == len(PANELS) - 1)
+    if window.overflow_steps:
+        _mark_skipped(axes[[m for m, _, _ in PANELS].index("grad_norm")], window.overflow_steps, steps, g)
     if starts:
         _mark_starts(axes, starts, steps, g)
     axes[-1].set_xlabel(f"step   ({'now' if event.rule == 'status' else 'alert'} at step {event.step}, "
@@ -193,6 +198,16 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
                bbox_to_anchor=(left / width, g.fy(legend_top)), borderaxespad=0, borderpad=0,
                ncol=len(handles), fontsize=g.pt(10.5), handlelength=2.2, columnspacing=2.0)
     return fig
+
+
+def _mark_skipped(ax: Any, skipped: Sequence[int], steps: list[float], g: _Geometry) -> None:
+    """A small triangle at the foot of the panel at each step whose update loss scaling skipped (overflow), those
+    inside the window's steps only."""
+    lo, hi = min(steps), max(steps)
+    xs = [float(s) for s in skipped if lo <= s <= hi]
+    if xs:
+        ax.plot(xs, [0.06] * len(xs), linestyle="none", marker="^", color=SKIPPED_COLOUR, markersize=g.pt(6),
+                transform=ax.get_xaxis_transform(), zorder=4, label="skipped step (overflow)")
 
 
 def _mark_starts(axes: list[Any], starts: Sequence[AlertStart], steps: list[float], g: _Geometry) -> None:

@@ -1,5 +1,6 @@
 """Recent metrics per run and device, in fixed-size numeric rings: memory is bounded by
-configuration (runs x devices x samples x 9 numbers), never by how long a run has been going."""
+configuration (runs x devices x samples x 9 numbers, 2 more for a run with fp16 loss scaling), never by how
+long a run has been going."""
 
 from __future__ import annotations
 
@@ -12,21 +13,25 @@ from msmon.contract.wire import ActionResult, Heartbeat, Sample
 
 FIELDS = ("loss", "learning_rate", "grad_norm", "samples_per_s", "tokens_per_s", "step_time", "max_step_time",
           "time")
+# fp16 dynamic loss scaling: columns made on a device's first sample that has one (a run without it pays nothing)
+SCALING = ("loss_scale", "skipped_steps")
 _NONE = math.nan  # a missing value; NaN that was measured is kept apart by the `missing` bit set
-_BITS = {f: 1 << i for i, f in enumerate(FIELDS)}
+_BITS = {f: 1 << i for i, f in enumerate(FIELDS + SCALING + ("overflow",))}
+_OVERFLOWED = 1 << len(_BITS)  # the sample's `overflow` is True (its `missing` bit clear)
 
 
 class Ring:
     """The last `size` samples of one device: one array per field (8 bytes a number)."""
 
-    __slots__ = ("size", "n", "head", "steps", "cols", "missing", "run_id", "device")
+    __slots__ = ("size", "n", "head", "steps", "cols", "scaling", "missing", "run_id", "device")
 
     def __init__(self, size: int, run_id: str, device: str) -> None:
         self.size, self.n, self.head = size, 0, 0
         self.run_id, self.device = run_id, device
         self.steps = array("q", bytes(8 * size))
         self.cols = {f: array("d", bytes(8 * size)) for f in FIELDS}
-        self.missing = array("H", bytes(2 * size))  # which fields were None, one bit each
+        self.scaling: dict[str, array[float]] | None = None  # SCALING's columns, once a sample has one
+        self.missing = array("H", bytes(2 * size))  # which fields were None, one bit each (and _OVERFLOWED)
 
     def add(self, s: Sample) -> None:
         i = self.head
@@ -38,6 +43,15 @@ class Ring:
                 mask |= _BITS[f]
                 v = _NONE
             self.cols[f][i] = v
+        for f in SCALING:
+            v = getattr(s, f)
+            if v is None:
+                mask |= _BITS[f]
+                continue
+            if self.scaling is None:
+                self.scaling = {g: array("d", bytes(8 * self.size)) for g in SCALING}
+            self.scaling[f][i] = v
+        mask |= _BITS["overflow"] if s.overflow is None else _OVERFLOWED if s.overflow else 0
         self.missing[i] = mask
         self.head = (i + 1) % self.size
         self.n = min(self.n + 1, self.size)
@@ -48,7 +62,12 @@ class Ring:
         mask = self.missing[i]
         vals: dict[str, Any] = {f: None if mask & _BITS[f] else self.cols[f][i] for f in FIELDS}
         t = vals.pop("time")
-        return Sample(run_id=self.run_id, device=self.device, step=self.steps[i], time=t or 0.0, **vals)
+        cols = self.scaling
+        scale = None if cols is None or mask & _BITS["loss_scale"] else cols["loss_scale"][i]
+        skipped = None if cols is None or mask & _BITS["skipped_steps"] else int(cols["skipped_steps"][i])
+        overflow = None if mask & _BITS["overflow"] else bool(mask & _OVERFLOWED)
+        return Sample(run_id=self.run_id, device=self.device, step=self.steps[i], time=t or 0.0, overflow=overflow,
+                      loss_scale=scale, skipped_steps=skipped, **vals)
 
     def samples(self) -> list[Sample]:
         """Oldest first."""

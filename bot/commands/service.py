@@ -227,6 +227,9 @@ class CommandService:
                 now = next((v for v in reversed(values) if v is not None), None)
                 if now is not None:
                     lines.append(f"{name} {num(now)} (median of the last {len(values)}: {num(median(values))})")
+            scaling = _loss_scale_line(hist)
+            if scaling is not None:
+                lines.append(scaling)
             total, target = self.state.windows.plans.get(run_id, (None, None))
             pace = self.state.windows.pace(run_id)
             if total is not None and pace is not None and not run["paused"]:
@@ -329,6 +332,22 @@ def _level_change_lines(changes: list[dict[str, Any]], shown: int = 3) -> list[s
         if len(lines) < shown:
             lines.append(f"level change at step {c['step']:,} by {c['who']} (`{c['why']}`): {c['detail']}")
     return lines
+
+
+def _loss_scale_line(hist: list[Any]) -> str | None:
+    """fp16 dynamic loss scaling in a status: the scale now, the sampled steps skipped (overflow) in the window
+    and the job's running count of skipped steps, e.g. "loss scale 1024, 3 steps skipped (overflow) in the last
+    600 samples; 41 in the run". None for a run whose samples say nothing of loss scaling."""
+    scale = next((s.loss_scale for s in reversed(hist) if s.loss_scale is not None), None)
+    total = next((s.skipped_steps for s in reversed(hist) if s.skipped_steps is not None), None)
+    if scale is None and total is None and all(s.overflow is None for s in hist):
+        return None
+    skipped = sum(1 for s in hist if s.overflow)
+    whole = scale is not None and math.isfinite(scale) and scale.is_integer() and abs(scale) < 1e16
+    parts = [f"loss scale {scale:.0f}" if whole else f"loss scale {num(scale)}"] if scale is not None else []
+    parts.append(f"{skipped} step{'' if skipped == 1 else 's'} skipped (overflow) in the last {len(hist)} samples"
+                 + (f"; {total:,} in the run" if total is not None else ""))
+    return ", ".join(parts)
 
 
 def _status_event(run: dict[str, Any], hist: list[Any], firing: list[dict[str, Any]]) -> Event:

@@ -93,6 +93,9 @@ class Window(msgspec.Struct, kw_only=True):
     # samples/s, for the chart when the job reports no tokens/s (an older job sends none: empty)
     samples_per_s: Annotated[list[float | None], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(
         default_factory=list)
+    # the steps of the window whose update fp16 loss scaling skipped (overflow), marked on the chart: a skip is
+    # a skipped step, not a fault (an older job, or a run without loss scaling, sends none: empty)
+    overflow_steps: Annotated[list[Step], msgspec.Meta(max_length=MAX_ITEMS)] = msgspec.field(default_factory=list)
 
     @classmethod
     def of(cls, samples: Iterable[Sample]) -> Window:
@@ -100,7 +103,8 @@ class Window(msgspec.Struct, kw_only=True):
         recent = list(samples)
         return cls(steps=[s.step for s in recent], loss=[s.loss for s in recent],
                    learning_rate=[s.learning_rate for s in recent], grad_norm=[s.grad_norm for s in recent],
-                   tokens_per_s=[s.tokens_per_s for s in recent], samples_per_s=[s.samples_per_s for s in recent])
+                   tokens_per_s=[s.tokens_per_s for s in recent], samples_per_s=[s.samples_per_s for s in recent],
+                   overflow_steps=[s.step for s in recent if s.overflow])
 
 
 class Event(msgspec.Struct, kw_only=True):

@@ -156,6 +156,39 @@ def test_status_answers_at_once_and_the_chart_follows(bot, slack):
     assert up["channel"] == "C0CHAT" and up["content"].startswith(b"\x89PNG")
 
 
+def test_status_counts_the_steps_loss_scaling_skipped_and_its_chart_marks_them(bot, slack):
+    """fp16 dynamic loss scaling: a skipped step (overflow) is counted in `status`, with the scale now and the job's
+    running count, and marked on its chart; a run without loss scaling gets no such line."""
+    import io
+
+    import numpy as np
+    from matplotlib.image import imread
+
+    from bot.chart import SKIPPED_COLOUR
+
+    now = time.time()
+    skipped = {40, 110, 170}  # the sampled steps that overflowed: the scale halves at each, grows back after
+    scale, samples = 4096.0, []
+    for k, step in enumerate(range(0, 210, 10)):
+        scale = scale / 2 if step in skipped else scale
+        samples.append(Sample(run_id="run-fp16", device="0", step=step, time=now - 21 + k, loss=2.0 - 0.01 * k,
+                              learning_rate=1e-4, grad_norm=None if step in skipped else 1.0 + 0.01 * k,
+                              tokens_per_s=1000.0, overflow=step in skipped, loss_scale=scale,
+                              skipped_steps=38 + sum(1 for s in skipped if s <= step)))
+    body = encode(Envelope(run_id="run-fp16", device="0", sent_at=now, project="llm", samples=samples))
+    assert bot.request("POST", "/v1/ingest", body)[0] == 202
+    report(bot)  # run-42: no loss scaling
+    code, body = slash(bot.url, "status run-fp16", response_url=slack.response_url("s1"))
+    assert code == 200
+    assert "loss scale 512, 3 steps skipped (overflow) in the last 21 samples; 41 in the run" in body["text"]
+    assert slack.wait_for(lambda s: len(s.uploads()) == 1, timeout=20)
+    png = imread(io.BytesIO(slack.uploads()[0]["content"]), format="png")[..., :3]
+    purple = np.array([int(SKIPPED_COLOUR[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    assert (np.abs(png - purple).max(axis=-1) < 0.02).sum() > 20  # the skip markers' pixels
+    code, body = slash(bot.url, "status run-42")
+    assert "loss scale" not in body["text"] and "skipped" not in body["text"]
+
+
 def test_mistyped_and_unknown_run_commands_get_helpful_private_answers(bot):
     report(bot)
     code, body = slash(bot.url, "pasue run-42")

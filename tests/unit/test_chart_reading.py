@@ -96,3 +96,26 @@ def test_a_status_chart_marks_where_the_firing_alerts_began_even_before_its_wind
     assert " lr_schedule since 2010" in texts and "grad_norm_spike since 2900 " in texts, texts
     marks = [ln for ln in fig.axes[1].get_lines() if list(ln.get_xdata()) in ([2010, 2010], [2900, 2900])]
     assert len(marks) == 2
+
+
+def test_a_chart_marks_the_steps_loss_scaling_skipped_and_an_older_jobs_window_has_none() -> None:
+    """fp16 dynamic loss scaling: the window carries the steps whose update was skipped (overflow), on the wire
+    and from the bot's own samples alike, and the chart marks them at the foot of the grad norm panel."""
+    from bot.commands.service import _status_event
+    from msmon.contract.wire import Sample, Window, decode, encode
+
+    hist = [Sample(run_id="r", device="0", step=s, time=1.79e9 + s, loss=2.0, learning_rate=1e-4,
+                    grad_norm=None if s in (1040, 1170) else 0.5, overflow=s in (1040, 1170), loss_scale=1024.0)
+            for s in range(1000, 1201, 10)]
+    ev = _status_event({"run_id": "r"}, hist, [])
+    assert ev.window is not None and ev.window.overflow_steps == [1040, 1170]
+    assert decode(encode(ev.window), Window).overflow_steps == [1040, 1170]
+    marks = [ln for ln in _axes(chart_figure(ev))["grad norm"].get_lines()
+             if ln.get_label() == "skipped step (overflow)"]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [1040, 1170]
+    old = decode(b'{"steps":[1],"loss":[2.0],"learning_rate":[null],"grad_norm":[1.0],"tokens_per_s":[null]}', Window)
+    assert old.overflow_steps == []
+    plain = _status_event({"run_id": "r"}, [Sample(run_id="r", device="0", step=s, time=1.79e9 + s, loss=2.0)
+                                            for s in range(10)], [])
+    assert not any(ln.get_label() == "skipped step (overflow)" for ax in chart_figure(plain).axes
+                   for ln in ax.get_lines())
