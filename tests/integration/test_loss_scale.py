@@ -101,6 +101,11 @@ def test_every_step_overflowing_is_an_alert_within_50_steps():
     assert mine and 500 <= mine[0].step <= 550
     assert any(e.severity is Severity.ERROR for e in mine)
     assert all(e.rule not in ("nonfinite", "grad_norm_spike", "vanished_grad") for e in events)
+    w = mine[0].window  # the alert's chart marks the skipped steps of its window: each sampled step from 500 on,
+    assert w is not None
+    stalled = [s for s in w.steps if s >= 500]
+    assert stalled and w.overflow_steps[-len(stalled):] == stalled  # after the periodic ones before 500
+    assert set(w.overflow_steps) <= set(w.steps) and len(w.overflow_steps) < len(w.steps) / 5
 
 
 def test_a_nan_loss_with_the_loss_scaling_cell_is_an_error_at_once():
