@@ -65,6 +65,7 @@ class ConsoleReceiver:
         self.charts = charts_dir is not None
         self.out = out or sys.stdout
         self._ids = itertools.count(1)
+        self._charted: set[str] = set()  # posts whose chart went with them (attach has nothing left to write)
 
     def _save(self, name: str, png: bytes) -> str:
         """The chart's path, or a line saying why it is not there (a full disk never blocks the text)."""
@@ -86,13 +87,23 @@ class ConsoleReceiver:
         ref = f"console-{next(self._ids)}"
         lines = text(msg, escape_console).split("\n")
         if msg.chart is not None and self.charts_dir is not None:
-            lines.append("chart: " + escape_console(
-                self._save(f"{msg.run_id}-{msg.rule}-step{msg.lead.step}-{ref}", msg.chart)))
+            lines.append("chart: " + self._chart(ref, msg, msg.chart))
         self._write("", lines)
         return ref
 
+    def _chart(self, ref: str, msg: Message, png: bytes) -> str:
+        self._charted.add(ref)
+        return escape_console(self._save(f"{msg.run_id}-{msg.rule}-step{msg.lead.step}-{ref}", png))
+
     async def attach(self, channel: str, ref: str, msg: Message) -> None:
-        """Nothing: the chart was written with the post (a local file, no second step to fail)."""
+        """The chart of a post that went before its chart was drawn (the outbox waits for it at most a second):
+        written now and named under the alert. A chart written with its post is not written twice."""
+        if ref in self._charted:
+            self._charted.discard(ref)
+            return
+        if msg.chart is not None and self.charts_dir is not None:
+            self._write("  chart: ", [self._chart(ref, msg, msg.chart)])
+            self._charted.discard(ref)
 
     async def update(self, channel: str, ref: str, msg: Message) -> None:
         """A chat message is edited in place; a terminal cannot edit a line it printed. So a resolution's update

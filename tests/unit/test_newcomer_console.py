@@ -35,3 +35,27 @@ def test_a_resolution_is_printed_once() -> None:
     asyncio.run(story())
     text = out.getvalue()
     assert text.count("RESOLVED loss_spike") == 1 and "step 699" in text and "update: ERROR" in text
+
+
+def test_a_chart_drawn_after_its_post_is_written_by_attach_and_none_twice(tmp_path) -> None:
+    """The outbox posts a new alert's text after at most a second without its chart (a busy bot draws slowly)
+    and attaches the chart when drawn: the console writes it then, under the alert; a chart that went with its
+    post is not written again by the attach."""
+    out = io.StringIO()
+    rx = ConsoleReceiver(str(tmp_path), out=out)
+    png = b"\x89PNG\r\n\x1a\n" + b"0" * 16
+
+    async def story() -> None:
+        late = _msg(Status.FIRING, 100)
+        ref = await rx.post("c", late)  # the text, no chart yet
+        late.chart = png
+        await rx.attach("c", ref, late)  # the chart follows
+        early = _msg(Status.FIRING, 200)
+        early.chart = png
+        ref2 = await rx.post("c", early)
+        await rx.attach("c", ref2, early)
+
+    asyncio.run(story())
+    written = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert len(written) == 2 and "step100" in written[0] and "step200" in written[1]
+    assert out.getvalue().count("chart: ") == 2
