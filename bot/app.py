@@ -43,6 +43,7 @@ from .feishu_inbound import add_feishu_routes
 from .ingest import Ingest
 from .metrics import BotMetrics, project_runs
 from .outbox import Lane, Outbox
+from .overload import Level, Median
 from .pipeline.ratelimit import RateLimiter
 from .ranks.watch import RankWatch
 from .receivers import Receiver
@@ -431,7 +432,8 @@ async def get_command(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     store = request.app[STORE]
-    return web.json_response({"ok": True, "outbox_depth": store.depth(), "dead_letters": store.dead_count()})
+    return web.json_response({"ok": True, "outbox_depth": store.depth(), "dead_letters": store.dead_count(),
+                              "overload": request.app[INGEST].overload.status()})
 
 
 async def dead_letters(request: web.Request) -> web.Response:
@@ -544,6 +546,24 @@ async def _every(period: float, fn: Callable[[], object], stop: asyncio.Event) -
             log.exception("msmon bot: %s failed; retrying in %.0f s", getattr(fn, "__name__", fn), period)
 
 
+LAG_PERIOD = 0.05  # seconds between two samples of the event loop's lag
+LAG_SAMPLES = 40  # the signal is the median of the last 40 (2 s when on time): a busy loop, not a burst
+
+
+async def watch_lag(ingest: Ingest, metrics: BotMetrics, stop: asyncio.Event, period: float = LAG_PERIOD) -> None:
+    """How late the event loop runs a timer sets what the ingest sheds (bot/overload.py); a change of level is
+    logged once, with what was shed in the last minute (never a line per request)."""
+    loop = asyncio.get_running_loop()
+    overload, median = ingest.overload, Median(LAG_SAMPLES)
+    while not stop.is_set():
+        t0 = loop.time()
+        await asyncio.sleep(period)
+        changed = overload.observe(median(max(0.0, loop.time() - t0 - period)))
+        if changed is not None:
+            metrics.overload.set(int(changed))
+            (log.warning if changed else log.info)("msmon bot: %s", overload.say())
+
+
 def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                receivers: dict[str, Receiver] | None = None, delivery: Policy | None = None,
                escalation_period: float = 1.0) -> web.Application:
@@ -574,6 +594,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     if mailbox is not None:
         mailbox.link = outbox.link
     app[CONFIG], app[STORE], app[METRICS], app[INGEST], app[OUTBOX] = cfg, store, m, Ingest(state), outbox
+    overload = app[INGEST].overload
+    outbox.shedding = lambda: overload.level > Level.NORMAL  # overloaded: an ERROR's text goes without its chart
     app[TOKENS] = _tokens(cfg)
     app[DRAINING] = asyncio.Event()
     app[REFUSED] = Counter("msmon_cross_project_refused_total", "job requests refused for another project's run, "
@@ -651,6 +673,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
             tasks.append(asyncio.create_task(refresh.run(stop)))
         if cfg.ranks.enable:
             tasks.append(asyncio.create_task(_every(cfg.ranks.period, ranks.check, stop)))
+        if cfg.overload.enable:
+            tasks.append(asyncio.create_task(watch_lag(app[INGEST], m, stop)))
         yield
         if bridge is not None:
             await bridge.stop()  # first: no command arrives while the rest shuts down

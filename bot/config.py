@@ -343,6 +343,19 @@ class DeliveryConfig:
 
 
 @dataclasses.dataclass
+class OverloadConfig:
+    """What the ingest sheds while the bot falls behind (bot/overload.py): samples, then WARNINGs, never an ERROR."""
+
+    enable: bool = _f(True, "shed under overload (false: every envelope is taken whole, however late the bot runs)")
+    samples_lag: float = _f(0.01, "seconds late the event loop runs timers (the median of its last 40 lags, sampled "
+                                  "every 50 ms; an idle bot: under 1 ms) at which metric samples are "
+                                  "shed, and charts (an ERROR's text goes without, saying why)", gt=0, le=60)
+    warnings_lag: float = _f(0.5, "lag at which WARNING events are shed too (dropped, counted)", gt=0, le=60)
+    cool: float = _f(15.0, "seconds the lag must stay under half a level's threshold before the level is left (one "
+                           "level at a time)", ge=0, le=3600)
+
+
+@dataclasses.dataclass
 class AlertmanagerInbound:
     """`POST /v1/alertmanager`: Alertmanager's webhooks in, correlated to runs by host or job labels."""
 
@@ -611,6 +624,8 @@ class BotConfig:
     nats: NatsConfig = _f(NatsConfig(), "jobs' envelopes over NATS JetStream (optional; HTTP stays on)")
     store: StoreConfig = _f(StoreConfig(), "the state's store: SQLite (bot.state_path) or PostgreSQL for replicas")
     ranks: RanksConfig = _f(RanksConfig(), "the view across a run's ranks and the cross-rank rules")
+    overload: OverloadConfig = _f(OverloadConfig(), "what the ingest sheds while the bot falls behind (ERRORs "
+                                                    "go first)")
 
     def check(self) -> Iterator[tuple[str, str]]:
         if not self.matrix.homeserver and any(r.receiver == "matrix" for r in self.routes):

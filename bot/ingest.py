@@ -22,6 +22,7 @@ from .alertindex import Entry
 from .commands import jobs
 from .devices import DeviceGate
 from .metrics import BotMetrics
+from .overload import Level, Overload, table
 from .payload import Payloads
 from .pipeline import STAGES, dedup
 from .pipeline.alert import fingerprint
@@ -57,6 +58,8 @@ class Ingest:
         self.state = state
         self.devices = DeviceGate(state.cfg.max_devices, state.cfg.max_runs, self._stored_devices)
         self.runs = Runs(state, self.event)  # a run's attempts and its end (bot/runs.py)
+        oc = state.cfg.overload  # what is shed while the bot falls behind (bot/overload.py; app.py feeds the lag)
+        self.overload = Overload(table(oc.samples_lag, oc.warnings_lag) if oc.enable else (), oc.cool, state.clock)
 
     def envelope(self, env: Envelope, body: bytes | None = None) -> dict[str, Any]:
         """Record one envelope and queue what passes the stages; the job's answer. `body`: the envelope
@@ -65,22 +68,42 @@ class Ingest:
         now = state.clock()
         self.devices.admit(env.run_id, env.device)  # TooManyDevices: refused before anything is kept
         self.runs.before(env.run_id, env.rank, env.device, env.host, env.proc, now)
-        decides = bool(env.events or env.actions)  # else the run's liveness only: its one write, no transaction
+        events, shed = self._shed(env)
+        if len(events) != len(env.events):
+            body = None  # the body's events no longer line up with those kept (bot/payload.py)
+        decides = bool(events or env.actions)  # else the run's liveness only: its one write, no transaction
         with state.tx() if decides else contextlib.nullcontext():
             if decides:
                 state.store.lock_run(env.run_id)  # replicas on one database: one decides on this run's alerts at a time
-            self._record(env, now)
+            self._record(env, now, keep_samples=not shed["samples"])
             queued = jobs.record_results(state, env.actions)
-            if env.events:
-                queued += self._events(env.events, self._context(env.run_id, env.project, env.labels, now),
+            if events:
+                queued += self._events(events, self._context(env.run_id, env.project, env.labels, now),
                                        Payloads(env.project, env.labels, body, env.rank,
                                                 self.state.ranks.known(env.run_id)))
         state.metrics.samples_in.inc(len(env.samples))
         if queued:
             state.wake_outbox()
         commands = jobs.pending_for(state, env.run_id, env.device)
-        return {"accepted": {"events": len(env.events), "samples": len(env.samples), "actions": len(env.actions)},
-                "queued": queued, "commands": [msgspec.to_builtins(c) for c in commands]}
+        answer = {"accepted": {"events": len(env.events), "samples": len(env.samples), "actions": len(env.actions)},
+                  "queued": queued, "commands": [msgspec.to_builtins(c) for c in commands]}
+        if shed["samples"] or shed["warnings"]:
+            answer["shed"] = shed  # the bot is overloaded: what of this envelope it did not take (ERRORs never)
+        return answer
+
+    def _shed(self, env: Envelope) -> tuple[list[Event], dict[str, int]]:
+        """The events kept at the overload's level, and what is shed (counted): its samples from SAMPLES on (their
+        steps still say the run progresses), its WARNING events from WARNINGS on. Never an ERROR."""
+        level = self.overload.level
+        if level == Level.NORMAL:
+            return env.events, {"samples": 0, "warnings": 0}
+        events = env.events if level < Level.WARNINGS else [e for e in env.events if e.severity is Severity.ERROR]
+        shed = {"samples": len(env.samples), "warnings": len(env.events) - len(events)}
+        for what, n in shed.items():
+            if n:
+                self.overload.count(what, n)
+                self.state.metrics.shed.labels(what).inc(n)
+        return events, shed
 
     def heartbeat(self, hb: Heartbeat, project: str = "default") -> None:
         """A heartbeat on its own: the run's plan and liveness (a run it creates belongs to `project`)."""
@@ -108,9 +131,10 @@ class Ingest:
             return self._events([ev], self._context(ev.run_id, project, labels, now),
                                 Payloads(project, labels, rank=rank, ranks=self.state.ranks.known(ev.run_id)))
 
-    def _record(self, env: Envelope, now: float) -> None:
-        """The envelope's run (its devices, last step, heartbeat), samples, plans and job actions. One sent late
-        by a process of an earlier attempt is not the run's liveness, steps or series (its events still count)."""
+    def _record(self, env: Envelope, now: float, keep_samples: bool = True) -> None:
+        """The envelope's run (its devices, last step, heartbeat), samples (unless shed), plans and job actions. One
+        sent late by a process of an earlier attempt is not the run's liveness, steps or series (its events still
+        count)."""
         if self.runs.stale(env.run_id, env.proc):
             for a in env.actions:
                 self.state.windows.add_action(a)
@@ -124,7 +148,7 @@ class Ingest:
         if self.state.cfg.ranks.enable:
             self.state.ranks.envelope(env, now)  # the view across the run's ranks (bot/ranks)
         windows = self.state.windows
-        for s in env.samples:
+        for s in env.samples if keep_samples else ():
             windows.add(s)
         for a in env.actions:
             windows.add_action(a)

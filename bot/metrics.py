@@ -26,6 +26,10 @@ class BotMetrics:
                                 registry=r)
         self.events_in = Counter("msmon_events_in_total", "events received", ["severity"], registry=r)
         self.samples_in = Counter("msmon_samples_in_total", "metric samples received", registry=r)
+        self.shed = Counter("msmon_ingest_shed_total", "samples and WARNING events the ingest shed under overload "
+                            "(bot.overload), by what", ["what"], registry=r)
+        self.overload = Gauge("msmon_ingest_overload_level", "what the ingest sheds now: 0 nothing, 1 samples, "
+                              "2 samples and WARNINGs", registry=r)
         self.suppressed = Counter("msmon_suppressed_total", "events suppressed, by pipeline stage", ["stage"],
                                   registry=r)
         self.sent = Counter("msmon_alerts_sent_total", "messages delivered, by receiver and kind", ["receiver", "kind"],

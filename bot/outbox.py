@@ -60,6 +60,7 @@ from .store import OutboxEntry, Store
 log = logging.getLogger("msmon.bot")
 
 CHARTS_KEPT = 16  # drawn charts kept for the retries of their group (about 100 kB each)
+OVERLOADED = "the bot is overloaded and sheds samples, ERRORs go first (bot.overload)"
 CHART_WAIT = 1.0  # seconds a new alert's text waits for its chart before it goes without (the chart follows)
 
 
@@ -137,6 +138,8 @@ class Outbox:
         self.link: Callable[[str], str] | None = None  # a run's web console page, for its messages (bot/app.py)
         # A dead letter's alert rows: their notification log is taken back (bot/nflog.py, wired by bot/app.py).
         self.given_up: Callable[[list[OutboxRow]], object] | None = None
+        # True while the ingest sheds (bot/overload.py, wired by app.py): no chart is drawn, the text says why.
+        self.shedding: Callable[[], bool] = lambda: False
         self.scheduler = Scheduler(policy, rand)
         self.doorbell = asyncio.Event()
         # Row id -> the reference of its posted message, until the row's verdict is written: a post is
@@ -420,6 +423,9 @@ class Outbox:
         key = (t.head.key, tuple(t.ids))
         if key in self._charts:
             msg.chart, msg.chart_problem = self._charts[key]
+            return
+        if self.shedding():  # a chart is a picture of samples, shed too: the page goes now, the text says why
+            msg.chart_problem = OVERLOADED
             return
         try:
             from .chart import render_chart_off_loop  # matplotlib only when a chart is drawn

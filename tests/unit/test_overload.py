@@ -1,0 +1,118 @@
+"""bot/overload.py: the level the ingest sheds at, from the event loop's lag; hysteresis; what was shed."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bot.overload import Level, Overload, ShedCount, table
+
+STEPS = table(0.1, 0.5)
+COOL = 15.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _target(lag: float) -> Level:
+    return Level.WARNINGS if lag >= 0.5 else Level.SAMPLES if lag >= 0.1 else Level.NORMAL
+
+
+lags = st.lists(st.tuples(st.floats(0, 2), st.floats(0, 10)), max_size=200)  # (lag, seconds until the next sample)
+
+
+@given(lags)
+def test_up_at_once_down_one_level_after_a_calm_cool(samples: list[tuple[float, float]]) -> None:
+    clock = Clock()
+    o = Overload(STEPS, COOL, clock)
+    calm_since: dict[Level, float | None] = {}
+    last_down = None
+    for lag, dt in samples:
+        before = o.level
+        changed = o.observe(lag)
+        assert (changed is not None) == (o.level != before)
+        assert changed is None or changed == o.level
+        assert o.level >= _target(lag)  # never below what the lag says, at once
+        if o.level < before:
+            assert o.level == before - 1  # one level at a time
+            leave = STEPS[before - 1].leave
+            assert lag < leave
+            since = calm_since.get(before)
+            assert since is not None and clock.t - since >= COOL  # only after `cool` s under the level's leave
+            assert last_down is None or clock.t - last_down >= COOL
+            last_down = clock.t
+        if o.level > Level.NORMAL:
+            leave = STEPS[o.level - 1].leave
+            if lag >= leave or o.level != before:
+                calm_since[o.level] = None if lag >= leave else clock.t
+            elif calm_since.get(o.level) is None:
+                calm_since[o.level] = clock.t
+        clock.t += dt
+
+
+@given(st.lists(st.floats(0.05, 0.5, exclude_max=True), min_size=1, max_size=200), st.floats(0, 60))
+def test_no_flapping_in_the_band(band: list[float], dt: float) -> None:
+    """A lag between a level's leave (half its threshold) and the next level's threshold keeps the level."""
+    clock = Clock()
+    o = Overload(STEPS, COOL, clock)
+    assert o.observe(0.1) == Level.SAMPLES
+    for lag in band:
+        clock.t += dt
+        assert o.observe(lag) is None
+        assert o.level == Level.SAMPLES
+
+
+def test_the_table_walked() -> None:
+    clock = Clock()
+    o = Overload(STEPS, COOL, clock)
+    assert o.observe(0.01) is None and o.level == Level.NORMAL
+    assert o.observe(0.7) == Level.WARNINGS  # straight to the top
+    clock.t += 1
+    assert o.observe(0.0) is None  # calm starts
+    clock.t += COOL - 0.1
+    assert o.observe(0.0) is None
+    clock.t += 0.1
+    assert o.observe(0.0) == Level.SAMPLES
+    clock.t += COOL
+    assert o.observe(0.0) == Level.NORMAL
+    assert o.observe(0.0) is None
+
+
+def test_disabled_never_sheds() -> None:
+    o = Overload((), COOL, Clock())
+    assert o.observe(100.0) is None and o.level == Level.NORMAL
+
+
+def test_what_was_shed_in_the_last_minute_and_said_once() -> None:
+    clock = Clock()
+    o = Overload(STEPS, COOL, clock)
+    o.observe(0.2)
+    o.count("samples", 40)
+    clock.t += 30
+    o.count("samples", 2)
+    o.count("warnings", 3)
+    assert "shedding samples (42 samples and 3 WARNINGs shed in the last minute); ERRORs go first" in o.say()
+    clock.t += 31  # the first 40 are older than a minute
+    st_ = o.status()
+    assert st_["shed_last_minute"] == {"samples": 2, "warnings": 3}
+    assert st_["shed_total"] == {"samples": 42, "warnings": 3}
+    assert st_["level"] == "samples"
+
+
+@given(st.lists(st.tuples(st.sampled_from(["samples", "warnings"]), st.integers(0, 100), st.floats(0, 30)),
+                max_size=100))
+def test_counts_add_up(adds: list[tuple[str, int, float]]) -> None:
+    c, t = ShedCount(), 0.0
+    kept: list[tuple[float, str, int]] = []
+    for kind, n, dt in adds:
+        c.add(kind, n, t)
+        kept.append((t, kind, n))
+        t += dt
+    for kind in ("samples", "warnings"):
+        assert c.total[kind] == sum(n for _, k, n in kept if k == kind)
+        assert c.last_minute(t)[kind] == sum(n for at, k, n in kept if k == kind and at > t - 60)
