@@ -86,6 +86,7 @@ def main() -> None:
         p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]
         print(f"ERROR -> Slack chat.postMessage: {len(lat)} of {len(sent)} shown; p50 {statistics.median(lat):.2f} s, "
               f"p99 {p99:.2f} s, max {lat[-1]:.2f} s")
+        print("slowest: " + ", ".join(f"{x:.2f} s" for x in lat[-3:][::-1]))
     else:
         print(f"ERROR -> Slack: none of {len(sent)} shown")
 
