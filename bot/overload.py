@@ -73,10 +73,11 @@ class ShedCount:
 
 
 class Median:
-    """The median of the last `n` lags sampled: a loop busy for a while, not one slow request (a big page, a prune)."""
+    """The median of the last `n` lags sampled: a loop busy for a while, not one slow request (a big page, a prune)
+    nor the bot's own start (the window starts full of zeros)."""
 
     def __init__(self, n: int) -> None:
-        self._last: collections.deque[float] = collections.deque(maxlen=n)
+        self._last: collections.deque[float] = collections.deque([0.0] * n, maxlen=n)
 
     def __call__(self, lag: float) -> float:
         self._last.append(lag)

@@ -88,8 +88,11 @@ def test_overloaded_the_error_goes_through_samples_and_warnings_are_shed_and_sai
     status, answer = bot.request("POST", "/v1/ingest", _envelope([], [sample(200)]))
     assert status == 202 and "shed" not in answer
     said = [r.getMessage() for r in caplog.records if "overloaded" in r.getMessage()]
-    assert said[0].startswith("msmon bot: ingest overloaded (the event loop runs late): shedding samples and WARNINGs")
-    assert said[0].endswith("ERRORs go first")
-    assert len(said) == 3, said  # warnings -> samples -> normal: one line per change, none per request
-    assert "shedding samples (8 samples and 1 WARNINGs shed in the last minute)" in said[1]
-    assert said[2].startswith("msmon bot: ingest no longer overloaded")
+    # Up (through samples as the median climbs) to WARNINGs, then down one level at a time: one line per change of
+    # level, none per request (7 requests were shed from).
+    assert 3 <= len(said) <= 4, said
+    assert all(line.startswith("msmon bot: ingest overloaded (the event loop runs late): shedding samples")
+               and line.endswith("ERRORs go first") for line in said[:-1]), said
+    assert any("shedding samples and WARNINGs" in line for line in said), said
+    assert "shedding samples (8 samples and 1 WARNINGs shed in the last minute)" in said[-2]
+    assert said[-1].startswith("msmon bot: ingest no longer overloaded: shedding nothing")

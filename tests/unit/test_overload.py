@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.overload import Level, Overload, ShedCount, table
+from bot.overload import Level, Median, Overload, ShedCount, table
 
 STEPS = table(0.1, 0.5)
 COOL = 15.0
@@ -116,3 +116,10 @@ def test_counts_add_up(adds: list[tuple[str, int, float]]) -> None:
     for kind in ("samples", "warnings"):
         assert c.total[kind] == sum(n for _, k, n in kept if k == kind)
         assert c.last_minute(t)[kind] == sum(n for at, k, n in kept if k == kind and at > t - 60)
+
+
+def test_the_median_needs_a_busy_loop_not_one_slow_moment() -> None:
+    m = Median(5)
+    assert m(3.0) == 0.0  # one slow request, or the bot's start: the window starts calm
+    assert m(0.0) == 0.0
+    assert [m(0.2) for _ in range(3)] == [0.0, 0.2, 0.2]  # busy for most of the window: the signal
