@@ -55,6 +55,7 @@ from .commands.service import view
 from .config import NatsConfig
 from .devices import TooManyDevices
 from .ingest import Ingest
+from .overload import errors_first
 from .runs import keyed
 from .state import BotState
 
@@ -185,8 +186,8 @@ class NatsIngest:
             if self.cfg.batch > 1:  # then what is there already, without waiting
                 with contextlib.suppress(asyncio.TimeoutError, nats.errors.TimeoutError):
                     msgs += await sub.fetch(self.cfg.batch - 1, timeout=0.05)
-            for msg in msgs:
-                await self._one(msg)
+            for msg in errors_first(msgs, lambda m: m.subject.rpartition(".")[0], lambda m: m.data):
+                await self._one(msg)  # ERRORs first (bot/overload.py): a page waits behind no other run's samples
 
     # -- one message ---------------------------------------------------------------------------------
 

@@ -22,6 +22,10 @@ import dataclasses
 import enum
 import statistics
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+ERROR_MARK = b'"severity":"ERROR"'  # an ERROR event in an envelope as the wire encodes it (msmon/contract/wire.py)
 
 WINDOW = 60.0  # seconds of "shed in the last minute"
 
@@ -129,3 +133,20 @@ class Overload:
         return {"level": self.level.name.lower(), "sheds": self.level.sheds, "lag": round(self.lag, 4),
                 "shed_total": dict(self.shed.total),
                 "shed_last_minute": self.shed.last_minute(self.clock())}
+
+
+def errors_first(batch: list[T], run_of: Callable[[T], str], data_of: Callable[[T], bytes]) -> list[T]:
+    """A batch of messages taken together (NATS's fetch), those carrying an ERROR first; the rest in order. A run's
+    own messages keep their order: an ERROR goes ahead only of other runs' messages (a WARNING of the same alert
+    before it stays before it)."""
+    first: list[T] = []
+    rest: list[T] = []
+    waiting: set[str] = set()  # runs with a message left in `rest`
+    for item in batch:
+        run = run_of(item)
+        if run not in waiting and ERROR_MARK in data_of(item):
+            first.append(item)
+        else:
+            rest.append(item)
+            waiting.add(run)
+    return first + rest

@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.overload import Level, Median, Overload, ShedCount, table
+from bot.overload import Level, Median, Overload, ShedCount, errors_first, table
+from msmon.contract.wire import Envelope, Severity, encode
+from tests.fakes.records import event, sample
 
 STEPS = table(0.1, 0.5)
 COOL = 15.0
@@ -123,3 +125,23 @@ def test_the_median_needs_a_busy_loop_not_one_slow_moment() -> None:
     assert m(3.0) == 0.0  # one slow request, or the bot's start: the window starts calm
     assert m(0.0) == 0.0
     assert [m(0.2) for _ in range(3)] == [0.0, 0.2, 0.2]  # busy for most of the window: the signal
+
+
+def _message(run: str, kind: str) -> tuple[str, bytes]:
+    """(subject, data) of an envelope of `run` carrying an ERROR, a WARNING or samples only, as the job encodes it."""
+    events = {"error": [event(run=run)], "warning": [event(run=run, sev=Severity.WARNING)], "samples": []}[kind]
+    samples = [] if events else [sample(1)]
+    return f"msmon.llm.{run}", encode(Envelope(run_id=run, device="0", sent_at=0.0, events=events, samples=samples))
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["error", "warning", "samples"])),
+                max_size=30))
+def test_errors_first_and_each_run_in_its_order(batch: list[tuple[str, str]]) -> None:
+    msgs = [(i, *_message(run, kind), kind) for i, (run, kind) in enumerate(batch)]
+    out = errors_first(msgs, lambda m: m[1], lambda m: m[2])
+    assert sorted(out) == sorted(msgs)  # nothing lost, nothing twice
+    for run in "abc":  # a run's own messages in the order they came
+        assert [m[0] for m in out if m[1] == f"msmon.llm.{run}"] == [m[0] for m in msgs if m[1] == f"msmon.llm.{run}"]
+    for i, m in enumerate(msgs):  # an ERROR with nothing of its run before it goes ahead of every other message
+        if m[3] == "error" and not any(o[1] == m[1] for o in msgs[:i]):
+            assert all(o[3] == "error" for o in out[:out.index(m)])
