@@ -16,7 +16,8 @@ from urllib.parse import quote
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
+from tests.fakes.browser import CHROMIUM, CHROMIUM_ARGS, artifacts_dir
+
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is absent (apt-get install chromium; tools/test-services.sh does)",
                 allow_module_level=True)
@@ -31,8 +32,6 @@ from tests.fakes.records import envelope, event  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.mindspore]
 
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
 XSS_RUN = '<script>alert("x")</script>'
 
 
@@ -78,9 +77,7 @@ def poisoned_dataset(x, y, batch: int, steps: int, poison: threading.Event):
 
 @pytest.fixture
 def artifacts(tmp_path) -> Path:
-    where = Path(os.environ.get("MSMON_ARTIFACTS") or tmp_path / "artifacts")
-    where.mkdir(parents=True, exist_ok=True)
-    return where
+    return artifacts_dir(tmp_path)
 
 
 @pytest.fixture
@@ -127,7 +124,7 @@ def test_the_console_shows_a_real_job_live_and_pauses_it(bot, tmp_path, artifact
     try:
         assert wait_for(lambda: ((bot.store.run("run-x") or {}).get("last_step") or 0) > 40, timeout=90)
         with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
                 page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
+from tests.fakes.browser import CHROMIUM, CHROMIUM_ARGS, artifacts_dir
+
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is absent (apt-get install chromium; tools/test-services.sh does)",
                 allow_module_level=True)
@@ -40,15 +41,11 @@ from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TRACES = ROOT / "data" / "backtest" / "mindspore-cpu"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
 
 
 @pytest.fixture
 def artifacts(tmp_path) -> Path:
-    where = Path(os.environ.get("MSMON_ARTIFACTS") or tmp_path / "artifacts")
-    where.mkdir(parents=True, exist_ok=True)
-    return where
+    return artifacts_dir(tmp_path)
 
 
 @pytest.fixture
@@ -149,7 +146,7 @@ def test_nan_spike_and_64_ranks_pages_read_right(bot, tmp_path, artifacts):
     spike_first = min(a["first_step"] for a in firing("spike-run"))
 
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             problems: list[str] = []
