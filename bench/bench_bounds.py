@@ -36,45 +36,38 @@ from bot.store import Store  # noqa: E402
 from msmon.contract.wire import Envelope, Sample  # noqa: E402
 
 
-def per_device(tmp: str, devices: int) -> float:
-    cfg = BotConfig(state_path=os.path.join(tmp, "mem.sqlite"), max_devices=devices + 1)
+def bytes_each(name: str, tmp: str, n: int, run_of, device_of, **limits: int) -> float:
+    """Bytes that stay allocated for each of `n` envelopes of one sample, sent through a fresh bot's real ingest
+    to the run and device `run_of(i)` / `device_of(i)` (the first, i = 0, is left out of the count: first-use
+    allocations, caches, the store's statements)."""
+    cfg = BotConfig(state_path=os.path.join(tmp, f"{name}.sqlite"), **limits)
     state = BotState(cfg, Store(cfg.state_path), BotMetrics())
     ingest = Ingest(state)
     now = time.time()
 
-    def one(d: int) -> None:
-        ingest.envelope(Envelope(run_id="run-mem", device=f"rank-{d}", sent_at=now, project="p", samples=[
-            Sample(run_id="run-mem", device=f"rank-{d}", step=1, time=now, loss=2.0, grad_norm=1.0)]))
-
-    one(0)  # first-use allocations (caches, the run's row) out of the count
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    for d in range(1, devices + 1):
-        one(d)
-    after = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
-    return (after - before) / devices
-
-
-def per_run(tmp: str, runs: int) -> float:
-    """Bytes each run of one device keeps (its row and caches, its ring, its gate), through the ingest."""
-    cfg = BotConfig(state_path=os.path.join(tmp, "runs.sqlite"), max_runs=runs + 1)
-    state = BotState(cfg, Store(cfg.state_path), BotMetrics())
-    ingest = Ingest(state)
-    now = time.time()
-
-    def one(r: int) -> None:
-        ingest.envelope(Envelope(run_id=f"run-{r}", device="0", sent_at=now, project="p", samples=[
-            Sample(run_id=f"run-{r}", device="0", step=1, time=now, loss=2.0, grad_norm=1.0)]))
+    def one(i: int) -> None:
+        run, device = run_of(i), device_of(i)
+        ingest.envelope(Envelope(run_id=run, device=device, sent_at=now, project="p", samples=[
+            Sample(run_id=run, device=device, step=1, time=now, loss=2.0, grad_norm=1.0)]))
 
     one(0)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    for r in range(1, runs + 1):
-        one(r)
+    for i in range(1, n + 1):
+        one(i)
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    return (after - before) / runs
+    return (after - before) / n
+
+
+def per_device(tmp: str, devices: int) -> float:
+    """Bytes each device of one run keeps (its ring of window_samples, its place in the run's rank view)."""
+    return bytes_each("mem", tmp, devices, lambda _: "run-mem", lambda d: f"rank-{d}", max_devices=devices + 1)
+
+
+def per_run(tmp: str, runs: int) -> float:
+    """Bytes each run of one device keeps (its row and caches, its ring, its gate), through the ingest."""
+    return bytes_each("runs", tmp, runs, lambda r: f"run-{r}", lambda _: "0", max_runs=runs + 1)
 
 
 def alertmanager(tmp: str, alerts: int, runs: int) -> float:
