@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from .pipeline.flow import NEVER, NotifyState
-from .store import Store
+from bot.pipeline.flow import NEVER, NotifyState
+from bot.store import Store
 
 
 class Entry:

@@ -23,13 +23,12 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
+from bot.config import AlertmanagerInbound, BotConfig
+from bot.pipeline.route import route_for
+from bot.receivers import Note, ReplyTo
+from bot.state import BotState
+from bot.store import AlertRow, OutboxEntry
 from msmon.contract.wire import MAX_ID, MAX_TEXT, Severity
-
-from .config import AlertmanagerInbound, BotConfig
-from .pipeline.route import route_for
-from .receivers import Note, ReplyTo
-from .state import BotState
-from .store import AlertRow, OutboxEntry
 
 log = logging.getLogger("msmon.bot")
 

@@ -15,12 +15,11 @@ from typing import Any
 
 import msgspec
 
+from bot.pipeline.group import firing_key
+from bot.pipeline.route import route_for
+from bot.receivers import DeliveryError, Message
+from bot.state import BotState
 from msmon.contract.wire import Event, Severity, Status, decode
-
-from .pipeline.group import firing_key
-from .pipeline.route import route_for
-from .receivers import DeliveryError, Message
-from .state import BotState
 
 log = logging.getLogger("msmon.bot")
 

@@ -23,41 +23,40 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
+from bot import nflog
+from bot.alertmanager_inbound import ROUTE as ALERTMANAGER_ROUTE
+from bot.alertmanager_inbound import add_alertmanager_route
+from bot.chart_links import add_chart_route, chart_links
+from bot.commands import jobs
+from bot.commands.origin import Origin
+from bot.commands.service import CommandService, view
+from bot.config import BotConfig
+from bot.deadlines import read_body
+from bot.delivery import Policy
+from bot.devices import TooManyDevices
+from bot.digest import DigestReceiver, Digests
+from bot.dingtalk_inbound import add_dingtalk_routes
+from bot.escalation.scheduler import AckLinks, Escalator
+from bot.feishu_inbound import add_feishu_routes
+from bot.ingest import Ingest
+from bot.metrics import BotMetrics, project_runs
+from bot.outbox import Lane, Outbox
+from bot.overload import Level, Median
+from bot.pipeline.ratelimit import RateLimiter
+from bot.ranks.watch import RankWatch
+from bot.receivers import Receiver
+from bot.receivers.alertmanager import interop_receivers
+from bot.receivers.console import ConsoleReceiver, save_status_chart
+from bot.receivers.im import im_receivers
+from bot.receivers.render import escape_html
+from bot.runs import keyed
+from bot.slack_inbound import add_slack_routes
+from bot.state import BotState
+from bot.store import Store
+from bot.stores import open_store
+from bot.watchdog import Watchdog
+from bot.web import add_console_routes, console_link
 from msmon.contract.wire import ActionRequest, Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
-
-from . import nflog
-from .alertmanager_inbound import ROUTE as ALERTMANAGER_ROUTE
-from .alertmanager_inbound import add_alertmanager_route
-from .chart_links import add_chart_route, chart_links
-from .commands import jobs
-from .commands.origin import Origin
-from .commands.service import CommandService, view
-from .config import BotConfig
-from .deadlines import read_body
-from .delivery import Policy
-from .devices import TooManyDevices
-from .digest import DigestReceiver, Digests
-from .dingtalk_inbound import add_dingtalk_routes
-from .escalation.scheduler import AckLinks, Escalator
-from .feishu_inbound import add_feishu_routes
-from .ingest import Ingest
-from .metrics import BotMetrics, project_runs
-from .outbox import Lane, Outbox
-from .overload import Level, Median
-from .pipeline.ratelimit import RateLimiter
-from .ranks.watch import RankWatch
-from .receivers import Receiver
-from .receivers.alertmanager import interop_receivers
-from .receivers.console import ConsoleReceiver, save_status_chart
-from .receivers.im import im_receivers
-from .receivers.render import escape_html
-from .runs import keyed
-from .slack_inbound import add_slack_routes
-from .state import BotState
-from .store import Store
-from .stores import open_store
-from .watchdog import Watchdog
-from .web import add_console_routes, console_link
 
 log = logging.getLogger("msmon.bot")
 
@@ -485,7 +484,7 @@ def _extra_receivers(cfg: BotConfig, receivers: dict[str, Receiver], store: Stor
     out = dict(receivers)
     e = cfg.email
     if e.host and "email" not in out:
-        from .receivers.email import EmailReceiver
+        from bot.receivers.email import EmailReceiver
 
         out["email"] = EmailReceiver(e.host, e.port, e.tls, e.sender, e.timeout, e.username_env, e.password_env,
                                      e.ca_file, clock)
@@ -510,12 +509,12 @@ def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
         if not token:
             log.error("msmon bot: routes use slack but the environment variable %s is empty: Slack messages wait "
                       "in the outbox until the bot runs with a token", cfg.slack.token_env)
-        from .receivers.slack import SlackReceiver
+        from bot.receivers.slack import SlackReceiver
 
         receivers["slack"] = SlackReceiver(token or "", cfg.slack.base_url, cfg.slack.max_retries, cfg.console.charts,
                                           cfg.slack.timeout)
     if cfg.matrix.homeserver:
-        from .receivers.matrix import MatrixReceiver
+        from bot.receivers.matrix import MatrixReceiver
 
         mx = cfg.matrix
         receivers["matrix"] = MatrixReceiver(mx.homeserver, mx.user_id, os.environ.get(mx.token_env, ""), mx.timeout,
@@ -632,7 +631,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     async def background(app: web.Application) -> Any:
         bridge = None
         if cfg.slack.socket_mode:
-            from .socket_mode import SocketModeBridge, SocketModeError
+            from bot.socket_mode import SocketModeBridge, SocketModeError
 
             app_token = os.environ.get(cfg.slack.app_token_env, "")
             bridge = SocketModeBridge(app_token, inbound, cfg.slack.base_url)
@@ -644,13 +643,13 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                 bridge = None
         matrix = None
         if cfg.matrix.homeserver and cfg.matrix.rooms:
-            from .matrix_inbound import MatrixInbound
+            from bot.matrix_inbound import MatrixInbound
 
             matrix = MatrixInbound(cfg.matrix, os.environ.get(cfg.matrix.token_env, ""), svc)
             await matrix.start()
         nats_in = None
         if cfg.nats.url:  # jobs' envelopes over NATS JetStream too (bot/nats_ingest.py)
-            from .nats_ingest import NatsIngest
+            from bot.nats_ingest import NatsIngest
 
             nats_in = NatsIngest(cfg.nats, state, app[INGEST], lambda given: token_holder(app[TOKENS], given),
                                  lambda token, run, claimed: run_owner(store, token, run, claimed),
@@ -667,7 +666,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
         if mailbox is not None:
             tasks.append(asyncio.create_task(mailbox.run(stop)))
         if "alertmanager_api" in receivers:  # firing alerts pushed again, as Prometheus does (bot/alertmanager_out.py)
-            from .alertmanager_out import AlertmanagerRefresh
+            from bot.alertmanager_out import AlertmanagerRefresh
 
             refresh = AlertmanagerRefresh(state, receivers["alertmanager_api"], cfg.alertmanager.resend_interval)
             tasks.append(asyncio.create_task(refresh.run(stop)))

@@ -48,7 +48,7 @@ from matplotlib.ticker import EngFormatter, FixedLocator, Formatter, FuncFormatt
 from msmon.contract.wire import Event, Severity, Status, Window
 
 if TYPE_CHECKING:
-    from .windows import Windows
+    from bot.windows import Windows
 
 SEVERITY_COLOURS = {Severity.ERROR: "#d62728", Severity.WARNING: "#ff7f0e"}
 RESOLVED_COLOUR = "#2ca02c"

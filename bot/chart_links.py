@@ -20,7 +20,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .config import BotConfig
+from bot.config import BotConfig
 
 log = logging.getLogger("msmon.bot")
 

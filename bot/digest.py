@@ -16,16 +16,15 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from bot.commands.parse import format_duration
+from bot.config import Digest
+from bot.pipeline.route import route_for
+from bot.receivers import Message, Note, ReplyTo
+from bot.receivers.render import num
+from bot.state import BotState
+from bot.store import OutboxEntry, Store
 from msmon.contract.wire import Severity, Window, encode
 from msmon.core.trend import summarize
-
-from .commands.parse import format_duration
-from .config import Digest
-from .pipeline.route import route_for
-from .receivers import Message, Note, ReplyTo
-from .receivers.render import num
-from .state import BotState
-from .store import OutboxEntry, Store
 
 log = logging.getLogger("msmon.bot")
 

@@ -31,12 +31,12 @@ from typing import Any
 
 from aiohttp import web
 
-from .commands import jobs
-from .commands.origin import Origin
-from .commands.service import CommandService
-from .config import BotConfig
-from .receivers import ReplyTo
-from .slack_inbound import ReplayGuard
+from bot.commands import jobs
+from bot.commands.origin import Origin
+from bot.commands.service import CommandService
+from bot.config import BotConfig
+from bot.receivers import ReplyTo
+from bot.slack_inbound import ReplayGuard
 
 log = logging.getLogger("msmon.bot")
 

@@ -16,20 +16,19 @@ from typing import Any
 
 import msgspec
 
+from bot.alertindex import Entry
+from bot.commands import jobs
+from bot.devices import DeviceGate
+from bot.metrics import BotMetrics
+from bot.overload import Level, Overload, table
+from bot.payload import Payloads
+from bot.pipeline import STAGES, dedup
+from bot.pipeline.alert import fingerprint
+from bot.pipeline.flow import Context, Notification, run_stages
+from bot.runs import Runs
+from bot.state import BotState
+from bot.store import AlertRow, OutboxEntry
 from msmon.contract.wire import Envelope, Event, Heartbeat, Severity
-
-from .alertindex import Entry
-from .commands import jobs
-from .devices import DeviceGate
-from .metrics import BotMetrics
-from .overload import Level, Overload, table
-from .payload import Payloads
-from .pipeline import STAGES, dedup
-from .pipeline.alert import fingerprint
-from .pipeline.flow import Context, Notification, run_stages
-from .runs import Runs
-from .state import BotState
-from .store import AlertRow, OutboxEntry
 
 
 class _Written:

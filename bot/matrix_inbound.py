@@ -21,12 +21,12 @@ from typing import Any
 
 from nio import AsyncClient, ErrorResponse, RoomMessageText, SyncResponse  # type: ignore[import-untyped]
 
-from .commands import jobs
-from .commands.origin import Origin
-from .commands.service import CommandService
-from .config import MatrixConfig
-from .receivers import ReplyTo
-from .receivers.matrix import client
+from bot.commands import jobs
+from bot.commands.origin import Origin
+from bot.commands.service import CommandService
+from bot.config import MatrixConfig
+from bot.receivers import ReplyTo
+from bot.receivers.matrix import client
 
 log = logging.getLogger("msmon.bot")
 

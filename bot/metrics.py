@@ -14,8 +14,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .store import Store
-    from .windows import Windows
+    from bot.store import Store
+    from bot.windows import Windows
 
 
 class BotMetrics:

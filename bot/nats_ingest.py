@@ -38,6 +38,14 @@ import nats.js.errors
 from nats.js import api
 from prometheus_client import Counter
 
+from bot.commands import jobs
+from bot.commands.service import view
+from bot.config import NatsConfig
+from bot.devices import TooManyDevices
+from bot.ingest import Ingest
+from bot.overload import errors_first
+from bot.runs import keyed
+from bot.state import BotState
 from msmon.contract.subjects import (
     ACTION,
     COMMANDS,
@@ -49,15 +57,6 @@ from msmon.contract.subjects import (
     subject,
 )
 from msmon.contract.wire import ActionRequest, Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
-
-from .commands import jobs
-from .commands.service import view
-from .config import NatsConfig
-from .devices import TooManyDevices
-from .ingest import Ingest
-from .overload import errors_first
-from .runs import keyed
-from .state import BotState
 
 log = logging.getLogger("msmon.bot")
 

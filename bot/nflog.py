@@ -9,14 +9,13 @@ import logging
 
 import msgspec
 
+from bot.delivery import OutboxRow
+from bot.payload import Payload
+from bot.pipeline import dedup
+from bot.pipeline.alert import fingerprint
+from bot.pipeline.flow import NotifyState
+from bot.state import BotState
 from msmon.contract.wire import decode
-
-from .delivery import OutboxRow
-from .payload import Payload
-from .pipeline import dedup
-from .pipeline.alert import fingerprint
-from .pipeline.flow import NotifyState
-from .state import BotState
 
 log = logging.getLogger("msmon.bot")
 

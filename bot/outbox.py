@@ -33,9 +33,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from msmon.contract.wire import Event, Severity, Status, decode
-
-from .delivery import (
+from bot.delivery import (
     Deferred,
     Failed,
     FailureKind,
@@ -48,14 +46,15 @@ from .delivery import (
     Sent,
     Verdict,
 )
-from .metrics import BotMetrics
-from .payload import Payload
-from .pipeline import DELIVERY, flow
-from .pipeline.group import firing_key
-from .pipeline.ratelimit import RateLimiter
-from .receivers import DeliveryError, Mail, Mailer, Message, Note, PartlyRefused, Receiver, decode_note
-from .receivers.im_webhook import Held
-from .store import OutboxEntry, Store
+from bot.metrics import BotMetrics
+from bot.payload import Payload
+from bot.pipeline import DELIVERY, flow
+from bot.pipeline.group import firing_key
+from bot.pipeline.ratelimit import RateLimiter
+from bot.receivers import DeliveryError, Mail, Mailer, Message, Note, PartlyRefused, Receiver, decode_note
+from bot.receivers.im_webhook import Held
+from bot.store import OutboxEntry, Store
+from msmon.contract.wire import Event, Severity, Status, decode
 
 log = logging.getLogger("msmon.bot")
 
@@ -428,7 +427,7 @@ class Outbox:
             msg.chart_problem = OVERLOADED
             return
         try:
-            from .chart import render_chart_off_loop  # matplotlib only when a chart is drawn
+            from bot.chart import render_chart_off_loop  # matplotlib only when a chart is drawn
 
             msg.chart = await render_chart_off_loop(msg.lead)
         except Exception as exc:  # noqa: BLE001 - any failure to draw: the alert goes out without it

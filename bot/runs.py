@@ -21,11 +21,10 @@ from typing import Any
 
 import msgspec
 
+from bot.lifecycle import RunPhase, new_attempt
+from bot.receivers.render import RUN_ENDED
+from bot.state import BotState
 from msmon.contract.wire import Envelope, Event, Heartbeat, Severity, Status
-
-from .lifecycle import RunPhase, new_attempt
-from .receivers.render import RUN_ENDED
-from .state import BotState
 
 log = logging.getLogger("msmon.bot")
 

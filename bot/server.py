@@ -22,13 +22,12 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.app import STORE, TOKENS, create_app
+from bot.config import BotConfig, load_bot_config
+from bot.deadlines import runner_args
+from bot.stores import StoreUnavailable
+from bot.web import announce_console
 from msmon.config.errors import ConfigError
-
-from .app import STORE, TOKENS, create_app
-from .config import BotConfig, load_bot_config
-from .deadlines import runner_args
-from .stores import StoreUnavailable
-from .web import announce_console
 
 # Libraries whose INFO lines are per tick or per request: shown with -v only.
 _CHATTY = ("apscheduler", "aiohttp.access", "aiohttp.server", "matplotlib", "nio", "nats", "urllib3")

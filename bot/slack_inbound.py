@@ -28,12 +28,12 @@ import msgspec
 from aiohttp import web
 from slack_sdk.signature import Clock, SignatureVerifier
 
-from .commands import jobs
-from .commands.origin import Origin
-from .commands.service import Answer, CommandService
-from .config import BotConfig
-from .receivers import ReplyTo
-from .receivers.render import escape_slack
+from bot.commands import jobs
+from bot.commands.origin import Origin
+from bot.commands.service import Answer, CommandService
+from bot.config import BotConfig
+from bot.receivers import ReplyTo
+from bot.receivers.render import escape_slack
 
 log = logging.getLogger("msmon.bot")
 
@@ -180,7 +180,7 @@ class SlackInbound:
         takes no file)."""
         if answer.chart is None or not self.charts or not origin.reply_to.channel:
             return
-        from .chart import alert_starts, rank_throughput, render_chart_off_loop
+        from bot.chart import alert_starts, rank_throughput, render_chart_off_loop
 
         event = answer.chart
         ranks = rank_throughput(self.svc.state.windows, event.run_id)  # one throughput line per rank

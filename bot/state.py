@@ -13,12 +13,12 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
-from .alertindex import AlertIndex
-from .config import BotConfig
-from .metrics import BotMetrics
-from .ranks import RankViews
-from .store import Store
-from .windows import Windows
+from bot.alertindex import AlertIndex
+from bot.config import BotConfig
+from bot.metrics import BotMetrics
+from bot.ranks import RankViews
+from bot.store import Store
+from bot.windows import Windows
 
 
 class Waiters:

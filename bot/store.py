@@ -18,12 +18,11 @@ from typing import Any
 
 import msgspec
 
+from bot import migrations
+from bot.delivery import GroupKey, OutboxRow, Verdict
+from bot.pipeline.flow import NotifyState
+from bot.pipeline.silence import Silence
 from msmon.contract.wire import Severity
-
-from . import migrations
-from .delivery import GroupKey, OutboxRow, Verdict
-from .pipeline.flow import NotifyState
-from .pipeline.silence import Silence
 
 
 class AlertRow(msgspec.Struct, frozen=True):

@@ -13,12 +13,11 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from bot.config import BotConfig
+from bot.ingest import Ingest
+from bot.lifecycle import RunInput, silence
+from bot.store import Store
 from msmon.contract.wire import Event, Severity, Status
-
-from .config import BotConfig
-from .ingest import Ingest
-from .lifecycle import RunInput, silence
-from .store import Store
 
 HINTS = {
     "job_gone": "No heartbeat: the process died or its host is unreachable. Check the scheduler and the node; "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..config import Permission
+from bot.config import Permission
 
 
 def allowed(user: str, project: str, allow: Sequence[Permission], groups: Mapping[str, Sequence[str]]) -> bool:

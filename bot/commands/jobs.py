@@ -17,14 +17,13 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from bot.commands.origin import Origin
+from bot.commands.parse import format_duration
+from bot.receivers import Note
+from bot.state import BotState
+from bot.store import OutboxEntry
 from msmon.contract.actions import ACTIONS, AUTOMATIC
 from msmon.contract.wire import ActionRequest, ActionResult, Command, encode
-
-from ..receivers import Note
-from ..state import BotState
-from ..store import OutboxEntry
-from .origin import Origin
-from .parse import format_duration
 
 FINAL = ("done", "failed", "expired", "partial")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from ..receivers import ReplyTo
+from bot.receivers import ReplyTo
 
 
 class Origin(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,17 +15,16 @@ import logging
 import math
 from typing import Any
 
+from bot.commands import auth
+from bot.commands.origin import Origin
+from bot.commands.parse import CommandError, Parsed, format_duration, help_text, parse
+from bot.pipeline.silence import Silence
+from bot.ranks.table import lines as rank_lines
+from bot.receivers.render import median, num
+from bot.state import BotState
 from msmon.contract.actions import VERB_ACTION
 from msmon.contract.wire import Event, Severity, Status, Window
 from msmon.core.trend import summarize
-
-from ..pipeline.silence import Silence
-from ..ranks.table import lines as rank_lines
-from ..receivers.render import median, num
-from ..state import BotState
-from . import auth
-from .origin import Origin
-from .parse import CommandError, Parsed, format_duration, help_text, parse
 
 log = logging.getLogger("msmon.bot")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from ..config import EscalationPolicy
+from bot.config import EscalationPolicy
 
 State = Literal["active", "acked", "resolved"]
 

@@ -29,16 +29,15 @@ import msgspec
 from apscheduler.schedulers.asyncio import AsyncIOScheduler  # type: ignore[import-untyped]
 from prometheus_client import Counter
 
+from bot.config import EscalationPolicy
+from bot.escalation.policy import AlertNow, Escalation, Step, decide
+from bot.pipeline.group import firing_key
+from bot.pipeline.route import route_for
+from bot.receivers import Mail, Note, ReplyTo
+from bot.receivers.render import cost_line, escape_console, mention_text, num
+from bot.state import BotState
+from bot.store import OutboxEntry
 from msmon.contract.wire import Event, Severity, decode, encode
-
-from ..config import EscalationPolicy
-from ..pipeline.group import firing_key
-from ..pipeline.route import route_for
-from ..receivers import Mail, Note, ReplyTo
-from ..receivers.render import cost_line, escape_console, mention_text, num
-from ..state import BotState
-from ..store import OutboxEntry
-from .policy import AlertNow, Escalation, Step, decide
 
 log = logging.getLogger("msmon.bot")
 

@@ -24,8 +24,8 @@ decision lives in its own module, tested on its own (tests/unit/test_pipeline.py
 
 from __future__ import annotations
 
-from . import acked, dedup, group, inhibit, ratelimit, route, silence
-from .flow import Context, Due, Notification, Round, Stage
+from bot.pipeline import acked, dedup, group, inhibit, ratelimit, route, silence
+from bot.pipeline.flow import Context, Due, Notification, Round, Stage
 
 STAGES: tuple[Stage[Context, Notification], ...] = (
     Stage("dedup", dedup.stage),  # a repeat inside repeat_interval; a resolution of nothing sent

@@ -3,9 +3,8 @@ still goes out, and so does the resolution (the next episode is not acknowledged
 
 from __future__ import annotations
 
+from bot.pipeline.flow import Context, Notification
 from msmon.contract.wire import Status
-
-from .flow import Context, Notification
 
 
 def stage(ctx: Context, n: Notification) -> Notification | None:

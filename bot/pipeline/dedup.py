@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import msgspec
 
+from bot.pipeline.flow import Context, Notification, NotifyState
 from msmon.contract.wire import Event, Severity, Status
-
-from .flow import Context, Notification, NotifyState
 
 
 def decide(ev: Event, state: NotifyState, now: float, repeat_interval: float) -> bool:

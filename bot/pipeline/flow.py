@@ -17,10 +17,9 @@ from typing import Generic, Protocol, TypeVar
 
 import msgspec
 
+from bot.config import PipelineConfig, Route
+from bot.delivery import OutboxRow, Scheduler
 from msmon.contract.wire import Event, Severity
-
-from ..config import PipelineConfig, Route
-from ..delivery import OutboxRow, Scheduler
 
 C = TypeVar("C")
 T = TypeVar("T")

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
+from bot.pipeline.flow import Context, Due, Notification, Round
 from msmon.contract.wire import Event, Severity, Status
-
-from .flow import Context, Due, Notification, Round
 
 
 def group_key(ev: Event) -> str:

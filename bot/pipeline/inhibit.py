@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from bot.pipeline.flow import Context, Notification
 from msmon.contract.wire import Event, Severity, Status
-
-from .flow import Context, Notification
 
 
 def inhibited(ev: Event, run_has_error_firing: bool, enabled: bool = True) -> bool:

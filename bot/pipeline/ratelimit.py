@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .flow import Due, Round
+from bot.pipeline.flow import Due, Round
 
 
 class TokenBucket:

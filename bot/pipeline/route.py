@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import msgspec
 
+from bot.config import Route
+from bot.pipeline.flow import Context, Notification
 from msmon.contract.wire import Severity
-
-from ..config import Route
-from .flow import Context, Notification
 
 CONSOLE = Route(receiver="console", channel="console")
 

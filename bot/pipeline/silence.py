@@ -6,9 +6,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TypeVar
 
+from bot.pipeline.flow import Context, Matcher, Notification
 from msmon.contract.wire import Event
-
-from .flow import Context, Matcher, Notification
 
 M = TypeVar("M", bound=Matcher)
 

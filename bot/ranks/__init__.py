@@ -13,12 +13,11 @@ share a group key (bot/pipeline/group.py) and the message says how many of the r
 
 from __future__ import annotations
 
+from bot.config import RanksConfig
+from bot.ranks import missing, outlier, skew, straggler
+from bot.ranks.rule import Check, Finding, Rule, error_at_once, track, warning_after, warning_then_error
+from bot.ranks.view import RankState, RankViews, RunRanks
 from msmon.contract.wire import Event
-
-from ..config import RanksConfig
-from . import missing, outlier, skew, straggler
-from .rule import Check, Finding, Rule, error_at_once, track, warning_after, warning_then_error
-from .view import RankState, RankViews, RunRanks
 
 HINTS = {
     "rank_straggler": "One rank holds every other back at each collective. Look at that host: thermal throttling, "

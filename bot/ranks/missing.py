@@ -6,9 +6,9 @@ back; when the whole run falls silent at once, that is the watchdog's job_gone, 
 
 from __future__ import annotations
 
-from ..lifecycle import tick
-from .rule import Check, Finding
-from .view import RunRanks
+from bot.lifecycle import tick
+from bot.ranks.rule import Check, Finding
+from bot.ranks.view import RunRanks
 
 RULE = "rank_missing"
 

@@ -11,9 +11,9 @@ It takes three ranks at least: of two that disagree, which one is off cannot be 
 
 from __future__ import annotations
 
-from .rule import Check, Finding
-from .stats import others
-from .view import RankState, RunRanks
+from bot.ranks.rule import Check, Finding
+from bot.ranks.stats import others
+from bot.ranks.view import RankState, RunRanks
 
 METRICS = (("loss", "loss"), ("norm", "grad norm"))
 FEWEST = 3  # ranks with a value: two that disagree do not say which is off

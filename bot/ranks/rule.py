@@ -14,10 +14,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
+from bot.config import RanksConfig
+from bot.ranks.view import Firing, RankState, RunRanks
 from msmon.contract.wire import Event, Severity, Status
-
-from ..config import RanksConfig
-from .view import Firing, RankState, RunRanks
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,8 @@ The bound is in reported steps: with `step_interval` N the ranks' reports are up
 
 from __future__ import annotations
 
-from .rule import Check, Finding
-from .view import RunRanks
+from bot.ranks.rule import Check, Finding
+from bot.ranks.view import RunRanks
 
 
 def judge(ctx: Check, run: RunRanks) -> list[Finding]:

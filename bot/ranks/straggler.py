@@ -17,9 +17,9 @@ A rank found by both is named once, by its input wait.
 
 from __future__ import annotations
 
-from .rule import Check, Finding
-from .stats import Spread, others
-from .view import RankState, RunRanks
+from bot.ranks.rule import Check, Finding
+from bot.ranks.stats import Spread, others
+from bot.ranks.view import RankState, RunRanks
 
 
 def _recent(m: RankState, ctx: Check) -> bool:

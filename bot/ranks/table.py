@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..config import RanksConfig
-from . import marks
-from .stats import Spread
-from .view import RankState, RunRanks
+from bot.config import RanksConfig
+from bot.ranks import marks
+from bot.ranks.stats import Spread
+from bot.ranks.view import RankState, RunRanks
 
 SHOWN = 16  # rows at most; a run with more ranks shows its marked ones and the summary
 

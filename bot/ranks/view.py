@@ -16,10 +16,9 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
+from bot.lifecycle import RankInput, RankLife, RankPhase, all_ended, on_message
+from bot.ranks.stats import Spread, median_of_sorted
 from msmon.contract.wire import Envelope, Heartbeat, Sample, Severity
-
-from ..lifecycle import RankInput, RankLife, RankPhase, all_ended, on_message
-from .stats import Spread, median_of_sorted
 
 TYPICAL_FROM = 3  # samples a rank needs before its typical loss and norm are compared
 

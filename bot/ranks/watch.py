@@ -10,11 +10,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bot.config import RanksConfig
+from bot.ranks import check
+from bot.ranks.view import Firing, RankViews
 from msmon.contract.wire import Event, Status
-
-from ..config import RanksConfig
-from . import check
-from .view import Firing, RankViews
 
 log = logging.getLogger("msmon.bot")
 

@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from bot.receivers import DeliveryError, Message, Note, Receiver
+from bot.receivers.webhook import HttpReceiver, post_json
 from msmon.contract.wire import Event, Status
 
-from . import DeliveryError, Message, Note, Receiver
-from .webhook import HttpReceiver, post_json
-
 if TYPE_CHECKING:
-    from ..config import BotConfig
+    from bot.config import BotConfig
 
 log = logging.getLogger("msmon.bot")
 
@@ -155,7 +154,7 @@ class AlertmanagerPushReceiver(HttpReceiver):
 def interop_receivers(cfg: BotConfig) -> dict[str, Receiver]:
     """The `alertmanager`, `alertmanager_api` and `webhook` receivers the routes use (an empty address or
     secret is logged: their messages wait in the outbox)."""
-    from .webhook import WebhookReceiver
+    from bot.receivers.webhook import WebhookReceiver
 
     am, wh, used = cfg.alertmanager, cfg.webhook, {r.receiver for r in cfg.routes}
     wanted: dict[str, tuple[str, str, Callable[[], Receiver]]] = {

@@ -13,14 +13,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from bot.receivers import Message, Note
+from bot.receivers.render import escape_console, text
 from msmon.common.safenames import inside, slug
 from msmon.contract.wire import Event, Status
 
-from . import Message, Note
-from .render import escape_console, text
-
 if TYPE_CHECKING:
-    from ..windows import Windows
+    from bot.windows import Windows
 
 log = logging.getLogger("msmon.bot")
 
@@ -41,7 +40,7 @@ async def save_status_chart(directory: str, event: Event, windows: Windows | Non
     """`msmon cmd status`'s chart, drawn off the event loop into the charts folder; its path, or None when
     matplotlib or the disk refuses (logged: a chart never fails the command). `windows`: the bot's per-device
     rings, for one throughput line per rank; `firing`: the run's firing alerts, marked where they began."""
-    from ..chart import alert_starts, rank_throughput, render_chart_off_loop  # matplotlib only when drawn
+    from bot.chart import alert_starts, rank_throughput, render_chart_off_loop  # matplotlib only when drawn
 
     ranks = rank_throughput(windows, event.run_id) if windows is not None else None
     try:  # the file is a slug of the run id inside the folder (save_png)

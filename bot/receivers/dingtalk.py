@@ -13,12 +13,11 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bot.chart_links import ChartLinks
+from bot.receivers import Message, Note
+from bot.receivers.im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster, signed_dingtalk_url
+from bot.receivers.render import escape_dingtalk
 from msmon.contract.wire import Severity, Status
-
-from ..chart_links import ChartLinks
-from . import Message, Note
-from .im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster, signed_dingtalk_url
-from .render import escape_dingtalk
 
 BODY_LIMIT = 20_000  # bytes: DingTalk documents no markdown limit; kept as Feishu's, its robots' peer
 RATES = ((20, 60.0),)  # per robot: 20 a minute

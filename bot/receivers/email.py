@@ -25,10 +25,9 @@ from email.utils import formatdate
 import aiosmtplib
 import msgspec
 
+from bot.receivers import DeliveryError, Mail, Message, Note, PartlyRefused
+from bot.receivers.render import cost_line, escape_html
 from msmon.contract.wire import Event, decode
-
-from . import DeliveryError, Mail, Message, Note, PartlyRefused
-from .render import cost_line, escape_html
 
 log = logging.getLogger("msmon.bot")
 
@@ -114,7 +113,7 @@ class EmailReceiver:
             event = decode(m.event_json, Event)
             if event.window is None or not event.window.steps:
                 return None
-            from ..chart import render_chart_off_loop  # matplotlib only when a chart is drawn
+            from bot.chart import render_chart_off_loop  # matplotlib only when a chart is drawn
 
             return await render_chart_off_loop(event)
         except Exception as exc:  # noqa: BLE001 - the mail goes without its chart

@@ -15,12 +15,11 @@ from typing import Any
 
 import aiohttp
 
+from bot.chart_links import ChartLinks
+from bot.receivers import DeliveryError, Message, Note
+from bot.receivers.im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster, feishu_sign
+from bot.receivers.render import escape_feishu, escape_plain_im, title
 from msmon.contract.wire import Severity, Status
-
-from ..chart_links import ChartLinks
-from . import DeliveryError, Message, Note
-from .im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster, feishu_sign
-from .render import escape_feishu, escape_plain_im, title
 
 BODY_LIMIT = 20 * 1024  # bytes of a request body
 RATES = ((100, 60.0), (5, 1.0))  # per bot: 100 a minute, 5 a second

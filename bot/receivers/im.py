@@ -9,12 +9,12 @@ import os
 import time
 from collections.abc import Callable
 
-from ..chart_links import chart_links
-from ..config import BotConfig
-from . import Receiver
-from .dingtalk import DingTalkReceiver
-from .feishu import FeishuReceiver
-from .wecom import WeComReceiver
+from bot.chart_links import chart_links
+from bot.config import BotConfig
+from bot.receivers import Receiver
+from bot.receivers.dingtalk import DingTalkReceiver
+from bot.receivers.feishu import FeishuReceiver
+from bot.receivers.wecom import WeComReceiver
 
 log = logging.getLogger("msmon.bot")
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import aiohttp
 
-from ..chart_links import ChartLinks
-from . import DeliveryError, Message, Note, retry_after
-from .render import Escape, escape_plain_im, num, text, title
+from bot.chart_links import ChartLinks
+from bot.receivers import DeliveryError, Message, Note, retry_after
+from bot.receivers.render import Escape, escape_plain_im, num, text, title
 
 
 def feishu_sign(timestamp: int, secret: str) -> str:

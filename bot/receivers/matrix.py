@@ -24,11 +24,10 @@ from typing import Any, TypeVar
 
 from nio import AsyncClient, AsyncClientConfig, ErrorResponse, RoomSendResponse, UploadResponse  # type: ignore[import-untyped]
 
+from bot.receivers import DeliveryError, Message, Note
+from bot.receivers.render import Escape, escape_html, escape_matrix_text, text
 from msmon.common.retry import retry_after as parse_retry_after
 from msmon.common.safenames import slug
-
-from . import DeliveryError, Message, Note
-from .render import Escape, escape_html, escape_matrix_text, text
 
 log = logging.getLogger("msmon.bot")
 

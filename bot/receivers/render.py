@@ -13,9 +13,8 @@ import re
 from collections.abc import Callable
 from urllib.parse import quote
 
+from bot.receivers import Message
 from msmon.contract.wire import Event, Status
-
-from . import Message
 
 ICON = {"ERROR": ":red_circle:", "WARNING": ":large_orange_circle:"}
 

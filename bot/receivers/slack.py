@@ -20,11 +20,8 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from msmon.common.safenames import slug
-from msmon.contract.wire import Status
-
-from . import DeliveryError, Message, Note, retry_after
-from .render import (
+from bot.receivers import DeliveryError, Message, Note, retry_after
+from bot.receivers.render import (
     ICON,
     chart_line,
     devices_text,
@@ -38,6 +35,8 @@ from .render import (
     text,
     title,
 )
+from msmon.common.safenames import slug
+from msmon.contract.wire import Status
 
 log = logging.getLogger("msmon.bot")
 

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from . import DeliveryError, Message, Note, retry_after
+from bot.receivers import DeliveryError, Message, Note, retry_after
 
 SCHEMA = "msmon.webhook/1"
 REPLAY_WINDOW = 300.0  # seconds a consumer accepts a timestamp away from its own clock (docs/webhook.md)

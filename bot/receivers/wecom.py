@@ -13,9 +13,9 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from . import Message
-from .im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster
-from .render import escape_wecom
+from bot.receivers import Message
+from bot.receivers.im_webhook import Budget, ChatWebhookReceiver, Pace, WebhookPoster
+from bot.receivers.render import escape_wecom
 
 MARKDOWN_LIMIT = 4096  # bytes of markdown.content
 IMAGE_LIMIT = 2 * 1024 * 1024  # bytes of the image before base64

@@ -11,11 +11,11 @@ from __future__ import annotations
 import sqlite3
 from typing import TYPE_CHECKING
 
-from ..store import Store
-from .url import is_postgresql, redact, sqlite_path
+from bot.store import Store
+from bot.stores.url import is_postgresql, redact, sqlite_path
 
 if TYPE_CHECKING:
-    from ..config import BotConfig
+    from bot.config import BotConfig
 
 __all__ = ["Store", "StoreUnavailable", "open_store", "redact"]
 
@@ -40,7 +40,7 @@ def open_store(cfg: BotConfig) -> Store:
     if not is_postgresql(url):
         raise ValueError(f"bot.store.url {redact(url)!r}: expected sqlite:///path or postgresql://...")
     try:
-        from .postgres import PostgresStore  # psycopg only when it is used
+        from bot.stores.postgres import PostgresStore  # psycopg only when it is used
     except ImportError as exc:
         raise StoreUnavailable(f"bot.store.url is PostgreSQL but psycopg is not installed ({exc}); "
                                "pip install 'msmon[bot]'") from None

@@ -19,10 +19,10 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..delivery import GroupKey, OutboxRow, Verdict
-from ..pipeline.flow import NotifyState
-from ..pipeline.silence import Silence
-from ..store import AlertRow, OutboxEntry
+from bot.delivery import GroupKey, OutboxRow, Verdict
+from bot.pipeline.flow import NotifyState
+from bot.pipeline.silence import Silence
+from bot.store import AlertRow, OutboxEntry
 
 
 class CommandLogContract(Protocol):
@@ -136,8 +136,8 @@ class StoreContract(Protocol):
 
 
 if TYPE_CHECKING:  # both implementations conform (checked by mypy)
-    from ..store import CommandLog, EscalationLog, Store
-    from .postgres import PostgresStore
+    from bot.store import CommandLog, EscalationLog, Store
+    from bot.stores.postgres import PostgresStore
 
     def _conforms(a: Store, b: PostgresStore, c: CommandLog, e: EscalationLog) -> None:
         _s: StoreContract = a

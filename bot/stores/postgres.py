@@ -42,10 +42,10 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from .. import migrations
-from ..delivery import GroupKey, OutboxRow
-from ..store import OUTBOX_COLUMNS, AttemptLog, CommandLog, EscalationLog, Store
-from .url import redact
+from bot import migrations
+from bot.delivery import GroupKey, OutboxRow
+from bot.store import OUTBOX_COLUMNS, AttemptLog, CommandLog, EscalationLog, Store
+from bot.stores.url import redact
 
 log = logging.getLogger("msmon.bot")
 

@@ -4,6 +4,6 @@ alert list with acknowledge and silence, and a command box that goes through the
 as chat. Server-rendered HTML (pages.py, every piece of job data escaped) from the bot's own state
 (views.py), uPlot (MIT, vendored in static/) for the curves, Server-Sent Events for live updates."""
 
-from .routes import Console, add_console_routes, announce_console, console_link
+from bot.web.routes import Console, add_console_routes, announce_console, console_link
 
 __all__ = ["Console", "add_console_routes", "announce_console", "console_link"]

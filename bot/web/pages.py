@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..receivers.render import console_path, escape_html
-from .views import CHARTS
+from bot.receivers.render import console_path, escape_html
+from bot.web.views import CHARTS
 
 BASE = "/console"
 

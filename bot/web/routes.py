@@ -29,16 +29,15 @@ from urllib.parse import quote
 from aiohttp import web
 from yarl import URL
 
+from bot.commands.origin import Origin
+from bot.commands.parse import CommandError, Parsed, parse_duration
+from bot.commands.service import CommandService
+from bot.config import BotConfig
+from bot.receivers.render import console_url
+from bot.state import BotState
+from bot.web import pages, views
+from bot.web.session import COOKIE, CSRF_HEADER, LOGIN_COOKIE, Sessions, Viewer, new_token, same_secret
 from msmon.contract.wire import MAX_ID, tag_nonfinite
-
-from ..commands.origin import Origin
-from ..commands.parse import CommandError, Parsed, parse_duration
-from ..commands.service import CommandService
-from ..config import BotConfig
-from ..receivers.render import console_url
-from ..state import BotState
-from . import pages, views
-from .session import COOKIE, CSRF_HEADER, LOGIN_COOKIE, Sessions, Viewer, new_token, same_secret
 
 log = logging.getLogger("msmon.bot")
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bot.state import BotState
 from msmon.contract.wire import tag_nonfinite
-
-from ..state import BotState
 
 # The curves a run page draws: (series key, title, the sample fields that feed it, first found wins).
 CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
