@@ -1,4 +1,5 @@
-"""Job actions applied at a step boundary: save_checkpoint, pause/resume, scale_lr, set_threshold, acknowledge, stop.
+"""Job actions applied at a step boundary: save_checkpoint, pause/resume, scale_lr, rewind, clip_grad, the threshold
+actions, acknowledge, stop; and the health checkpoints a rewind loads (notifier/checkpoints.py).
 
 Requests may come from any thread (a rule's `actions:`, code, the bot's chat commands); they queue
 here and run on the training thread between two steps, the only place where the weights are
@@ -8,24 +9,30 @@ order the bot accepted the commands; `JobControl` carries it out.
 Framework-neutral: what touches the weights or the optimizer (a checkpoint, the LR, the framework's
 own stop) is a `Backend`'s (notifier/mindspore/backend.py for MindSpore). Without one, a custom loop
 still gets pause, resume and the threshold commands; the others answer that they need a backend.
-The actions themselves are those of msmon/contract/actions.py.
+The actions themselves are those of msmon/contract/actions.py; `HANDLERS` maps each one to its handler here and is
+checked against that table at import (pause and resume are CommandOrder's own).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import logging
+import math
+import os
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from msmon.common.safenames import slug
 from msmon.contract.actions import ACTIONS
-from msmon.contract.wire import ActionRequest, ActionResult, Command, Event
+from msmon.contract.wire import ActionRequest, ActionResult, Command, Event, RingCheckpoint, Severity, Status
 
+from .checkpoints import BudgetPolicy, Entry, RewindBudget, Ring, RingPolicy, Spend
 from .monitor import Monitor
 
 log = logging.getLogger("msmon")
@@ -51,6 +58,62 @@ class Backend(Protocol):
     def stop(self, run_context: Any) -> None:
         """Ask the framework to end training after this step (`run_context`: what `apply` was given)."""
         ...
+
+
+class RewindBackend(Backend, Protocol):
+    """What a rewind and clip-grad need besides: a backend with these methods gets health checkpoints, `rewind` and
+    `clip_grad` (notifier/mindspore/backend.py; examples/custom_loop.py's LoopBackend for a custom loop). Called on
+    the training thread at a step boundary; raise ActionError to refuse.
+
+    A rewind runs `read_checkpoint` (which must change nothing: parse and check the file against the model), then
+    `seek_data` (if the data moves), then `restore` (which must not fail once read_checkpoint passed: if it does,
+    the job stops rather than train on half-loaded weights)."""
+
+    def save_checkpoint(self, step: int, name: str, directory: str | None = None) -> str:
+        """As Backend's; `directory`: where (a health checkpoint's ring folder), None: the backend's own."""
+        ...
+
+    def read_checkpoint(self, path: str) -> Any:
+        """Read and check the checkpoint at `path` without changing anything; what `restore` takes."""
+        ...
+
+    def restore(self, loaded: Any) -> str:
+        """Put what read_checkpoint read into the model, the optimizer and the loss scale; says what it restored."""
+        ...
+
+    def data_position(self, run_context: Any) -> int | None:
+        """Batches the training has read so far (None: not known)."""
+        ...
+
+    def seek_data(self, position: int, run_context: Any) -> str:
+        """Make the next batch read the one at `position` (what data_position counts)."""
+        ...
+
+    def delete_checkpoint(self, path: str) -> None:
+        """Remove a checkpoint the ring let go."""
+        ...
+
+    def clip_grad(self, max_norm: float) -> str:
+        """Clip the global grad norm to `max_norm` from the next step on (0: no clipping); says what changed."""
+        ...
+
+
+class Moot(Exception):  # noqa: N818 - not an error: the answer of an action that has nothing left to do
+    """An action answered without being applied (a rewind asked in an attempt already rewound)."""
+
+
+@dataclasses.dataclass
+class RewindReport:
+    """A rewind's follow-up: at step `at` the job reports the loss against the pre-fault curve."""
+
+    at: int
+    source: str
+    command_id: str | None
+    before: str  # the pre-fault curve, e.g. "0.301 +- 0.012 over steps 880-1000"
+    mean: float | None
+    noise: float | None
+    diverged: float | None  # the loss when the rewind was asked
+    params: dict[str, Any]
 
 
 class Request:
@@ -279,6 +342,22 @@ class JobControl:
         self.last_step = 0  # the last step boundary seen
         self.paused = False
         self.stop_requested = False
+        self._req: Request | None = None  # the request a handler is carrying out
+        # Health checkpoints and rewinds (monitor_config checkpoint_ring, rewind; docs/rewind.md)
+        self.attempt = 0  # rewinds applied so far: the run's attempt, the same on every rank
+        self.trained = 0  # step boundaries seen (redone steps included): what the rewind budget counts
+        self.rewound_to: int | None = None  # set by a rewind: the step the training carries on from (a custom loop
+        # sets its step counter to it; MonitorCallback renumbers MindSpore's steps)
+        self.on_rewind: Callable[[int, int, Entry], None] | None = None  # (from step, to step, the checkpoint)
+        self.ring: Ring | None = None
+        self._ring_dir = ""
+        self._report: RewindReport | None = None
+        self._save_failures = 0
+        cfg = monitor.config
+        self.budget = RewindBudget(BudgetPolicy(cfg.rewind.max_rewinds, cfg.rewind.min_steps_between))
+        self._unhealthy_on = Severity(cfg.checkpoint_ring.unhealthy_on)
+        if cfg.checkpoint_ring.enable:
+            self._start_ring()
 
     @property
     def pause_timeout(self) -> float | None:
@@ -320,8 +399,13 @@ class JobControl:
         would leave the others blocked in the next collective); the Monitor refused to start without a bot."""
         mon = self.monitor
         tr, world = mon.transport, mon.world
+        if (self.ring is not None and ev.status is Status.FIRING and ev.severity.rank >= self._unhealthy_on.rank
+                and not ev.repeat):
+            self._mark_ring(ev.step, f"{ev.rule} {ev.severity.value} at step {ev.step}")
         for act in ev.actions:
             params: dict[str, Any] = {k: v for k, v in act.items() if k != "action"}
+            if act["action"] == "rewind":  # which alert, in which attempt: every rank decides the same from these
+                params.update(before=ev.step, alert=ev.rule, attempt=self.attempt)
             if world.multi and tr is not None:
                 tr.ask(ActionRequest(run_id=ev.run_id, device=ev.device, step=ev.step, time=ev.time, rule=ev.rule,
                                      severity=ev.severity, action=str(act["action"]), params=params, rank=world.rank,
@@ -406,10 +490,18 @@ class JobControl:
             if tr is not None:
                 tr.progress(step, paused=False)
             return self._result(step, req, True, o.detail, None, planned=False)
+        self._req = req
         try:
-            detail, path = getattr(self, "_do_" + req.action)(step, run_context, **req.params)
+            detail, path = HANDLERS[req.action](self, step, run_context, **req.params)
+        except Moot as exc:
+            return self._result(step, req, True, str(exc), None, applied=False)
+        except TypeError as exc:  # parameters the handler does not take (a hand-made command)
+            return self._result(step, req, False, f"{req.action} was given parameters it does not take: {exc}",
+                                None)
         except Exception as exc:  # noqa: BLE001 - an action must not take training down
             return self._result(step, req, False, f"{type(exc).__name__}: {exc}", None)
+        finally:
+            self._req = None
         return self._result(step, req, True, detail, path)
 
     def _result(self, step: int, req: Request, ok: bool, detail: str, path: str | None,
@@ -514,4 +606,345 @@ class JobControl:
         return f"stopping after step {step}; {detail}", path
 
 
-__all__ = ["ActionError", "Backend", "CommandOrder", "JobControl", "Outcome", "Request", "acceptance_order"]
+    # -- health checkpoints, rewind, clip-grad (docs/rewind.md) ---------------------------------------------
+
+    def _start_ring(self) -> None:
+        cfg, mon = self.monitor.config.checkpoint_ring, self.monitor
+        every_s = None if cfg.every_minutes is None else cfg.every_minutes * 60.0
+        every_steps = cfg.every_steps if cfg.every_steps is not None or every_s is not None else 100
+        if mon.world.multi and every_s is not None and cfg.every_steps is None:
+            log.warning("msmon: run %s: checkpoint_ring.every_minutes in a multi-rank run would save at a different "
+                        "step on each rank, and a rewind needs the same checkpoint on all: saving every 100 steps "
+                        "instead (set checkpoint_ring.every_steps)", mon.run_id)
+            every_s, every_steps = None, 100
+        elif mon.world.multi:
+            every_s = None
+        self.ring = Ring(RingPolicy(cfg.keep, every_steps, every_s, cfg.confirm_steps, cfg.suspect_steps),
+                         self._clock())
+        self._ring_dir = cfg.dir.replace("{run_id}", slug(mon.run_id)).replace(
+            "{device}", slug(mon.default_device))
+
+    def step_end(self, step: int, run_context: Any = None) -> None:
+        """Called at every step boundary (MonitorCallback does; a custom loop calls it after each step, before
+        `apply`): writes the health checkpoint when one is due, confirms the ring's pending ones, and sends a
+        rewind's follow-up report. A few integer comparisons when nothing is due; never raises."""
+        self.trained += 1
+        self.last_step = step
+        ring = self.ring
+        if ring is not None:
+            try:
+                if ring.entries:
+                    confirmed = ring.advance(step)
+                    if confirmed:
+                        self._publish_ring()
+                if ring.due(step, self._clock()):
+                    self._ring_save(step, run_context)
+            except Exception:  # noqa: BLE001 - a health checkpoint must never take training down
+                log.exception("msmon: run %s: the health checkpoint of step %d failed; training goes on",
+                              self.monitor.run_id, step)
+        report = self._report
+        if report is not None and step >= report.at:
+            self._report = None
+            self._follow_up(step, report)
+
+    def _ring_save(self, step: int, run_context: Any) -> None:
+        ring, backend, mon = self.ring, self._rewinder(), self.monitor
+        assert ring is not None
+        if backend is None:
+            self.ring = None
+            log.warning("msmon: run %s: checkpoint_ring is on but the backend cannot load checkpoints "
+                        "(read_checkpoint/restore, notifier.control.RewindBackend): no health checkpoints",
+                        mon.run_id)
+            return
+        name = f"{slug(mon.run_id)}-device{slug(mon.default_device)}-a{self.attempt}-step{step}"
+        started = time.perf_counter()
+        try:
+            os.makedirs(self._ring_dir, exist_ok=True)
+            path = backend.save_checkpoint(step, name, self._ring_dir)
+            self._write_state(path)
+        except Exception as exc:  # noqa: BLE001 - reported, the ring keeps what it has
+            self._save_failures += 1
+            ring.restart_clock(self._clock())
+            log.error("msmon: run %s step %d: health checkpoint not written (%s: %s); the ring keeps its %d "
+                      "earlier ones, training goes on", mon.run_id, step, type(exc).__name__, exc, len(ring.entries))
+            return
+        firing = self._firing_text()
+        data = self._data_position(run_context)
+        gone = ring.saved(step, self._clock(), path, data, self.attempt, firing)
+        self._delete(gone)
+        log.debug("msmon: health checkpoint of step %d in %.1f ms: %s", step, 1e3 * (time.perf_counter() - started),
+                  path)
+        self._publish_ring()
+
+    def _write_state(self, checkpoint: str) -> None:
+        """The monitor's state next to a health checkpoint (`<ckpt>.msmon.json`, atomically), unless the backend
+        wrote it already (MonitorCallback's does)."""
+        path = checkpoint + ".msmon.json"
+        if os.path.exists(path):
+            return
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.monitor.state_dict(), f, allow_nan=False, separators=(",", ":"))
+        os.replace(tmp, path)
+
+    def _data_position(self, run_context: Any) -> int | None:
+        pos = getattr(self.backend, "data_position", None)
+        if pos is None:
+            return None
+        try:
+            value = pos(run_context)
+        except Exception:  # noqa: BLE001 - not known
+            return None
+        return None if value is None else int(value)
+
+    def _firing_text(self) -> str | None:
+        """The alerts of the marking severity firing now, named (None: none)."""
+        firing = [f"{rule} {sev.value}" for _, rule, sev in self.monitor.firing()
+                  if sev.rank >= self._unhealthy_on.rank]
+        return ", ".join(dict.fromkeys(firing)) or None
+
+    def _mark_ring(self, step: int, why: str) -> None:
+        ring = self.ring
+        if ring is not None and ring.alert(step, why):
+            self._publish_ring()
+
+    def _delete(self, gone: list[Entry]) -> None:
+        delete = getattr(self.backend, "delete_checkpoint", None)
+        for e in gone:
+            try:
+                if delete is not None:
+                    delete(e.path)
+                if os.path.exists(e.path + ".msmon.json"):
+                    os.remove(e.path + ".msmon.json")
+            except OSError as exc:
+                log.warning("msmon: the ring could not delete %s (%s); delete it by hand", e.path, exc)
+
+    def _publish_ring(self) -> None:
+        """What the bot knows of the ring: the heartbeat carries it (Heartbeat.checkpoints)."""
+        tr, ring = self.monitor.transport, self.ring
+        if tr is not None and ring is not None:
+            tr.checkpoints = [RingCheckpoint(step=e.step, time=e.time, health=e.health.value, why=e.why[:512],
+                                             attempt=e.attempt) for e in ring.entries[-64:]]
+            tr.attempt = self.attempt
+
+    def _rewinder(self) -> RewindBackend | None:
+        """The backend, if it can load checkpoints (RewindBackend)."""
+        b = self.backend
+        return cast(RewindBackend, b) if b is not None and hasattr(b, "read_checkpoint") else None
+
+    def _by_person(self) -> bool:
+        src = self._req.source if self._req is not None else ""
+        return not (src.startswith("rule ") or " from rule " in src)
+
+    def _do_rewind(self, step: int, run_context: Any, to: int | None = None, before: int | None = None,
+                   skip: int | None = None, alert: str | None = None, attempt: int | None = None) -> tuple[str, str]:
+        mon, ring, backend = self.monitor, self.ring, self._rewinder()
+        if ring is None:
+            raise ActionError("no health checkpoints to rewind to: this run keeps none (monitor_config "
+                              "checkpoint_ring.enable: true, docs/rewind.md)")
+        if backend is None:
+            raise ActionError("this backend cannot load checkpoints (notifier.control.RewindBackend)")
+        to = _int_param("to", to)
+        before = _int_param("before", before)
+        skip = _int_param("skip", skip)
+        if attempt is not None and _int_param("attempt", attempt) < self.attempt:  # type: ignore[operator]
+            raise Moot(f"not applied: the alert was raised in attempt {attempt}, which an earlier rewind already "
+                       f"ended (this is attempt {self.attempt})")
+        if to is not None and to > step:
+            raise ActionError(f"cannot rewind forward: step {to} is after the current step {step}")
+        spend, why = self.budget.decide(self.trained, self._by_person())
+        if spend is Spend.REFUSE:
+            then = mon.config.rewind.escalate
+            if then != "none":
+                self.request(then, f"rewind budget spent ({self._req.source if self._req else 'rule'})")
+            raise ActionError(f"rewind refused: {why}; escalated: "
+                              + ("nothing more done, the alert stands" if then == "none" else
+                                 f"{then} queued for the next step boundary") + ", a person has to look")
+        if before is not None:
+            self._mark_ring(before, f"{alert or 'an alert'} at step {before} (rewind)")
+        chosen = ring.choose(to, before)
+        agree = getattr(backend, "agree", None)
+        if agree is not None and mon.world.multi:  # every rank must load the same step, or none may
+            low, high = agree(chosen.step if isinstance(chosen, Entry) else -1)
+            if low != high:
+                raise ActionError(f"not rewound: the ranks would load different checkpoints (steps {low} to {high};"
+                                  f" this rank: {chosen.step if isinstance(chosen, Entry) else 'none'}); "
+                                  "nothing was changed on any rank")
+        if not isinstance(chosen, Entry):
+            raise ActionError(f"not rewound: {chosen}. Nothing was changed; training goes on")
+        entry = chosen
+        pos_now = self._data_position(run_context)
+        seek = getattr(backend, "seek_data", None)
+        target: int | None = None
+        if entry.data is not None and pos_now is not None:
+            target = pos_now if skip is None else entry.data + skip
+        elif skip is not None:
+            raise ActionError("not rewound: skip needs the data position, which this backend does not report "
+                              "(data_position/seek_data); nothing was changed")
+        loaded = backend.read_checkpoint(entry.path)  # changes nothing: a bad file is refused here
+        started = time.perf_counter()
+        moved = ""
+        if target is not None and target != pos_now:
+            if seek is None:
+                raise ActionError("not rewound: this backend cannot move the data position (seek_data); nothing "
+                                  "was changed")
+            moved = seek(target, run_context)
+        diverged, before_curve = self._loss_now(), self._curve(entry.step)
+        try:
+            restored = backend.restore(loaded)
+        except Exception as exc:  # weights half-loaded: no step may run on them
+            self.stop_requested = True
+            backend.stop(run_context)
+            raise ActionError(f"the checkpoint of step {entry.step} failed to load half-way ({type(exc).__name__}: "
+                              f"{exc}); the job stops rather than train on half-loaded weights") from exc
+        resolved = self._close_firing(step, entry.step)
+        state = self._load_state(entry.path)
+        gone = ring.rewound(entry.step)
+        self._delete(gone)
+        ring.restart_clock(self._clock())
+        self.budget.spend(self.trained)
+        self.attempt += 1
+        self.rewound_to = entry.step
+        self.last_step = entry.step
+        tr = mon.transport
+        if tr is not None:
+            tr.proc = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # the bot sees a new attempt of the same run
+            tr.progress(entry.step, paused=self.paused)
+        self._publish_ring()
+        if self.on_rewind is not None:
+            self.on_rewind(step, entry.step, entry)
+        took = time.perf_counter() - started
+        redo = step - entry.step
+        cost = self._device_hours(redo)
+        skipped = ""
+        if target is not None and entry.data is not None:
+            n = target - entry.data
+            skipped = (f"; batches {entry.data:,}-{target - 1:,} skipped ({n:,}, never read again)" if n > 0 else
+                       "; no batch skipped")
+        over = f" (over the budget: {why})" if spend is Spend.OVER else ""
+        detail = (f"rewound from step {step:,} to the checkpoint of step {entry.step:,} ({entry.health.value}: "
+                  f"{entry.why}){skipped}; {redo:,} steps to redo" + (f", about {cost:.3g} device-hours" if cost
+                                                                      is not None else "")
+                  + f"; {restored}" + (f"; {moved}" if moved else "") + f"; {state}"
+                  + (f"; closed as rewound: {', '.join(resolved)}" if resolved else "")
+                  + f"; now attempt {self.attempt}, {self.budget.left()} rewinds left{over}; took {took:.2f} s")
+        if diverged is not None or before_curve[0]:
+            n = mon.config.rewind.report_after
+            req = self._req
+            self._report = RewindReport(entry.step + n, f"follow-up of {req.name if req else 'rewind'}",
+                                        None, before_curve[0], before_curve[1], before_curve[2], diverged,
+                                        {"from": step, "to": entry.step})
+            detail += f"; the loss after {n} steps follows at step {entry.step + n:,}"
+        return detail, entry.path
+
+    def _loss_now(self) -> float | None:
+        recent = [s.loss for s in self.monitor.recent() if s.loss is not None and math.isfinite(s.loss)]
+        return recent[-1] if recent else None
+
+    def _curve(self, upto: int) -> tuple[str, float | None, float | None]:
+        """The pre-fault curve: the loss of the last samples at or before step `upto` (mean, noise as the standard
+        deviation of its step-to-step changes), from the samples the monitor keeps."""
+        xs = [(s.step, s.loss) for s in self.monitor.recent() if s.step <= upto and s.loss is not None
+              and math.isfinite(s.loss)][-20:]
+        if len(xs) < 3:
+            return "", None, None
+        vals = [v for _, v in xs]
+        mean = sum(vals) / len(vals)
+        diffs = [b - a for a, b in zip(vals, vals[1:], strict=False)]
+        noise = math.sqrt(sum(d * d for d in diffs) / len(diffs) / 2) if diffs else 0.0
+        return f"{mean:.4g} +- {noise:.2g} over steps {xs[0][0]:,}-{xs[-1][0]:,}", mean, noise
+
+    def _device_hours(self, steps: int) -> float | None:
+        times = [s.step_time for s in self.monitor.recent() if s.step_time]
+        if not times:
+            return None
+        return steps * (sum(times) / len(times)) * self.monitor.world.size / 3600.0
+
+    def _close_firing(self, step: int, to_step: int) -> list[str]:
+        """Close every alert firing now as rewound: a resolution event each (the bot closes the episode)."""
+        mon, out = self.monitor, []
+        for device, rule, sev in mon.firing():
+            ev = Event(run_id=mon.run_id, device=device, step=step, time=time.time(), rule=rule, severity=sev,
+                       status=Status.RESOLVED, value=math.nan, threshold=math.nan,
+                       message=f"{rule} closed as rewound: the run went back from step {step:,} to the checkpoint "
+                               f"of step {to_step:,}", hint="rewound")
+            if mon.transport is not None:
+                mon.transport.event(ev)
+            out.append(f"{rule} on {device}")
+        return out
+
+    def _load_state(self, checkpoint: str) -> str:
+        path = checkpoint + ".msmon.json"
+        try:
+            with open(path, encoding="utf-8") as f:
+                self.monitor.load_state_dict(json.load(f), continue_clock=False)
+        except (OSError, ValueError) as exc:
+            log.warning("msmon: run %s: the monitor's state of %s did not load (%s); its rules carry on from what they "
+                        "knew at the rewind", self.monitor.run_id, checkpoint, exc)
+            return "msmon's own state kept (the checkpoint's did not load)"
+        return "msmon's rules carry on from their state at that step"
+
+    def _follow_up(self, step: int, r: RewindReport) -> None:
+        now = self._loss_now()
+        xs = [s.loss for s in self.monitor.recent() if s.loss is not None and math.isfinite(s.loss)][-10:]
+        mean = sum(xs) / len(xs) if xs else None
+        if mean is None or r.mean is None:
+            verdict = "no loss reported to compare"
+        else:
+            lim = r.mean + 3 * (r.noise or 0.0) + 1e-12
+            verdict = (f"back on the pre-fault curve (at or below {r.mean:.4g} + 3 x {r.noise or 0:.2g})" if mean
+                       <= lim else f"NOT back on the pre-fault curve yet (above {lim:.4g})")
+        text = (f"{step - int(r.params['to']):,} steps after the rewind to step {int(r.params['to']):,}: loss "
+                + (f"{mean:.4g} (mean of the last {len(xs)} samples; last {now:.4g})" if mean is not None else "n/a")
+                + f" against the pre-fault {r.before or 'curve (not enough samples)'}"
+                + (f", {r.diverged:.4g} when the rewind was asked" if r.diverged is not None else "")
+                + f": {verdict}")
+        req = Request("rewind", dict(r.params), r.source)
+        self._result(step, req, True, text, None, planned=False)
+
+    def _do_clip_grad(self, step: int, run_context: Any, max_norm: float) -> tuple[str, None]:
+        value = float(max_norm)
+        if not (math.isfinite(value) and value >= 0):
+            raise ActionError(f"max_norm is a finite number >= 0 (0: no clipping), not {max_norm!r}")
+        clip = getattr(self._need_backend("clip gradients"), "clip_grad", None)
+        if clip is None:
+            raise ActionError("this backend cannot clip gradients (clip_grad): use notifier.mindspore's train cells")
+        return clip(value), None
+
+
+def _int_param(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ActionError(f"{name} is a step number, not {value!r}")
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ActionError(f"{name} is a step number, not {value!r}") from None
+    if n < 0 or n != float(value):
+        raise ActionError(f"{name} is a whole number >= 0, not {value!r}")
+    return n
+
+
+# action -> its handler; pause and resume are CommandOrder's own outcomes. Checked against the action table at
+# import: an action without a handler (or a handler without an action) fails here, not in a job at 2 a.m.
+HANDLERS: dict[str, Callable[..., tuple[str, str | None]]] = {
+    "save_checkpoint": JobControl._do_save_checkpoint,
+    "scale_lr": JobControl._do_scale_lr,
+    "rewind": JobControl._do_rewind,
+    "clip_grad": JobControl._do_clip_grad,
+    "stop": JobControl._do_stop,
+    "set_threshold": JobControl._do_set_threshold,
+    "loosen_threshold": JobControl._do_loosen_threshold,
+    "restore_threshold": JobControl._do_restore_threshold,
+    "acknowledge": JobControl._do_acknowledge,
+}
+ORDER_ACTIONS = ("pause", "resume")  # carried out by CommandOrder and JobControl.apply, not by a handler
+if set(HANDLERS) | set(ORDER_ACTIONS) != set(ACTIONS) or set(HANDLERS) & set(ORDER_ACTIONS):
+    raise ImportError(f"notifier.control.HANDLERS does not match msmon.contract.actions.ACTIONS: missing "
+                      f"{sorted(set(ACTIONS) - set(HANDLERS) - set(ORDER_ACTIONS))}, extra "
+                      f"{sorted(set(HANDLERS) - set(ACTIONS))}")
+
+
+__all__ = ["HANDLERS", "ORDER_ACTIONS", "ActionError", "Backend", "CommandOrder", "JobControl", "Moot", "Outcome",
+           "Request", "RewindBackend", "acceptance_order"]

@@ -41,6 +41,7 @@ from .world import World, detect, refuse_lone_actions
 log = logging.getLogger("msmon")
 
 _EMPTY: list[Event] = []
+_LOG_LINE_AT = 0  # the line of Monitor._sample that logs the step's line (set below the class)
 WINDOW_SAMPLES = 120  # recent samples kept per device for an event's chart
 
 
@@ -383,8 +384,11 @@ class Monitor:
         if self._n_samples <= 3:
             self._check_missing(s)
         li = self._li
-        if li and step % li == 0:
-            log.info("%s", format_log_line(s, with_device=self._per_device))
+        if li and step % li == 0 and log.isEnabledFor(logging.INFO):
+            # the record made here, not by log.info: its caller is known, and logging's search of the stack for it
+            # (findCaller) costs more than the rest of the line
+            log.handle(log.makeRecord(log.name, logging.INFO, __file__, _LOG_LINE_AT, "%s",
+                                      (format_log_line(s, with_device=self._per_device),), None, "step"))
         if not self._alerting:
             return _EMPTY
         phase = self._phase
@@ -615,6 +619,18 @@ class Monitor:
                 r.update = _off
         return d
 
+    def firing(self) -> list[tuple[str, str, Severity]]:
+        """The alerts firing now, as (device, rule, severity): what a rewind closes, what marks a checkpoint."""
+        return [(d.name, r.name, r.gate.firing) for d in self._devices.values() for r in d.rules
+                if r.gate.firing is not None]
+
+    def recent(self, device: str | None = None) -> list[Sample]:
+        """The recent samples of `device` (None: the default one), oldest first: the chart's window."""
+        d = self._devices.get(self.default_device if device is None else device)
+        if d is None and device is None and self._devices:  # one device tracked for all (per_device_metrics off)
+            d = next(iter(self._devices.values()))
+        return list(d.recent) if d is not None else []
+
     def note_lr_change(self) -> None:
         """The LR was changed on purpose (scale_lr): the LR rule must not call the next move a bug."""
         for d in self._devices.values():
@@ -666,6 +682,7 @@ class Monitor:
         self.close(ended=exc[0] is None)
 
 
+_LOG_LINE_AT = Monitor._sample.__code__.co_firstlineno
 STATE_FORMAT = "msmon.monitor.state"
 STATE_VERSION = 1
 _TIMING = ("prev_t", "prev_step", "max_dt", "last_t", "last_step", "tokens", "samples", "acc_loss", "acc_n",
@@ -698,12 +715,7 @@ def _off(s: Sample, p: RuleParams) -> Finding | None:
 
 
 def _action_dict(a: ActionConfig) -> dict[str, object]:
-    out: dict[str, object] = {"action": a.action}
-    if a.factor is not None:
-        out["factor"] = a.factor
-    if a.timeout is not None:
-        out["timeout"] = a.timeout
-    return out
+    return a.params()
 
 
 def _log_event(ev: Event) -> None:

@@ -50,6 +50,7 @@ from msmon.contract.wire import (
     Heartbeat,
     Poll,
     PollAnswer,
+    RingCheckpoint,
     Sample,
     Severity,
     decode,
@@ -317,9 +318,12 @@ class BotTransport:
         self.world = world if world is None or 1 <= world <= 2**31 else None
         self.host = (socket.gethostname() if host is None else host)[:256]
         # This process's own start (a nonce) and its heartbeats' numbers: the bot tells a re-run (a new attempt)
-        # from a late message of this one, and a heartbeat overtaken in flight from a newer one (bot/lifecycle.py).
+        # from a late message of this one, and a heartbeat overtaken in flight from a newer one (bot/runs/lifecycle.py).
         self.proc = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._seq = itertools.count(1)
+        # The health checkpoints and the attempt (notifier/control.py sets them; a rewind also renews `proc`)
+        self.checkpoints: list[RingCheckpoint] | None = None
+        self.attempt: int | None = None
         # Every wait a thread makes is bounded here, whoever built the transport: Event.wait(1e12) raises
         # OverflowError in the thread, and a poll wait the bot refuses would end chat commands.
         heartbeat_interval = _bounded("heartbeat_interval", heartbeat_interval, 0.05, 3600.0, 5.0)
@@ -693,7 +697,8 @@ class BotTransport:
         return Heartbeat(run_id=self.run_id, device=self.device, time=self._clock(), step=self.last_step,
                          paused=self.paused, host=self.host, pid=os.getpid(),
                          total_steps=self.total_steps, target_loss=self.target_loss, project=self.project,
-                         rank=self.rank, world=self.world, proc=self.proc, seq=next(self._seq))
+                         rank=self.rank, world=self.world, proc=self.proc, seq=next(self._seq),
+                         checkpoints=self.checkpoints, attempt=self.attempt)
 
     def _beat_loop(self) -> None:
         while not self._stop_beats.wait(max(self.heartbeat_interval, 0.05)):

@@ -22,6 +22,7 @@ class Param:
     doc: str
     required: bool = False
     example: str = ""
+    rule_key: bool = True  # a rule's `actions:` entry may set it (False: the job or the bot fills it in)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,21 @@ class Action:
 _TIMEOUT = Param("timeout", "seconds before the pause ends by itself (none: waits for a resume)", example="600")
 _FACTOR = Param("factor", "the LR multiplier", required=True, example="0.5")
 _RULE = Param("rule", "the rule whose levels change", required=True, example="grad_norm")
+# rewind's parameters. `before` and `alert` are filled in by the job when a rule's `actions:` asks for a rewind (the
+# step the rule fired at, and the rule); `attempt` is the run's attempt the alert was raised in (a rewind asked for
+# in an attempt already rewound is moot): the same on every rank, so every rank decides the same.
+_REWIND = (
+    Param("to", "the step to go back to: the newest healthy checkpoint at or before it", example="41000",
+          rule_key=False),
+    Param("before", "go back to the newest healthy checkpoint before this step (the alert's first step)",
+          example="41200", rule_key=False),
+    Param("skip", "batches to skip after the checkpoint's data position (none: every batch read since the "
+                  "checkpoint, nothing is read twice)", example="300"),
+    Param("alert", "the rule whose alert asked for the rewind (its episode is closed as rewound)",
+          example="loss_spike", rule_key=False),
+    Param("attempt", "the run's attempt the alert was raised in (a rewind from an attempt already rewound is "
+                     "moot)", example="0", rule_key=False),
+)
 
 ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("pause", (_TIMEOUT,), chat=True, automatic=True, usage="pause <run>",
@@ -70,6 +86,15 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("scale_lr", (_FACTOR,), chat=True, automatic=True, usage="scale-lr <run> <factor>",
            summary="multiply the learning rate by a factor in (0, 100]", example="scale-lr run-42 0.5",
            aliases=("lr",)),
+    # Chat verbs once the bot's parser reads them (bot/commands/parse.py); a rule's `actions:` and `msmon cmd` now.
+    Action("rewind", _REWIND, automatic=True, usage="rewind <run> [to <step>|before-alert] [skip <N>]",
+           summary="load a healthy checkpoint on every rank at one step and skip the batches after it",
+           example="rewind run-42 before-alert skip 300"),
+    Action("clip_grad", (Param("max_norm", "the global grad norm gradients are clipped to (0: no clipping)",
+                               required=True, example="1.0"),),
+           automatic=True, usage="clip-grad <run> <max_norm|off>",
+           summary="clip the global grad norm from the next step on (off: no clipping)",
+           example="clip-grad run-42 1.0"),
     Action("stop", chat=True, automatic=True, usage="stop <run> [confirm]",
            summary="checkpoint, then stop; asks for confirmation (`stop <run> confirm` confirms)",
            example="stop run-42 confirm"),

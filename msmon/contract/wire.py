@@ -205,6 +205,20 @@ class PollAnswer(msgspec.Struct, kw_only=True):
     cursor: int = 0
 
 
+MAX_RING = 64  # health checkpoints a heartbeat lists (the job keeps checkpoint_ring.keep of them, plus one)
+
+
+class RingCheckpoint(msgspec.Struct, kw_only=True):
+    """One health checkpoint the job keeps (notifier/checkpoints.py): its step, when it was written, whether the
+    rules judged its step healthy ("pending", "healthy", "unhealthy") and why, the run's attempt it was written in."""
+
+    step: Step
+    time: float
+    health: Id
+    why: Annotated[str, msgspec.Meta(max_length=512)] = ""
+    attempt: Count = 0
+
+
 class Heartbeat(msgspec.Struct, kw_only=True):
     """Sent every few seconds by a job's transport thread: alive, and at which step."""
 
@@ -228,6 +242,10 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     world: Annotated[int, msgspec.Meta(ge=1, le=2**31)] | None = None
     proc: Id = ""
     seq: Count | None = None
+    # The job's health checkpoints, oldest first (None: it keeps none, or an older notifier), and its attempt: the
+    # rewinds applied so far (a rewind makes the run's next attempt without a new process).
+    checkpoints: Annotated[list[RingCheckpoint], msgspec.Meta(max_length=MAX_RING)] | None = None
+    attempt: Count | None = None
 
 
 class Envelope(msgspec.Struct, kw_only=True):

@@ -152,8 +152,9 @@ class CsvConfig:
     path: str = _field("./msmon_logs/{run_id}.csv", "file; {run_id} and {device} are filled in")
 
 
-# What the actions a rule may run take (timeout, factor): each is a key of an `actions:` entry.
-_ACTION_PARAMS = tuple(dict.fromkeys(p.name for a in AUTOMATIC for p in ACTIONS[a].params))
+# What the actions a rule may run take (timeout, factor, skip, max_norm): each is a key of an `actions:` entry. The
+# parameters the job fills in itself (a rewind's alert step) are not keys.
+_ACTION_PARAMS = tuple(dict.fromkeys(p.name for a in AUTOMATIC for p in ACTIONS[a].params if p.rule_key))
 
 
 @dataclasses.dataclass
@@ -166,6 +167,19 @@ class ActionConfig:
     factor: float | None = _field(None, "scale_lr only: the LR multiplier", gt=0, le=100)
     timeout: float | None = _field(None, "pause only: seconds before resuming by itself", gt=0,
                                    le=30 * DAY)
+    skip: int | None = _field(None, "rewind only: batches skipped after the checkpoint's data position (null: those "
+                                    "read since the checkpoint, so nothing is read twice)", ge=0, le=STEPS)
+    max_norm: float | None = _field(None, "clip_grad only: the global grad norm to clip to (0: no clipping)", ge=0,
+                                    le=1e12)
+
+    def params(self) -> dict[str, object]:
+        """The action's entry as the job queues it: {"action": ..., and each parameter set}."""
+        out: dict[str, object] = {"action": self.action}
+        for key in _ACTION_PARAMS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
 
     def check(self) -> Iterator[tuple[str, str]]:
         if self.rule != "*" and self.rule not in RULES:
@@ -184,6 +198,42 @@ class ActionConfig:
             if param is None and getattr(self, key) is not None:
                 takers = " or ".join(a for a in AUTOMATIC if ACTIONS[a].param(key))
                 yield key, f"only {takers} takes a {key}, not {self.action}"
+
+
+@dataclasses.dataclass
+class CheckpointRingConfig:
+    """Health checkpoints: the last few checkpoints the job writes by itself, each marked healthy or not by what
+    the rules said about its step; what `rewind` loads (docs/rewind.md)."""
+
+    enable: bool = _field(False, "write health checkpoints (MonitorCallback, or JobControl.step_end in a custom loop)")
+    every_steps: int | None = _field(None, "write one at every step that is a multiple of this (null: by minutes "
+                                           "only; neither set: every 100 steps)", ge=1, le=STEPS)
+    every_minutes: float | None = _field(None, "write one when this many minutes passed since the last (single-"
+                                               "process runs: ranks must save at the same steps, so a multi-rank run "
+                                               "needs every_steps)", gt=0, le=30 * 24 * 60)
+    keep: int = _field(5, "checkpoints kept (plus the newest healthy one, when it is older than all of them)", ge=1,
+                       le=1000)
+    dir: str = _field("./msmon_ring", "folder of the ring's files; {run_id} and {device} are filled in (as safe "
+                                      "names)")
+    confirm_steps: int = _field(50, "steps after a checkpoint without an alert before it counts as healthy", ge=0,
+                                le=STEPS)
+    suspect_steps: int = _field(20, "an alert at step A makes the checkpoints from step A - suspect_steps on "
+                                    "unhealthy (the trouble starts before the rules see it)", ge=0, le=STEPS)
+    unhealthy_on: Literal["WARNING", "ERROR"] = _field("ERROR", "the alert severity that marks checkpoints unhealthy")
+
+
+@dataclasses.dataclass
+class RewindConfig:
+    """The guard against rewind loops, and what a rewind reports (docs/rewind.md)."""
+
+    max_rewinds: int = _field(3, "rewinds a run may make (per process); a rule's rewind after that escalates",
+                              ge=0, le=10_000)
+    min_steps_between: int = _field(200, "steps trained (redone ones included) between two rewinds; a rule's rewind "
+                                         "sooner escalates", ge=0, le=STEPS)
+    escalate: Literal["pause", "stop", "none"] = _field(
+        "pause", "what a rule's rewind over the budget does instead (none: nothing, the alert stands)")
+    report_after: int = _field(100, "steps after a rewind at which the job reports the loss against the pre-fault "
+                                    "curve", ge=1, le=STEPS)
 
 
 @dataclasses.dataclass
@@ -259,4 +309,6 @@ class MonitorConfig:
     tensorboard: TensorBoardConfig = _field(TensorBoardConfig(), "TensorBoard output")
     csv: CsvConfig = _field(CsvConfig(), "CSV output")
     actions: list[ActionConfig] = _field([], "automatic job actions")
+    checkpoint_ring: CheckpointRingConfig = _field(CheckpointRingConfig(), "health checkpoints (what rewind loads)")
+    rewind: RewindConfig = _field(RewindConfig(), "rewind budget and report")
     bot: BotConfig = _field(BotConfig(), "the msmon bot")

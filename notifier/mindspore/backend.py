@@ -1,8 +1,15 @@
-"""`MindSporeBackend`: what JobControl's checkpoint, scale_lr and stop do in a MindSpore training.
+"""`MindSporeBackend`: what JobControl's checkpoint, scale_lr, rewind, clip_grad and stop do in a MindSpore training.
 
     backend = MindSporeBackend("./checkpoints")
-    backend.bind(net, optimizer)  # MonitorCallback does this at on_train_begin
+    backend.bind(net, optimizer)  # MonitorCallback does this at on_train_begin (with the dataset)
     control = JobControl(monitor, backend)
+
+A rewind (docs/rewind.md) reads the checkpoint and checks it against the train network before anything changes
+(`read_checkpoint`), moves the data (`seek_data`: MindSpore's own in-process dataset reset, the one its training
+recovery uses, so the batches already prefetched are dropped and the next one read is the one asked for), then
+assigns every parameter of the train network: the weights, the optimizer's moments and step counter (the LR
+schedule's position), the loss-scale cell's scale and counters. msmon's own live settings (the LR scale of
+ScalableLR, the clip norm) are kept as they are now: a setting an operator chose as a remedy survives the rewind.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 import mindspore as ms
+import numpy as np
+from mindspore import ops
 
 from msmon.common.safenames import inside
 
@@ -31,26 +40,120 @@ class MindSporeBackend:
         self._handles: list[LrHandle] | None = None  # the optimizer's LRs, made once (a list LR is kept on the host)
         self.on_saved: Callable[[str], object] | None = None  # told each checkpoint written (MonitorCallback saves
         # the monitor's state next to it)
+        self.dataset: Any = None  # the training dataset, whose iterator seek_data resets
+        self._shift = 0  # data position - MindSpore's step counter (moved by each seek)
 
-    def bind(self, train_network: Any, optimizer: Any) -> None:
-        """What save_checkpoint saves, and whose LR scale_lr scales."""
+    def bind(self, train_network: Any, optimizer: Any, dataset: Any = None) -> None:
+        """What save_checkpoint saves, whose LR scale_lr scales, and (optional) whose data a rewind moves."""
         self.train_network, self.optimizer = train_network, optimizer
+        self.dataset = dataset
         self._handles = None
+        self._shift = 0
 
     def _lr_handles(self) -> list[LrHandle]:
         if self._handles is None:
             self._handles = lr_handles(self.optimizer)
         return self._handles
 
-    def save_checkpoint(self, step: int, name: str) -> str:
+    def save_checkpoint(self, step: int, name: str, directory: str | None = None) -> str:
         if self.train_network is None:
             raise ActionError("no network to save yet (training has not started)")
-        os.makedirs(self.checkpoint_dir, exist_ok=True)
-        path = inside(self.checkpoint_dir, f"{name}.ckpt")  # whatever `name` holds, the file stays in the folder
+        folder = self.checkpoint_dir if directory is None else directory
+        os.makedirs(folder, exist_ok=True)
+        path = inside(folder, f"{name}.ckpt")  # whatever `name` holds, the file stays in the folder
         ms.save_checkpoint(self.train_network, path)
         if self.on_saved is not None:
             self.on_saved(path)
         return path
+
+    # -- rewind ---------------------------------------------------------------------------------
+
+    def read_checkpoint(self, path: str) -> dict[str, Any]:
+        """The checkpoint's values by parameter name, checked against the train network: every parameter there,
+        with its shape and type. Changes nothing; ActionError says what does not match."""
+        net = self.train_network
+        if net is None:
+            raise ActionError("no network to load into yet (training has not started)")
+        try:
+            saved = ms.load_checkpoint(path)
+        except Exception as exc:  # noqa: BLE001 - a damaged or missing file: refused, nothing changed
+            raise ActionError(f"the checkpoint {path} does not load ({type(exc).__name__}: {exc}); nothing was "
+                              "changed") from exc
+        out: dict[str, Any] = {}
+        for p in net.get_parameters():
+            if p.name.startswith("msmon_"):
+                continue  # msmon's live settings stay as they are
+            v = saved.get(p.name)
+            if v is None:
+                raise ActionError(f"the checkpoint {path} has no {p.name}: it is not this network's; nothing was "
+                                  "changed")
+            if tuple(v.shape) != tuple(p.shape) or v.dtype != p.dtype:
+                raise ActionError(f"the checkpoint's {p.name} is {v.dtype}{tuple(v.shape)}, the network's "
+                                  f"{p.dtype}{tuple(p.shape)}; nothing was changed")
+            out[p.name] = v
+        return out
+
+    def restore(self, loaded: dict[str, Any]) -> str:
+        """Assign every checked value (ops.assign: what a compiled step sees; set_data would not reach it)."""
+        net = self.train_network
+        n = 0
+        for p in net.get_parameters():
+            v = loaded.get(p.name)
+            if v is not None:
+                ops.assign(p, ms.Tensor(v.asnumpy()))
+                n += 1
+        self._handles = None
+        return f"{n} parameters restored (weights, optimizer state and step, loss scale)"
+
+    def data_position(self, run_context: Any) -> int | None:
+        if run_context is None:
+            return None
+        return int(run_context.original_args().cur_step_num) + self._shift
+
+    def _iterator(self) -> Any:
+        from mindspore.dataset.engine import iterators
+
+        ds = self.dataset
+        for ref in reversed(iterators.ITERATORS_LIST):
+            it = ref()
+            if it is not None and ds is not None and getattr(it, "_Iterator__ori_dataset", None) is ds:
+                return it
+        return None
+
+    def seek_data(self, position: int, run_context: Any) -> str:
+        it = self._iterator()
+        if it is None or not hasattr(it, "_reset"):
+            raise ActionError("the training dataset's iterator was not found, so its position cannot move (dataset "
+                              "sink mode, or a loop that is not Model.train); nothing was changed")
+        if getattr(run_context.original_args(), "dataset_sink_mode", False):
+            raise ActionError("cannot move the data position in dataset sink mode; nothing was changed")
+        size = int(self.dataset.get_dataset_size())
+        it._reset(position, size)  # MindSpore's in-process recovery reset: the prefetched batches are dropped
+        self._shift = position - int(run_context.original_args().cur_step_num)
+        return f"data moved to batch {position:,}"
+
+    def delete_checkpoint(self, path: str) -> None:
+        if os.path.exists(path):
+            os.remove(path)
+
+    def clip_grad(self, max_norm: float) -> str:
+        net = self.train_network
+        param = getattr(net, "msmon_clip_norm", None)
+        if param is None:
+            raise ActionError("clip-grad needs msmon's train cells (notifier.mindspore.TrainStepWithGradNorm or "
+                              "TrainStepWithGradNormLossScale), which clip inside the compiled step")
+        before = float(param.asnumpy())
+        ops.assign(param, ms.Tensor(np.float32(max_norm)))
+        was = f"global norm {before:g}" if before > 0 else "off"
+        now = f"global norm {max_norm:g}" if max_norm > 0 else "off"
+        return f"grad clipping {was} -> {now} from the next step"
+
+    def agree(self, value: int) -> tuple[int, int]:
+        """The least and the greatest `value` over every rank (two all-reduces): ranks decide a rewind together."""
+        t = ms.Tensor(np.array([value], np.int32))
+        low = int(ops.AllReduce(ops.ReduceOp.MIN)(t).asnumpy()[0])
+        high = int(ops.AllReduce(ops.ReduceOp.MAX)(t).asnumpy()[0])
+        return low, high
 
     def scale_lr(self, factor: float) -> str:
         opt = self.optimizer

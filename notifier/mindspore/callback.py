@@ -249,7 +249,8 @@ class MonitorCallback(Callback):  # type: ignore[misc]
 
     def on_train_begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
-        self.backend.bind(cb.train_network, find_optimizer(cb))
+        self.backend.bind(cb.train_network, find_optimizer(cb), getattr(cb, "train_dataset", None))
+        self.control.on_rewind = self._rewound  # a rewind renumbers the steps from the checkpoint's
         self.control.listen()  # chat commands, applied at step boundaries
         first = int(getattr(cb, "initial_step", 0) or 0)
         resumed = self._resumed_at
@@ -295,6 +296,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
                 self._kept = kept
             else:
                 self._report(kept, step)
+        self.control.step_end(step, run_context)  # health checkpoints (docs/rewind.md): a few comparisons when none
         if self.control.has_pending:
             self._flush(step)  # an action syncs the device anyway, and a pause must not split a step from its report
             self.control.apply(step, run_context)
@@ -359,6 +361,14 @@ class MonitorCallback(Callback):  # type: ignore[misc]
                 self.on_event(ev)
             except Exception:  # noqa: BLE001
                 log.exception("msmon: on_event hook failed")
+
+    def _rewound(self, from_step: int, to_step: int, entry: Any) -> None:
+        """JobControl rewound from `from_step` to the checkpoint of `to_step`: MindSpore's counter goes on, msmon
+        numbers the steps on from the checkpoint's."""
+        self._offset -= from_step - to_step
+        self._last_step = to_step
+        self._kept = None
+        self._ended = None
 
     # -- resuming ------------------------------------------------------------------------------
 

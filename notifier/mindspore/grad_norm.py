@@ -63,18 +63,50 @@ def _clip(grads: Any, norm: Any, clip_norm: float) -> Any:
     return tuple(g * factor.astype(g.dtype) for g in grads)
 
 
+def clip_live(grads: Any, norm: Any, clip: Any) -> Any:
+    """Gradients scaled down to the global norm `clip` (a Parameter that `clip-grad` changes while training runs;
+    0: no clipping, the factor is 1). Usable inside `ms.jit`: a custom loop passes `GradClip().value`."""
+    factor = ops.where(clip > 0, clip / ops.maximum(norm, clip), ops.ones_like(norm))
+    return tuple(g * factor.astype(g.dtype) for g in grads)
+
+
+def _clip_param(clip_norm: float | None) -> Any:
+    return ms.Parameter(ms.Tensor(float(clip_norm or 0.0), ms.float32), name="msmon_clip_norm", requires_grad=False)
+
+
+class GradClip:
+    """The clip norm of a custom loop, changeable while it trains (`clip-grad <run> <max_norm>`): pass `value` to
+    `clip_live` inside the compiled step, and the holder to your backend's `clip_grad` (examples/custom_loop.py)."""
+
+    def __init__(self, max_norm: float | None = None) -> None:
+        self.value = _clip_param(max_norm)
+
+    def set(self, max_norm: float) -> str:
+        before = float(self.value.asnumpy())
+        ops.assign(self.value, ms.Tensor(float(max_norm), ms.float32))  # set_data would not reach a compiled step
+        was = f"global norm {before:g}" if before > 0 else "off"
+        now = f"global norm {max_norm:g}" if max_norm > 0 else "off"
+        return f"grad clipping {was} -> {now} from the next step"
+
+
 class TrainStepWithGradNorm(nn.TrainOneStepCell):  # type: ignore[misc]
     """`nn.TrainOneStepCell` that also returns the global grad norm (before clipping) and the LR.
 
-    `clip_norm`: if set, gradients are scaled down to that global norm before the update.
+    `clip_norm`: if set, gradients are scaled down to that global norm before the update. `runtime_clip` (the
+    default): the clip norm is the Parameter `msmon_clip_norm` (0: off), which `clip-grad` changes while training
+    runs, at the cost of one multiply per gradient each step; False: `clip_norm` is compiled in as a constant.
     Outputs `(loss, overflow=False, scaling_sens=1.0, lr, global_norm, metrics)`; without `metrics`
     when `packed=False`.
     """
 
-    def __init__(self, network: Any, optimizer: Any, clip_norm: float | None = None, packed: bool = True) -> None:
+    def __init__(self, network: Any, optimizer: Any, clip_norm: float | None = None, packed: bool = True,
+                 runtime_clip: bool = True) -> None:
         super().__init__(network, optimizer)
         self.clip_norm = clip_norm
         self.packed = packed
+        self.runtime_clip = runtime_clip
+        if runtime_clip:
+            self.msmon_clip_norm = _clip_param(clip_norm)
         self.one = ms.Tensor(1.0, ms.float32)
         self.no_overflow = ms.Tensor(False, ms.bool_)
 
@@ -84,7 +116,9 @@ class TrainStepWithGradNorm(nn.TrainOneStepCell):  # type: ignore[misc]
         local = global_norm(grads) if self.reducer_flag else None  # data parallel: this rank's own, no collective
         grads = self.grad_reducer(grads)
         norm = global_norm(grads)
-        if self.clip_norm is not None:
+        if self.runtime_clip:
+            grads = clip_live(grads, norm, self.msmon_clip_norm)
+        elif self.clip_norm is not None:
             grads = _clip(grads, norm, self.clip_norm)
         lr = self.optimizer.get_lr()
         loss = ops.depend(loss, self.optimizer(grads))
@@ -99,10 +133,13 @@ class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type:
     `packed=False`."""
 
     def __init__(self, network: Any, optimizer: Any, scale_sense: Any, clip_norm: float | None = None,
-                 packed: bool = True) -> None:
+                 packed: bool = True, runtime_clip: bool = True) -> None:
         super().__init__(network, optimizer, scale_sense)
         self.clip_norm = clip_norm
         self.packed = packed
+        self.runtime_clip = runtime_clip
+        if runtime_clip:
+            self.msmon_clip_norm = _clip_param(clip_norm)
         # MindSpore's overflow status ops exist on Ascend and GPU only; on the CPU a non-finite
         # global norm is the overflow signal (the reduced gradients are the same on every rank).
         self.norm_overflow = ms.get_context("device_target") == "CPU"
@@ -123,7 +160,9 @@ class TrainStepWithGradNormLossScale(nn.TrainOneStepWithLossScaleCell):  # type:
         else:
             cond = self.get_overflow_status(status, grads)
         overflow = self.process_loss_scale(cond)
-        if self.clip_norm is not None:
+        if self.runtime_clip:
+            grads = clip_live(grads, norm, self.msmon_clip_norm)
+        elif self.clip_norm is not None:
             grads = _clip(grads, norm, self.clip_norm)
         lr = self.optimizer.get_lr()
         if not overflow:

@@ -63,7 +63,7 @@ def test_unknown_key_golden(write):
 
 def test_unknown_key_without_close_match_lists_valid_keys():
     msg = error_of({"monitor_config": {"monitor_on": True, "zzz": 1}})
-    assert "monitor_config.zzz: unknown key; valid keys here are actions, alert, bot, csv" in msg
+    assert "monitor_config.zzz: unknown key; valid keys here are actions, alert, bot, checkpoint_ring, csv" in msg
 
 
 def test_synonym_suggestion():

@@ -350,7 +350,7 @@ def test_typos_get_did_you_mean_against_both_vocabularies(write, typo, hint):
 
 def test_an_unknown_key_lists_both_vocabularies(write):
     msg = error_of(write, "monitor_config: {zzz: 1}\n")
-    assert "unknown key; valid keys here are actions, alert, bot, csv" in msg
+    assert "unknown key; valid keys here are actions, alert, bot, checkpoint_ring, csv" in msg
     assert "(msmon's) and check_for_global_norm, device_local_loss_format" in msg
 
 
