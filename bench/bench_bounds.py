@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_bounds.py [--devices 2000] [--runs 100000] [--requests 300]
 
-1. Memory: the real ingest path (bot/ingest.py: the store row, the metric ring per device, the device
+1. Memory: the real ingest path (bot/ingest/envelope.py: the store row, the metric ring per device, the device
    gate) takes one envelope of one sample from each of `devices` devices of one run, with the default
    bot.window_samples (600); tracemalloc counts what stays allocated. Prints bytes per device.
 2. /healthz: a store of `runs` runs (inserted directly), the real bot served on loopback from it (its
@@ -28,11 +28,11 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bot.config import BotConfig, load_bot_config  # noqa: E402
-from bot.ingest import Ingest  # noqa: E402
+from bot.ingest.envelope import Ingest  # noqa: E402
 from bot.metrics import BotMetrics  # noqa: E402
 from bot.server import BotThread  # noqa: E402
-from bot.state import BotState  # noqa: E402
-from bot.store import Store  # noqa: E402
+from bot.shared import BotState  # noqa: E402
+from bot.store.sqlite import Store  # noqa: E402
 from msmon.contract.wire import Envelope, Sample  # noqa: E402
 
 
@@ -71,7 +71,7 @@ def per_run(tmp: str, runs: int) -> float:
 
 
 def alertmanager(tmp: str, alerts: int, runs: int) -> float:
-    from bot.alertmanager_inbound import AlertmanagerInboundHandler, AmAlert
+    from bot.receivers.alertmanager.inbound import AlertmanagerInboundHandler, AmAlert
 
     cfg = BotConfig(state_path=os.path.join(tmp, "am.sqlite"))
     state = BotState(cfg, Store(cfg.state_path), BotMetrics())
@@ -87,7 +87,7 @@ def alertmanager(tmp: str, alerts: int, runs: int) -> float:
 
 def escalator(tmp: str, firing: int, policy: bool) -> float:
     from bot.escalation.scheduler import Escalator
-    from bot.store import AlertRow
+    from bot.store.sqlite import AlertRow
 
     bot: dict[str, object] = {"state_path": os.path.join(tmp, f"esc-{policy}.sqlite")}
     if policy:

@@ -6,7 +6,7 @@
    times as many samples again (bounded by configuration, not by run length).
 2. latency from an ERROR's arrival to the Slack API call (slack-sdk against the local Slack API
    server, charts off, rate limits opened), p50/p99, while 1000 events/s arrive;
-3. events/s through the whole ingest (bot/ingest.py: the stages of bot/pipeline, outbox commit), batched
+3. events/s through the whole ingest (bot/ingest/envelope.py: the stages of bot/pipeline, outbox commit), batched
    (100 events per request) and single-event requests, each as a ratio to a bare aiohttp handler
    that accepts the same requests and does nothing, with the same client in the same run. The
    servers run in this process; the client (8 concurrent senders) in a process of its own, as

@@ -25,8 +25,8 @@ from prometheus_client import generate_latest  # noqa: E402
 
 from bot.config import BotConfig  # noqa: E402
 from bot.metrics import BotMetrics  # noqa: E402
-from bot.state import BotState  # noqa: E402
-from bot.store import AlertRow, Store  # noqa: E402
+from bot.shared import BotState  # noqa: E402
+from bot.store.sqlite import AlertRow, Store  # noqa: E402
 from msmon.contract.wire import Sample  # noqa: E402
 
 

@@ -19,7 +19,7 @@ Replicas are `msmon serve`-like processes (the real `create_app`, one aiohttp se
 route that reports the latencies); the ranks are simulated by one asyncio process (aiohttp to the
 replicas' HTTP, round robin: the load balancer; one nats-py connection publishing to JetStream with a
 message id, as `notifier.nats_transport` does). Two replicas need a store they can share: pass the
-PostgreSQL store's bot.yaml keys with --store-json (bot/stores, issue 18); with SQLite only one replica
+PostgreSQL store's bot.yaml keys with --store-json (bot/store, issue 18); with SQLite only one replica
 is measured. On a shared machine the rank simulator competes with the replicas for the CPU: the
 figures are a floor.
 """
@@ -57,7 +57,7 @@ def replica(config: dict[str, Any], port: int) -> None:
 
     from aiohttp import web
 
-    import bot.ingest
+    import bot.ingest.envelope
     from bot.app import create_app
     from bot.config import load_bot_config
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_store.py [--seconds 5] [--pg postgresql://postgres@127.0.0.1:5432/test]
 
-The bot's whole ingest path (bot/ingest.py: the run's row, the metric windows, the stages of bot/pipeline,
+The bot's whole ingest path (bot/ingest/envelope.py: the run's row, the metric windows, the stages of bot/pipeline,
 the alert and outbox rows, one transaction per envelope) called as the HTTP handler calls it, on the
 SQLite store (a file in tmp, WAL) and on the PostgreSQL store (psycopg 3's synchronous connection, a
 fresh schema, dropped afterwards). Two mixes of 200 runs x 8 ranks: samples only (what nearly every
@@ -27,10 +27,10 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bot.config import load_bot_config  # noqa: E402
-from bot.ingest import Ingest  # noqa: E402
+from bot.ingest.envelope import Ingest  # noqa: E402
 from bot.metrics import BotMetrics  # noqa: E402
-from bot.state import BotState  # noqa: E402
-from bot.stores import open_store  # noqa: E402
+from bot.shared import BotState  # noqa: E402
+from bot.store import open_store  # noqa: E402
 from msmon.contract.wire import Envelope, Event, Sample, Severity, Status, encode  # noqa: E402
 
 RUNS, RANKS, SAMPLES = 200, 8, 10

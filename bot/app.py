@@ -1,8 +1,8 @@
 """The HTTP service: versioned API (see docs/openapi.yaml), auth, limits, and the background tasks.
 
-A handler decodes, authorizes, hands the request to the ingest (bot/ingest.py), the command service
+A handler decodes, authorizes, hands the request to the ingest (bot/ingest/envelope.py), the command service
 (bot/commands/service.py) or the jobs' side of commands (bot/commands/jobs.py) and encodes the answer;
-all of them work on the one `BotState` built here. Slack's own routes are bot/slack_inbound.py.
+all of them work on the one `BotState` built here. Slack's own routes are bot/chat/slack/inbound.py.
 Every malformed request gets a 4xx with a reason; a 5xx only ever means a bug (it is logged).
 """
 
@@ -23,38 +23,36 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
-from bot import nflog
-from bot.alertmanager_inbound import ROUTE as ALERTMANAGER_ROUTE
-from bot.alertmanager_inbound import add_alertmanager_route
-from bot.chart_links import add_chart_route, chart_links
+from bot.charts.links import add_chart_route, chart_links
 from bot.commands import jobs
 from bot.commands.origin import Origin
 from bot.commands.service import CommandService, view
 from bot.config import BotConfig
-from bot.deadlines import read_body
-from bot.delivery import Policy
-from bot.devices import TooManyDevices
-from bot.digest import DigestReceiver, Digests
-from bot.dingtalk_inbound import add_dingtalk_routes
+from bot.delivery import nflog
+from bot.delivery.digest import DigestReceiver, Digests
+from bot.delivery.worker import Lane, Outbox
 from bot.escalation.scheduler import AckLinks, Escalator
-from bot.feishu_inbound import add_feishu_routes
-from bot.ingest import Ingest
+from bot.ingest.deadlines import read_body
+from bot.ingest.envelope import Ingest
+from bot.ingest.overload import Level, Median
+from bot.ingest.runs import keyed
+from bot.ingest.watchdog import Watchdog
+from bot.integration import Context, Integration, Task
+from bot.integrations import chat_integrations
 from bot.metrics import BotMetrics, project_runs
-from bot.outbox import Lane, Outbox
-from bot.overload import Level, Median
 from bot.pipeline.ratelimit import RateLimiter
+from bot.pipeline.schedule import Policy
 from bot.ranks.watch import RankWatch
 from bot.receivers import Receiver
-from bot.receivers.alertmanager import interop_receivers
+from bot.receivers.alertmanager.inbound import ROUTE as ALERTMANAGER_ROUTE
+from bot.receivers.alertmanager.inbound import add_alertmanager_route
+from bot.receivers.alertmanager.receiver import interop_receivers
 from bot.receivers.console import ConsoleReceiver, save_status_chart
-from bot.receivers.im import im_receivers
 from bot.receivers.render import escape_html
-from bot.runs import keyed
-from bot.slack_inbound import add_slack_routes
-from bot.state import BotState
-from bot.store import Store
-from bot.stores import open_store
-from bot.watchdog import Watchdog
+from bot.runs.devices import TooManyDevices
+from bot.shared import BotState
+from bot.store import open_store
+from bot.store.sqlite import Store
 from bot.web import add_console_routes, console_link
 from msmon.contract.wire import ActionRequest, Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
 
@@ -257,12 +255,12 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 def _ended(request: web.Request, beats: list[Heartbeat]) -> None:
     """A final heartbeat: the rank ended normally (the watchdog raises nothing for it after this); the
-    run's attempt ends when every rank did (bot/runs.py)."""
+    run's attempt ends when every rank did (bot/ingest/runs.py)."""
     runs_ended(request.app[INGEST], beats)
 
 
 def runs_ended(ingest: Ingest, beats: list[Heartbeat]) -> None:
-    """`_ended` for any edge (bot/nats_ingest.py too)."""
+    """`_ended` for any edge (bot/ingest/nats.py too)."""
     ingest.runs.ended(beats)
 
 
@@ -352,7 +350,7 @@ def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> 
         view["latest"] = {dev: msgspec.to_builtins(s) for dev, s in windows.latest(r["run_id"]).items()}
         view["alerts"] = store.alerts(r["run_id"])
         view["actions"] = [msgspec.to_builtins(a) for a in windows.actions.get(r["run_id"], [])]
-        view["attempts"] = store.attempts.of(r["run_id"])  # the earlier attempts' history (bot/runs.py)
+        view["attempts"] = store.attempts.of(r["run_id"])  # the earlier attempts' history (bot/ingest/runs.py)
     finite: dict[str, Any] = tag_nonfinite(view)
     return finite
 
@@ -501,26 +499,18 @@ def _ack_links(cfg: BotConfig) -> AckLinks | None:
     return AckLinks(key.encode(), cfg.email.ack_link_ttl) if key else None
 
 
-def build_receivers(cfg: BotConfig) -> dict[str, Receiver]:
+def build_receivers(cfg: BotConfig, chat: list[Integration] | None = None,
+                    clock: Callable[[], float] = time.time) -> dict[str, Receiver]:
+    """The console, each chat platform's receiver its routes use (bot/integrations.py), and the Alertmanager and
+    webhook receivers the routes use."""
     receivers: dict[str, Receiver] = {
         "console": ConsoleReceiver(cfg.console.charts_dir if cfg.console.charts else None)}
-    if any(r.receiver == "slack" for r in cfg.routes):
-        token = os.environ.get(cfg.slack.token_env)
-        if not token:
-            log.error("msmon bot: routes use slack but the environment variable %s is empty: Slack messages wait "
-                      "in the outbox until the bot runs with a token", cfg.slack.token_env)
-        from bot.receivers.slack import SlackReceiver
-
-        receivers["slack"] = SlackReceiver(token or "", cfg.slack.base_url, cfg.slack.max_retries, cfg.console.charts,
-                                          cfg.slack.timeout)
-    if cfg.matrix.homeserver:
-        from bot.receivers.matrix import MatrixReceiver
-
-        mx = cfg.matrix
-        receivers["matrix"] = MatrixReceiver(mx.homeserver, mx.user_id, os.environ.get(mx.token_env, ""), mx.timeout,
-                                             cfg.console.charts)
+    ctx = Context(cfg, clock)
+    for integration in chat if chat is not None else chat_integrations():
+        receiver = integration.receiver(ctx)
+        if receiver is not None:
+            receivers[integration.name] = receiver
     receivers.update(interop_receivers(cfg))  # alertmanager, alertmanager_api, webhook (the routes that use them)
-    receivers.update(im_receivers(cfg))  # feishu, dingtalk, wecom (the routes that use them)
     return receivers
 
 
@@ -550,7 +540,7 @@ LAG_SAMPLES = 40  # the signal is the median of the last 40 (2 s when on time): 
 
 
 async def watch_lag(ingest: Ingest, metrics: BotMetrics, stop: asyncio.Event, period: float = LAG_PERIOD) -> None:
-    """How late the event loop runs a timer sets what the ingest sheds (bot/overload.py); a change of level is
+    """How late the event loop runs a timer sets what the ingest sheds (bot/ingest/overload.py); a change of level is
     logged once, with what was shed in the last minute (never a line per request)."""
     loop = asyncio.get_running_loop()
     overload, median = ingest.overload, Median(LAG_SAMPLES)
@@ -567,7 +557,7 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                receivers: dict[str, Receiver] | None = None, delivery: Policy | None = None,
                escalation_period: float = 1.0) -> web.Application:
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard, read_body(cfg.read_timeout)])
-    store = open_store(cfg)  # SQLite (bot.state_path) or PostgreSQL (bot.store.url), migrated (bot/stores)
+    store = open_store(cfg)  # SQLite (bot.state_path) or PostgreSQL (bot.store.url), migrated (bot/store)
     m = BotMetrics()
     state = BotState(cfg, store, m, clock)
     m.watch(state)  # per-run gauges and delivery figures at /metrics
@@ -576,7 +566,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
         dc = cfg.delivery
         delivery = Policy(base=dc.backoff_base, cap=dc.backoff_max, max_attempts=dc.max_attempts,
                           max_error_attempts=dc.max_error_attempts, max_retry_after=dc.max_retry_after)
-    receivers = _extra_receivers(cfg, receivers or build_receivers(cfg), store, clock)
+    chat = chat_integrations()  # Slack, Matrix, Feishu, DingTalk, WeCom (bot/integrations.py)
+    receivers = _extra_receivers(cfg, receivers or build_receivers(cfg, chat), store, clock)
     outbox = Outbox(store, receivers, RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock,
                     policy=delivery, lane=Lane("email", only=False))
     mailbox = Outbox(store, receivers, RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock,
@@ -615,10 +606,10 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/commands/poll", poll_commands)
     app.router.add_post("/v1/actions/request", rule_action)
     app.router.add_get("/v1/outbox/dead", dead_letters)
-    inbound = add_slack_routes(app, cfg, svc, clock)
-    add_feishu_routes(app, cfg, svc, clock)  # POST /feishu/events (bot/feishu_inbound.py)
-    add_dingtalk_routes(app, cfg, svc, clock)  # POST /dingtalk/callback (bot/dingtalk_inbound.py)
-    add_chart_route(app, chart_links(cfg, clock))  # GET /charts/<signed token> (bot/chart_links.py)
+    ctx = Context(cfg, clock, svc)
+    for integration in chat:  # each platform's way in: /slack/..., /feishu/events, /dingtalk/callback
+        integration.routes(app, ctx)
+    add_chart_route(app, chart_links(cfg, clock))  # GET /charts/<signed token> (bot/charts/links.py)
     add_console_routes(app, cfg, state, svc, app[TOKENS])  # the web console at /console (bot/web/)
     add_alertmanager_route(app, cfg, state, clock)
     app.router.add_get("/ack/{token}", ack_page)
@@ -629,27 +620,15 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     ranks = RankWatch(state.ranks, cfg.ranks, app[INGEST].event, store.run, clock, state.wake_outbox)  # bot/ranks
 
     async def background(app: web.Application) -> Any:
-        bridge = None
-        if cfg.slack.socket_mode:
-            from bot.socket_mode import SocketModeBridge, SocketModeError
-
-            app_token = os.environ.get(cfg.slack.app_token_env, "")
-            bridge = SocketModeBridge(app_token, inbound, cfg.slack.base_url)
-            try:
-                await bridge.start()
-            except SocketModeError as exc:  # alerts still flow; only chat commands are off
-                log.error("msmon bot: Socket Mode did not start (%s); chat commands are OFF until the bot restarts "
-                          "with a working app token (%s)", exc, cfg.slack.app_token_env)
-                bridge = None
-        matrix = None
-        if cfg.matrix.homeserver and cfg.matrix.rooms:
-            from bot.matrix_inbound import MatrixInbound
-
-            matrix = MatrixInbound(cfg.matrix, os.environ.get(cfg.matrix.token_env, ""), svc)
-            await matrix.start()
+        chat_tasks: list[Task] = []  # Slack's Socket Mode, Matrix's /sync loop
+        for integration in chat:
+            task = integration.task(ctx)
+            if task is not None:
+                await task.start()
+                chat_tasks.append(task)
         nats_in = None
-        if cfg.nats.url:  # jobs' envelopes over NATS JetStream too (bot/nats_ingest.py)
-            from bot.nats_ingest import NatsIngest
+        if cfg.nats.url:  # jobs' envelopes over NATS JetStream too (bot/ingest/nats.py)
+            from bot.ingest.nats import NatsIngest
 
             nats_in = NatsIngest(cfg.nats, state, app[INGEST], lambda given: token_holder(app[TOKENS], given),
                                  lambda token, run, claimed: run_owner(store, token, run, claimed),
@@ -665,8 +644,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                  asyncio.create_task(store.listen(state.command_queued, stop))]  # other replicas' commands
         if mailbox is not None:
             tasks.append(asyncio.create_task(mailbox.run(stop)))
-        if "alertmanager_api" in receivers:  # firing alerts pushed again, as Prometheus does (bot/alertmanager_out.py)
-            from bot.alertmanager_out import AlertmanagerRefresh
+        if "alertmanager_api" in receivers:  # firing alerts pushed again, as Prometheus does (alertmanager/push.py)
+            from bot.receivers.alertmanager.push import AlertmanagerRefresh
 
             refresh = AlertmanagerRefresh(state, receivers["alertmanager_api"], cfg.alertmanager.resend_interval)
             tasks.append(asyncio.create_task(refresh.run(stop)))
@@ -675,10 +654,8 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
         if cfg.overload.enable:
             tasks.append(asyncio.create_task(watch_lag(app[INGEST], m, stop)))
         yield
-        if bridge is not None:
-            await bridge.stop()  # first: no command arrives while the rest shuts down
-        if matrix is not None:
-            await matrix.stop()
+        for task in chat_tasks:
+            await task.stop()  # first: no command arrives while the rest shuts down
         if nats_in is not None:
             await nats_in.stop()  # what it took and did not commit goes to another replica after ack_wait
         escalator.stop()

@@ -19,7 +19,7 @@ from msmon.contract.wire import project_problem
 _f = setting
 DAY = 86_400.0
 _MAX_KEPT_SAMPLES = 20_000_000  # window_samples x max_runs: the metric windows' memory, per device of the runs
-_SAMPLE_BYTES = 74  # bot/windows.py: 8 numbers and a step of 8 bytes, 2 bytes of flags
+_SAMPLE_BYTES = 74  # bot/store/windows.py: 8 numbers and a step of 8 bytes, 2 bytes of flags
 _MAX_SECRET_BYTES = 64 << 10  # a token is tens of bytes; `file: /dev/zero` must not hang the bot
 
 
@@ -123,7 +123,7 @@ class Route:
 
 RECEIVERS = ("console", "slack", "digest", "matrix",
              "alertmanager", "alertmanager_api", "webhook",
-             "feishu", "dingtalk", "wecom")  # digest: held for the next digest (bot/digest.py)
+             "feishu", "dingtalk", "wecom")  # digest: held for the next digest (bot/delivery/digest.py)
 
 
 @dataclasses.dataclass
@@ -256,7 +256,7 @@ class SlackConfig:
 
 @dataclasses.dataclass
 class MatrixConfig:
-    """The Matrix receiver and `!msmon` commands (bot/receivers/matrix.py, bot/matrix_inbound.py)."""
+    """The Matrix receiver and `!msmon` commands (bot/chat/matrix/receiver.py, bot/chat/matrix/inbound.py)."""
 
     homeserver: str = _f("", "homeserver URL, e.g. https://matrix.example.org (empty: no Matrix)")
     user_id: str = _f("", "the bot's Matrix user, e.g. @msmon:example.org")
@@ -329,7 +329,7 @@ class RateLimitConfig:
 
 @dataclasses.dataclass
 class DeliveryConfig:
-    """How the outbox retries a message a receiver did not take (bot/delivery.py's Policy)."""
+    """How the outbox retries a message a receiver did not take (bot/pipeline/schedule.py's Policy)."""
 
     backoff_base: float = _f(1.0, "seconds before the first retry (jittered between half and all of it)", ge=0.01,
                              le=3600)
@@ -344,7 +344,7 @@ class DeliveryConfig:
 
 @dataclasses.dataclass
 class OverloadConfig:
-    """What the ingest sheds while the bot falls behind (bot/overload.py): samples, then WARNINGs, never an ERROR."""
+    """What the ingest sheds while the bot falls behind (bot/ingest/overload.py): samples, WARNINGs, never ERRORs."""
 
     enable: bool = _f(True, "shed under overload (false: every envelope is taken whole, however late the bot runs)")
     samples_lag: float = _f(0.01, "seconds late the event loop runs timers (the median of its last 40 lags, sampled "
@@ -457,7 +457,7 @@ class RanksConfig:
 
 @dataclasses.dataclass
 class ChartLinksConfig:
-    """Charts the bot serves behind signed, expiring links (bot/chart_links.py), for the robots that cannot
+    """Charts the bot serves behind signed, expiring links (bot/charts/links.py), for the robots that cannot
     take an image from msmon: a Feishu custom bot (a link in a card), a DingTalk robot (an actionCard)."""
 
     public_url: str | None = _f(None, "the bot's address as people reach it (null: no chart links)")
@@ -470,7 +470,7 @@ class ChartLinksConfig:
 
 @dataclasses.dataclass
 class FeishuConfig:
-    """A Feishu/Lark custom bot (bot/receivers/feishu.py): its webhook URL and signing secret from the environment."""
+    """A Feishu/Lark custom bot (bot/chat/feishu/): its webhook URL and signing secret from the environment."""
 
     webhook_env: str = _f("FEISHU_WEBHOOK_URL", "environment variable with the bot's webhook URL "
                           "(https://open.feishu.cn/open-apis/bot/v2/hook/...)")
@@ -491,7 +491,7 @@ class FeishuConfig:
 
 @dataclasses.dataclass
 class DingTalkConfig:
-    """A DingTalk custom robot (bot/receivers/dingtalk.py); a firing ERROR `at`s the on-call."""
+    """A DingTalk custom robot (bot/chat/dingtalk/receiver.py); a firing ERROR `at`s the on-call."""
 
     webhook_env: str = _f("DINGTALK_WEBHOOK_URL", "environment variable with the robot's webhook URL "
                           "(https://oapi.dingtalk.com/robot/send?access_token=...)")
@@ -511,7 +511,7 @@ class DingTalkConfig:
 
 @dataclasses.dataclass
 class WeComConfig:
-    """A WeCom group robot (bot/receivers/wecom.py): its webhook URL from the environment."""
+    """A WeCom group robot (bot/chat/wecom/receiver.py): its webhook URL from the environment."""
 
     webhook_env: str = _f("WECOM_WEBHOOK_URL", "environment variable with the robot's webhook URL "
                           "(https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=...)")
@@ -521,7 +521,7 @@ class WeComConfig:
 
 @dataclasses.dataclass
 class NatsConfig:
-    """Jobs' envelopes from NATS JetStream (bot/nats_ingest.py), beside HTTP: every replica consumes the one
+    """Jobs' envelopes from NATS JetStream (bot/ingest/nats.py), beside HTTP: every replica consumes the one
     durable consumer, so each envelope is ingested by one of them; command polls on the runs' subjects."""
 
     url: str | None = _f(None, "NATS server(s), e.g. nats://127.0.0.1:4222 (null: HTTP only)")
@@ -555,7 +555,7 @@ class NatsConfig:
 
 @dataclasses.dataclass
 class StoreConfig:
-    """Where the bot keeps its state (bot/stores): unset, the SQLite file bot.state_path; a PostgreSQL URL
+    """Where the bot keeps its state (bot/store): unset, the SQLite file bot.state_path; a PostgreSQL URL
     for several `msmon serve` replicas on one database (README "PostgreSQL and replicas")."""
 
     url: str | None = _f(None, "sqlite:///path/to/file.sqlite or postgresql://user@host:5432/db (the password "

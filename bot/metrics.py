@@ -14,8 +14,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from bot.store import Store
-    from bot.windows import Windows
+    from bot.store.sqlite import Store
+    from bot.store.windows import Windows
 
 
 class BotMetrics:
@@ -85,7 +85,7 @@ class _Collected:
 
 
 class RunSource(Protocol):
-    """What the run collector reads: the bot's metric windows and its SQLite store (bot/state.py)."""
+    """What the run collector reads: the bot's metric windows and its SQLite store (bot/shared.py)."""
 
     @property
     def windows(self) -> Windows: ...

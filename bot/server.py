@@ -24,8 +24,8 @@ from aiohttp import web
 
 from bot.app import STORE, TOKENS, create_app
 from bot.config import BotConfig, load_bot_config
-from bot.deadlines import runner_args
-from bot.stores import StoreUnavailable
+from bot.ingest.deadlines import runner_args
+from bot.store import StoreUnavailable
 from bot.web import announce_console
 from msmon.config.errors import ConfigError
 

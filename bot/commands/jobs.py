@@ -1,6 +1,6 @@
 """The job's side of commands: what the jobs' polls and posts get, what their answers do, and the
 reports that go back to where a command came from. Functions of the shared `BotState`: the ingest path
-(bot/ingest.py) and the HTTP poll route call them; so do the chat edges (bot/slack_inbound.py).
+(bot/ingest/envelope.py) and the HTTP poll route call them; so do the chat edges (bot/chat/slack/inbound.py).
 
     job's ActionResult (command_id) -> record per device -> report where the command came from
     expiry loop -> a command no job took is closed and the user told
@@ -20,8 +20,8 @@ from typing import Any
 from bot.commands.origin import Origin
 from bot.commands.parse import format_duration
 from bot.receivers import Note
-from bot.state import BotState
-from bot.store import OutboxEntry
+from bot.shared import BotState
+from bot.store.sqlite import OutboxEntry
 from msmon.contract.actions import ACTIONS, AUTOMATIC
 from msmon.contract.wire import ActionRequest, ActionResult, Command, encode
 

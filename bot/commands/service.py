@@ -4,7 +4,7 @@
                                      or queue a Command for the run's ranks with an apply step
 
 The job's side (polls, the jobs' answers, expiry, reports) is bot/commands/jobs.py. Both work on the
-shared `BotState` (bot/state.py). Synchronous and quick, called on the event loop.
+shared `BotState` (bot/shared.py). Synchronous and quick, called on the event loop.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from bot.commands.parse import CommandError, Parsed, format_duration, help_text,
 from bot.pipeline.silence import Silence
 from bot.ranks.table import lines as rank_lines
 from bot.receivers.render import median, num
-from bot.state import BotState
+from bot.shared import BotState
 from msmon.contract.actions import VERB_ACTION
 from msmon.contract.wire import Event, Severity, Status, Window
 from msmon.core.trend import summarize

@@ -35,8 +35,8 @@ from bot.pipeline.group import firing_key
 from bot.pipeline.route import route_for
 from bot.receivers import Mail, Note, ReplyTo
 from bot.receivers.render import cost_line, escape_console, mention_text, num
-from bot.state import BotState
-from bot.store import OutboxEntry
+from bot.shared import BotState
+from bot.store.sqlite import OutboxEntry
 from msmon.contract.wire import Event, Severity, decode, encode
 
 log = logging.getLogger("msmon.bot")

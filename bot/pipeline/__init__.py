@@ -1,16 +1,16 @@
 """The bot's two pipelines, declared here in order (after Alertmanager's notify pipeline).
 
-Ingest (bot/ingest.py), per event of an envelope, inside the envelope's SQLite transaction:
+Ingest (bot/ingest/envelope.py), per event of an envelope, inside the envelope's SQLite transaction:
 
     event ─► dedup ─► acked ─► inhibit ─► silence ─► route ─► group ─► alert row + outbox row (queued)
                │        │         │          │
                └────────┴─────────┴──────────┴─► dropped: the alert row only (what the job reports now),
                                                  msmon_suppressed_total{stage=<the stage's name>}
 
-Delivery (bot/outbox.py), every round of the worker, per due group of outbox rows (one message):
+Delivery (bot/delivery/worker.py), every round of the worker, per due group of outbox rows (one message):
 
     due rows ─► Scheduler.groups ─► group_due ─► rate_limit ─► receiver ─► Scheduler.after ─► verdict written
-    (SQLite)    (bot/delivery.py)       │             │                    (bot/delivery.py: delivered,
+    (SQLite)    (schedule.py)                    │             │                    (schedule.py: delivered,
                                         │             │                     retry later or dead letter)
                                         │             └─► must wait: deferred (no attempt, no error)
                                         └─► no row of the group left to try now: skipped
@@ -18,7 +18,8 @@ Delivery (bot/outbox.py), every round of the worker, per due group of outbox row
 Every stage is a `Stage` (bot/pipeline/flow.py): a name and one function `(ctx, item) -> item | None`.
 Stages do no I/O: the clock's reading and the settings come in the context, and the only state they
 change is the context's (inhibit marks the run's firing ERROR, rate_limit takes tokens); SQLite,
-receivers and the clock itself stay in bot/ingest.py, bot/outbox.py and bot/store.py. Each stage's
+receivers and the clock itself stay in bot/ingest/envelope.py,
+bot/delivery/worker.py and bot/store/sqlite.py. Each stage's
 decision lives in its own module, tested on its own (tests/unit/test_pipeline.py).
 """
 

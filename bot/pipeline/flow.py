@@ -18,7 +18,7 @@ from typing import Generic, Protocol, TypeVar
 import msgspec
 
 from bot.config import PipelineConfig, Route
-from bot.delivery import OutboxRow, Scheduler
+from bot.pipeline.schedule import OutboxRow, Scheduler
 from msmon.contract.wire import Event, Severity
 
 C = TypeVar("C")

@@ -2,7 +2,7 @@
 
     ranks' envelopes ─► RankViews (view.py: latest per rank, spread) ─► every `ranks.period` s:
         each run ─► RULES, each `Rule(name, judge, level, hint)` (rule.py) ─► track: streaks, severities
-                 ─► wire Events (firing / resolved) ─► bot/ingest.py's STAGES like any job's event
+                 ─► wire Events (firing / resolved) ─► bot/ingest/envelope.py's STAGES like any job's event
 
 Pure and clock-injected like bot/pipeline: the view is fed by the ingest, the time arrives in the
 `Check`, and the events leave through `watch.RankWatch`, the edge that bot/app.py runs on its periodic

@@ -1,14 +1,14 @@
 """Missing rank: a rank that stops reporting (no sample, no heartbeat) for `missing_after` seconds while
-the other ranks go on -> ERROR at once. Who is missing is the rank lifecycle's (bot/lifecycle.py): a rank
+the other ranks go on -> ERROR at once. Who is missing is the rank lifecycle's (bot/runs/lifecycle.py): a rank
 that said it finished (its final heartbeat) is never missing; a missing rank stays missing while it is
 silent, whatever the others do (they may all finish meanwhile), and only a message of its own brings it
 back; when the whole run falls silent at once, that is the watchdog's job_gone, not a missing rank."""
 
 from __future__ import annotations
 
-from bot.lifecycle import tick
 from bot.ranks.rule import Check, Finding
 from bot.ranks.view import RunRanks
+from bot.runs.lifecycle import tick
 
 RULE = "rank_missing"
 

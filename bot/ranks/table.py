@@ -48,7 +48,7 @@ def lines(run: RunRanks, settings: RanksConfig, now: float) -> list[str]:
     mark = {k: ", ".join(sorted(v)) for k, v in why.items()}
     ordered = sorted(members, key=lambda m: (m.key not in mark, m.rank if m.rank is not None else 1 << 40, m.key))
     rows = ordered if len(members) <= SHOWN else [m for m in ordered if m.key in mark][:SHOWN]
-    phases = Counter(m.life.phase.value for m in members)  # the rank lifecycle (bot/lifecycle.py)
+    phases = Counter(m.life.phase.value for m in members)  # the rank lifecycle (bot/runs/lifecycle.py)
     out = [f"ranks: {len(members)} known, {len(run.live())} live, {len(mark)} marked (!); "
            f"{', '.join(f'{n} {p}' for p, n in sorted(phases.items()))}"
            + (f", {run.refused} samples of ranks past ranks.max_ranks not kept" if run.refused else ""),

@@ -1,6 +1,6 @@
 """The bot's view of a run across its ranks: the latest of each rank, and their spread.
 
-Fed by the ingest (bot/ingest.py) with what each rank's envelope carries, read by the cross-rank rules
+Fed by the ingest (bot/ingest/envelope.py) with what each rank's envelope carries, read by the cross-rank rules
 (bot/ranks/__init__.py) and by `status`. Nothing here asks a job for anything: the ranks' own reports,
 aggregated in the bot, are the whole input, so monitoring adds no collective and no work to a job.
 
@@ -16,8 +16,8 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
-from bot.lifecycle import RankInput, RankLife, RankPhase, all_ended, on_message
 from bot.ranks.stats import Spread, median_of_sorted
+from bot.runs.lifecycle import RankInput, RankLife, RankPhase, all_ended, on_message
 from msmon.contract.wire import Envelope, Heartbeat, Sample, Severity
 
 TYPICAL_FROM = 3  # samples a rank needs before its typical loss and norm are compared
@@ -47,7 +47,7 @@ class RankState:
     step_time: float | None = None
     data_time: float | None = None  # its own mean input wait per step (the step time is the slowest rank's)
     time: float | None = None  # the job's clock at its latest sample
-    # its lifecycle (bot/lifecycle.py): phase, process, newest heartbeat number, when last heard (bot's clock)
+    # its lifecycle (bot/runs/lifecycle.py): phase, process, newest heartbeat number, when last heard (bot's clock)
     life: RankLife = dataclasses.field(default_factory=RankLife)
     history: deque[float] = dataclasses.field(default_factory=deque)  # recent step times (or 1/throughput)
     losses: deque[float] = dataclasses.field(default_factory=deque)  # recent finite losses
@@ -211,7 +211,7 @@ def _value(m: RankState, what: str) -> float | None:
 
 
 class RankViews:
-    """Every run's ranks (bot/state.py's `BotState.ranks`)."""
+    """Every run's ranks (bot/shared.py's `BotState.ranks`)."""
 
     def __init__(self, max_runs: int, max_ranks: int, history: int) -> None:
         self.max_runs, self.max_ranks, self.history = max_runs, max_ranks, history

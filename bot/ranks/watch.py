@@ -1,6 +1,6 @@
 """The edge of the cross-rank rules: every `ranks.period` seconds (bot/app.py's periodic task), the
 rules over the view (pure, bot/ranks/__init__.py's `check`), and each event they raise through the
-same ingest path as a job's (bot/ingest.py's `Ingest.event`, given here as `emit`): dedup, inhibit,
+same ingest path as a job's (bot/ingest/envelope.py's `Ingest.event`, given here as `emit`): dedup, inhibit,
 silences, routes, grouping, the outbox. An event the ingest could not take (SQLite refused it) is tried
 again at the next check: the rules' memory is put back as it was before it."""
 

@@ -34,6 +34,15 @@ class DeliveryError(Exception):
         self.permanent = permanent
 
 
+class Held(DeliveryError):
+    """Not a failure: the message waits for its robot's next summary (bot/chat/robot.py). The outbox defers the
+    row by `wait` seconds without counting a try (bot/delivery/worker.py)."""
+
+    def __init__(self, message: str, wait: float) -> None:
+        super().__init__(message)
+        self.wait = wait
+
+
 class PartlyRefused(DeliveryError):
     """A mail the SMTP server took for some recipients and refused for `refused` (a 550): the outbox keeps
     only those in the row, says so in the channel and retries them."""
@@ -73,7 +82,7 @@ class Message:
 
 class ReplyTo(msgspec.Struct, frozen=True, omit_defaults=True):
     """Where a receiver answers a command, in that receiver's terms: made by the chat edge the command
-    came in through (bot/slack_inbound.py for Slack), read by the receiver of the same name. The
+    came in through (bot/chat/slack/inbound.py for Slack), read by the receiver of the same name. The
     command service, bot/commands/jobs.py and the outbox carry it unread, but for `channel`: an outbox
     row's channel, as a route's is for alerts (the lane rate limits and Retry-After pace). All empty:
     the receiver's default (the console prints; Slack has nowhere to post)."""

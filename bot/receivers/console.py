@@ -19,7 +19,7 @@ from msmon.common.safenames import inside, slug
 from msmon.contract.wire import Event, Status
 
 if TYPE_CHECKING:
-    from bot.windows import Windows
+    from bot.store.windows import Windows
 
 log = logging.getLogger("msmon.bot")
 
@@ -40,7 +40,7 @@ async def save_status_chart(directory: str, event: Event, windows: Windows | Non
     """`msmon cmd status`'s chart, drawn off the event loop into the charts folder; its path, or None when
     matplotlib or the disk refuses (logged: a chart never fails the command). `windows`: the bot's per-device
     rings, for one throughput line per rank; `firing`: the run's firing alerts, marked where they began."""
-    from bot.chart import alert_starts, rank_throughput, render_chart_off_loop  # matplotlib only when drawn
+    from bot.charts.draw import alert_starts, rank_throughput, render_chart_off_loop  # matplotlib only when drawn
 
     ranks = rank_throughput(windows, event.run_id) if windows is not None else None
     try:  # the file is a slug of the run id inside the folder (save_png)

@@ -1,6 +1,6 @@
 """Escalation email over SMTP (aiosmtplib): text and HTML parts, the metric chart inline, threaded.
 
-The outbox delivers a `Mail` row through `EmailReceiver.mail` on a worker of its own (bot/outbox.py,
+The outbox delivers a `Mail` row through `EmailReceiver.mail` on a worker of its own (bot/delivery/worker.py,
 the email lane), so retries with backoff and dead letters are the outbox's, and a server that refuses
 or hangs never holds a chat message. TLS is `ssl` (implicit TLS, port 465) or `starttls` (587); the
 user name and password come from the environment (bot.email.username_env / password_env).
@@ -113,7 +113,7 @@ class EmailReceiver:
             event = decode(m.event_json, Event)
             if event.window is None or not event.window.steps:
                 return None
-            from bot.chart import render_chart_off_loop  # matplotlib only when a chart is drawn
+            from bot.charts.draw import render_chart_off_loop  # matplotlib only when a chart is drawn
 
             return await render_chart_off_loop(event)
         except Exception as exc:  # noqa: BLE001 - the mail goes without its chart

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 from bot.receivers import Message
+from bot.runs.lifecycle import RUN_ENDED
 from msmon.contract.wire import Event, Status
 
 ICON = {"ERROR": ":red_circle:", "WARNING": ":large_orange_circle:"}
@@ -200,7 +201,6 @@ def metric_lines(ev: Event) -> list[str]:
     return out
 
 
-RUN_ENDED = "run ended"  # the resolution reason of an alert closed with its run's attempt (bot/runs.py)
 
 
 def resolved_text(msg: Message, esc: Escape) -> str:

@@ -34,7 +34,7 @@ from bot.commands.parse import CommandError, Parsed, parse_duration
 from bot.commands.service import CommandService
 from bot.config import BotConfig
 from bot.receivers.render import console_url
-from bot.state import BotState
+from bot.shared import BotState
 from bot.web import pages, views
 from bot.web.session import COOKIE, CSRF_HEADER, LOGIN_COOKIE, Sessions, Viewer, new_token, same_secret
 from msmon.contract.wire import MAX_ID, tag_nonfinite

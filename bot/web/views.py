@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bot.state import BotState
+from bot.shared import BotState
 from msmon.contract.wire import tag_nonfinite
 
 # The curves a run page draws: (series key, title, the sample fields that feed it, first found wins).
@@ -38,7 +38,7 @@ def visible(project: str, run: dict[str, Any]) -> bool:
 
 
 def run_state(run: dict[str, Any]) -> str:
-    """The run lifecycle's phase as the store gives it (bot/store.py: ended, gone, paused, running)."""
+    """The run lifecycle's phase as the store gives it (bot/store/sqlite.py: ended, gone, paused, running)."""
     return str(run.get("state") or ("gone" if run["gone"] else "paused" if run["paused"] else "running"))
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from bot.app import INGEST, OUTBOX, STORE, create_app
 from bot.config import load_bot_config
-from bot.delivery import Policy
+from bot.pipeline.schedule import Policy
 from bot.receivers import Message, Receiver
 from bot.receivers.console import ConsoleReceiver
 from msmon.contract.wire import Envelope, Event, Status

@@ -256,7 +256,7 @@ def test_a_silence_holds_back_matching_alerts_until_it_expires(bot, slack):
 
 
 def test_watchdog_tells_gone_from_stalled():
-    from bot.watchdog import verdicts
+    from bot.ingest.watchdog import verdicts
 
     base = {"last_heartbeat": 100.0, "last_progress": 100.0, "paused": False}
     assert verdicts(base, 150.0, 60, 600) == {}

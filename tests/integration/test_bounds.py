@@ -69,7 +69,7 @@ def test_runs_are_listed_a_page_at_a_time_with_a_cursor_and_a_bad_limit_is_a_422
 def test_an_alertmanager_webhook_is_bounded_in_alerts_and_in_the_matches_it_records(tmp_path, monkeypatch):
     import json
 
-    import bot.alertmanager_inbound as am
+    import bot.receivers.alertmanager.inbound as am
 
     monkeypatch.setattr(am, "MAX_MATCHES", 50)
     monkeypatch.setenv("MSMON_ALERTMANAGER_TOKEN", "am-token")
@@ -188,8 +188,8 @@ def test_runs_past_retention_are_forgotten_unless_something_of_theirs_is_open(tm
     from bot.app import prune_old_runs
     from bot.config import load_bot_config
     from bot.metrics import BotMetrics
-    from bot.state import BotState
-    from bot.store import AlertRow, Store
+    from bot.shared import BotState
+    from bot.store.sqlite import AlertRow, Store
 
     cfg = load_bot_config({"bot": {"state_path": str(tmp_path / "r.sqlite"), "retention": 3600}})
     store = Store(cfg.state_path)

@@ -164,7 +164,7 @@ def test_status_counts_the_steps_loss_scaling_skipped_and_its_chart_marks_them(b
     import numpy as np
     from matplotlib.image import imread
 
-    from bot.chart import SKIPPED_COLOUR
+    from bot.charts.draw import SKIPPED_COLOUR
 
     now = time.time()
     skipped = {40, 110, 170}  # the sampled steps that overflowed: the scale halves at each, grows back after
@@ -456,7 +456,7 @@ def test_rows_stored_before_reply_to_are_still_delivered_where_they_belong(tmp_p
     """A bot upgraded with a command still open (its origin: Slack's channel and thread_ts beside the rest)
     and notes still in its outbox (the channel in the row, thread_ts / response_url in the note, and
     "commands" where there was no channel): each answer goes where it would have gone before."""
-    from bot.store import Store
+    from bot.store.sqlite import Store
 
     cfg = config(tmp_path, slack)
     now = time.time()

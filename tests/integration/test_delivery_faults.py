@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from bot.app import INGEST, OUTBOX, STORE, create_app
+from bot.chat.dingtalk.receiver import DingTalkReceiver
+from bot.chat.wecom.receiver import WeComReceiver
 from bot.config import load_bot_config
-from bot.delivery import Policy
+from bot.pipeline.schedule import Policy
 from bot.receivers.console import ConsoleReceiver
-from bot.receivers.dingtalk import DingTalkReceiver
-from bot.receivers.wecom import WeComReceiver
 from msmon.contract.wire import Envelope
 from tests.fakes.bot_server import BotServer, wait_for
 from tests.fakes.dingtalk_api import DingTalkRobot

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
+from bot.chat.dingtalk.receiver import DingTalkReceiver
 from bot.receivers import DeliveryError
-from bot.receivers.dingtalk import DingTalkReceiver
 from msmon.contract.wire import Severity
 from tests.fakes.dingtalk_api import DingTalkRobot
 from tests.fakes.im_harness import T0, Clock, ImBot, message
@@ -185,7 +185,7 @@ def test_a_commands_later_result_goes_to_the_conversations_session_webhook(tmp_p
 
 
 def test_the_chart_goes_as_an_actioncard_opening_its_signed_link(tmp_path):
-    from bot.chart_links import ChartLinks
+    from bot.charts.links import ChartLinks
 
     async def scenario() -> None:
         clock = Clock()

@@ -10,14 +10,14 @@ import asyncio
 import msgspec
 import pytest
 
-from bot.delivery import Policy
+from bot.delivery.worker import Lane, Outbox
 from bot.metrics import BotMetrics
-from bot.outbox import Lane, Outbox
 from bot.pipeline.ratelimit import RateLimiter
+from bot.pipeline.schedule import Policy
 from bot.receivers import Mail, ReplyTo
 from bot.receivers.console import ConsoleReceiver
 from bot.receivers.email import EmailReceiver
-from bot.store import OutboxEntry, Store
+from bot.store.sqlite import OutboxEntry, Store
 from msmon.contract.wire import encode
 from tests.fakes.im_harness import T0, Clock
 from tests.fakes.records import event

@@ -237,7 +237,7 @@ def test_the_job_says_it_ended_normally_and_the_watchdog_leaves_it_alone(tmp_pat
 
 
 def test_one_owner_per_escalation(tmp_path):
-    from bot.store import Store
+    from bot.store.sqlite import Store
 
     store = Store(str(tmp_path / "bot.sqlite"))
     esc = store.escalations.start("run-42", "grad_norm", "oncall", "slack", "C1", 100.0)

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from bot.chat.feishu.receiver import FeishuReceiver
 from bot.receivers import DeliveryError, Note
-from bot.receivers.feishu import FeishuReceiver
 from tests.fakes.feishu_api import FeishuBot
 from tests.fakes.im_harness import T0, Clock, ImBot, message
 from tests.fakes.records import event
@@ -191,7 +191,7 @@ def test_url_verification_echoes_the_challenge_and_forgeries_are_401(tmp_path, m
 
 def test_the_documented_decryption_example():
     """Feishu's event subscription guide: Encrypt Key "test key" turns this into "hello world"."""
-    from bot.feishu_inbound import decrypt
+    from bot.chat.feishu.inbound import decrypt
 
     assert decrypt("P37w+VZImNgPEO1RBhJ6RtKl7n6zymIbEG1pReEzghk=", "test key") == b"hello world"
 
@@ -208,7 +208,7 @@ def test_the_chart_is_a_signed_expiring_link_the_bot_serves(tmp_path, monkeypatc
     expired link is 403 with the reason."""
     import urllib.request
 
-    from bot.chart_links import ChartLinks
+    from bot.charts.links import ChartLinks
     from tests.fakes.bot_server import send
 
     monkeypatch.setenv("MSMON_CHART_LINK_SECRET", "link-key")
@@ -367,7 +367,7 @@ def test_every_refusal_is_the_same_answer_so_nothing_tells_a_good_padding_from_a
         return {"Content-Type": "application/json"}, json.dumps({"encrypt": encrypt_field}).encode()
 
     def signed_as(body: bytes, ts: str) -> dict[str, str]:
-        from bot.feishu_inbound import signature
+        from bot.chat.feishu.inbound import signature
 
         return {"Content-Type": "application/json", "X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": "n",
                 "X-Lark-Signature": signature(ts, "n", KEY, body)}

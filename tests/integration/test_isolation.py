@@ -192,7 +192,7 @@ def test_a_replay_is_refused_after_a_restart_inside_the_window(tmp_path, slack, 
 
 
 def test_the_replay_memory_is_bounded_and_forgets_outside_the_window():
-    from bot.slack_inbound import ReplayGuard
+    from bot.chat.replay import ReplayGuard
 
     t = [1000.0]
     guard = ReplayGuard(clock=lambda: t[0], window=300.0, capacity=100)

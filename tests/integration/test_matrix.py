@@ -23,8 +23,8 @@ if synapse_problem():
 
 from aiohttp import web  # noqa: E402
 
+from bot.chat.matrix.receiver import MatrixReceiver, content, note_content  # noqa: E402
 from bot.receivers import DeliveryError, Message, Note, ReplyTo  # noqa: E402
-from bot.receivers.matrix import MatrixReceiver, content, note_content  # noqa: E402
 from msmon.contract.wire import Event, Severity, Status  # noqa: E402
 from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
 
@@ -263,7 +263,7 @@ def test_edits_and_threads_on_a_real_homeserver(homeserver):
 
 
 def test_which_messages_are_commands_and_where_answers_go():
-    from bot.matrix_inbound import command_text, thread_of
+    from bot.chat.matrix.inbound import command_text, thread_of
 
     assert command_text("  !msmon pause run-42 ", "!msmon") == "pause run-42"
     assert command_text("!msmon", "!msmon") == ""

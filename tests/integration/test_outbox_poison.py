@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bot.delivery import Policy
+from bot.pipeline.schedule import Policy
 from bot.receivers.console import ConsoleReceiver
 from msmon.contract.wire import Envelope, Event, Sample, Window, encode
 from tests.fakes.bot_server import BotServer, wait_for
@@ -397,7 +397,7 @@ def test_slacks_retry_after_is_read_as_the_job_reads_it():
     fall back to the outbox's backoff."""
     import email.utils
 
-    from bot.receivers.slack import retry_after
+    from bot.chat.slack.receiver import retry_after
 
     in_30s = email.utils.formatdate(time.time() + 30, usegmt=True)
     assert retry_after("5") == 5.0 and retry_after(["7", "9"]) == 7.0

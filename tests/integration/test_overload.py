@@ -1,6 +1,6 @@
 """The real bot under an induced overload (its event loop held busy, as a saturating ingest does): envelopes are
 still taken (202), their ERRORs reach the chat at once, samples and WARNINGs are shed and counted, and the change of
-level is logged once, not per request (bot/overload.py)."""
+level is logged once, not per request (bot/ingest/overload.py)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bot.stores.postgres import PostgresStore
+from bot.store.postgres import PostgresStore
 from msmon.contract.wire import Heartbeat, encode
 from tests.fakes import postgres
 from tests.fakes.bot_server import BotServer, wait_for

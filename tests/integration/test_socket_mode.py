@@ -20,7 +20,7 @@ from aiohttp import web
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.socket_mode import ERROR_ANSWER, WORKING_ANSWER, SocketModeBridge, SocketModeError
+from bot.chat.slack.socket_mode import ERROR_ANSWER, WORKING_ANSWER, SocketModeBridge, SocketModeError
 from tests.fakes.slack_api import APP_ID, CONNECTIONS_OPEN, SlackAPIServer
 
 T = TypeVar("T")

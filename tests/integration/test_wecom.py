@@ -9,8 +9,8 @@ import hashlib
 
 import pytest
 
+from bot.chat.wecom.receiver import WeComReceiver
 from bot.receivers import DeliveryError
-from bot.receivers.wecom import WeComReceiver
 from tests.fakes.im_harness import T0, Clock, ImBot, message
 from tests.fakes.records import event
 from tests.fakes.wecom_api import WeComRobot

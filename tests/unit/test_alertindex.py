@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from bot.config import load_bot_config
-from bot.ingest import Ingest
+from bot.ingest.envelope import Ingest
 from bot.metrics import BotMetrics
-from bot.state import BotState
-from bot.store import Store
+from bot.shared import BotState
+from bot.store.sqlite import Store
 from msmon.contract.wire import Envelope, Event, Severity, Status
 
 

@@ -11,7 +11,7 @@ pytest.importorskip("matplotlib")
 
 from matplotlib.image import imread  # noqa: E402
 
-from bot.chart import chart_size, render_chart  # noqa: E402
+from bot.charts.draw import chart_size, render_chart  # noqa: E402
 from msmon.contract.wire import Event, Severity, Status, Window  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from bot.chart import chart_figure, render_chart  # noqa: E402
+from bot.charts.draw import chart_figure, render_chart  # noqa: E402
 from msmon.offline.readers import read_csv  # noqa: E402
 from msmon.offline.replay import replay, replay_monitor  # noqa: E402
 from notifier.config import load_config  # noqa: E402
@@ -81,7 +81,7 @@ def test_a_replay_plot_draws_each_alerts_threshold_and_says_what_its_throughput_
 
 
 def test_a_status_chart_marks_where_the_firing_alerts_began_even_before_its_window() -> None:
-    from bot.chart import alert_starts
+    from bot.charts.draw import alert_starts
     from bot.commands.service import _status_event
     from msmon.contract.wire import Sample
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from bot.chat.slack.receiver import blocks
 from bot.config import load_bot_config
 from bot.receivers import Message
 from bot.receivers.render import console_url, escape_slack, text
-from bot.receivers.slack import blocks
 from bot.web import console_link
 from tests.fakes.records import event
 

@@ -1,4 +1,4 @@
-"""The outbox's schedule (bot/delivery.py) as pure code: tables of outcomes and verdicts, and a
+"""The outbox's schedule (bot/pipeline/schedule.py) as pure code: tables of outcomes and verdicts, and a
 hypothesis state machine over any sequence of enqueues, receiver outcomes, clock jumps and restarts.
 
 The verdicts are also written through the real SQLite store, so the model and the store agree.
@@ -16,8 +16,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from bot.delivery import Deferred, Failed, OutboxRow, Policy, Scheduler, Sent
-from bot.store import OutboxEntry, Store
+from bot.pipeline.schedule import Deferred, Failed, OutboxRow, Policy, Scheduler, Sent
+from bot.store.sqlite import OutboxEntry, Store
 
 POLICY = Policy(base=1.0, cap=300.0, max_attempts=10, max_error_attempts=3, max_retry_after=900.0)
 NOW = 1_000.0

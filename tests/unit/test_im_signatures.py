@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.receivers.im_webhook import (
+from bot.chat.robot import (
     Batcher,
     Budget,
     Done,

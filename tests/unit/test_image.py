@@ -101,7 +101,7 @@ def test_every_file_the_image_copies_is_in_the_build_context() -> None:
             assert (ROOT / path).exists(), path
             assert in_context(path), f"{path} is left out by .dockerignore"
     for needed in ("pyproject.toml", "README.md", "msmon/cli/main.py", "bot/web/static/console.js",
-                   "bot/migrations/sqlite", "notifier/monitor.py", "requirements/all.lock.txt"):
+                   "bot/store/migrations/sqlite", "notifier/monitor.py", "requirements/all.lock.txt"):
         assert in_context(needed), needed
     for left_out in (".venv/bin/python", "tests/conftest.py", "docs/index.md", ".git/HEAD", "msmon-bot.sqlite",
                      "bot/__pycache__/app.cpython-311.pyc", "requirements/build.in"):

@@ -8,10 +8,10 @@ import copy
 
 import pytest
 
-from bot.alertmanager_inbound import AmAlert, authorized, matching_runs
 from bot.config import AlertmanagerInbound, load_bot_config
 from bot.receivers import Message
-from bot.receivers.alertmanager import ZERO_TIME, api_alerts, webhook_body
+from bot.receivers.alertmanager.inbound import AmAlert, authorized, matching_runs
+from bot.receivers.alertmanager.receiver import ZERO_TIME, api_alerts, webhook_body
 from msmon.config.errors import ConfigError
 from msmon.contract.wire import Severity, Status
 from tests.fakes.records import event

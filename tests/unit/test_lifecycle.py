@@ -1,4 +1,4 @@
-"""The run and rank lifecycles (bot/lifecycle.py): the tables, and hypothesis state machines over any
+"""The run and rank lifecycles (bot/runs/lifecycle.py): the tables, and hypothesis state machines over any
 interleaving and reordering of heartbeats, envelopes and final heartbeats, restarts of the job (a new
 process for every rank: a new attempt) and of the bot (everything it held in memory gone)."""
 
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from bot.lifecycle import (
+from bot.runs.lifecycle import (
     RANK_TABLE,
     RUN_TABLE,
     LifecycleError,

@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from bot.chart import chart_figure, rank_throughput, render_chart  # noqa: E402
+from bot.charts.draw import chart_figure, rank_throughput, render_chart  # noqa: E402
 from bot.commands.service import _status_event  # noqa: E402
-from bot.windows import Windows  # noqa: E402
+from bot.store.windows import Windows  # noqa: E402
 from msmon.contract.wire import Event, Sample, Severity, Status, Window  # noqa: E402
 
 STEPS = list(range(100, 700, 5))

@@ -1,7 +1,7 @@
 """The notification log (dedup's NotifyState) against the delivery's outcomes, as Alertmanager's nflog: what
 counts as sent is what was delivered. A hypothesis state machine drives one alert's events through the real
-dedup stage's decisions (`decide`, `kind`, `record`, as bot/ingest.py applies them when it queues) and its
-queued messages to delivered or dead letters (`given_up`, as bot/nflog.py applies it), in any order and
+dedup stage's decisions (`decide`, `kind`, `record`, as bot/ingest/envelope.py applies them when it queues) and its
+queued messages to delivered or dead letters (`given_up`, as bot/delivery/nflog.py applies it), in any order and
 with any clock, and checks:
 
 - a dead letter does not count as notified: with nothing delivered since and nothing waiting, the alert's

@@ -1,11 +1,11 @@
-"""bot/overload.py: the level the ingest sheds at, from the event loop's lag; hysteresis; what was shed."""
+"""bot/ingest/overload.py: the level the ingest sheds at, from the event loop's lag; hysteresis; what was shed."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.overload import Level, Median, Overload, ShedCount, errors_first, table
+from bot.ingest.overload import Level, Median, Overload, ShedCount, errors_first, table
 from msmon.contract.wire import Envelope, Severity, encode
 from tests.fakes.records import event, sample
 

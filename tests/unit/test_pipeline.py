@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from bot.config import PipelineConfig, Route
-from bot.delivery import Failed, OutboxRow, Scheduler
 from bot.pipeline import DELIVERY, STAGES, acked, dedup, group, inhibit, ratelimit, route, silence
 from bot.pipeline.flow import Context, Due, Notification, NotifyState, Round, run_stages
 from bot.pipeline.ratelimit import RateLimiter, TokenBucket
+from bot.pipeline.schedule import Failed, OutboxRow, Scheduler
 from msmon.contract.wire import Event, Severity, Status
 
 
@@ -177,7 +177,7 @@ def test_rate_limit_waits_for_a_paced_lane_then_for_tokens():
 def test_metric_windows_are_fixed_size_rings_that_keep_none_and_nan_apart():
     import math
 
-    from bot.windows import Windows
+    from bot.store.windows import Windows
     from msmon.contract.wire import Sample
 
     w = Windows(per_device=3, max_runs=2)

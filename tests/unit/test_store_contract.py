@@ -1,4 +1,4 @@
-"""The store contract (bot/stores/contract.py), one suite against both stores: SQLite (a file in tmp) and
+"""The store contract (bot/store/contract.py), one suite against both stores: SQLite (a file in tmp) and
 PostgreSQL (the machine's real server, a fresh schema per test; skipped with the reason when it does not
 answer). Then what only several replicas on one PostgreSQL need: claims, leases, LISTEN/NOTIFY, locks."""
 
@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from bot import migrations
 from bot.config import load_bot_config
-from bot.delivery import Verdict
 from bot.pipeline.flow import NotifyState
+from bot.pipeline.schedule import Verdict
 from bot.pipeline.silence import Silence
-from bot.store import AlertRow, OutboxEntry, Store
-from bot.stores import StoreUnavailable, open_store, redact
+from bot.store import StoreUnavailable, migrations, open_store, redact
+from bot.store.sqlite import AlertRow, OutboxEntry, Store
 from msmon.config.errors import ConfigError
 from msmon.contract.wire import Severity
 from tests.fakes import postgres
@@ -42,7 +41,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
         s.close()
         return
     _pg_or_skip()
-    from bot.stores.postgres import PostgresStore
+    from bot.store.postgres import PostgresStore
 
     with postgres.fresh_schema() as schema:
         s = PostgresStore(postgres.PG_URL, schema, lease=1.0)
@@ -54,7 +53,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
 def pg_pair() -> Iterator[tuple[Any, Any]]:
     """Two PostgreSQL stores on one schema: two replicas (lease 1 s)."""
     _pg_or_skip()
-    from bot.stores.postgres import PostgresStore
+    from bot.store.postgres import PostgresStore
 
     with postgres.fresh_schema() as schema:
         a, b = PostgresStore(postgres.PG_URL, schema, lease=1.0), PostgresStore(postgres.PG_URL, schema, lease=1.0)

@@ -9,11 +9,11 @@ import random
 import pytest
 
 from bot.config import BotConfig, PipelineConfig
-from bot.ingest import Ingest
+from bot.ingest.envelope import Ingest
+from bot.ingest.watchdog import Watchdog
 from bot.metrics import BotMetrics
-from bot.state import BotState
-from bot.store import Store
-from bot.watchdog import Watchdog
+from bot.shared import BotState
+from bot.store.sqlite import Store
 
 
 class Clock:

@@ -163,10 +163,10 @@ def test_the_bot_keeps_level_changes_and_status_shows_them(tmp_path: Path) -> No
     from bot.commands.origin import Origin
     from bot.commands.service import CommandService
     from bot.config import load_bot_config
-    from bot.ingest import Ingest
+    from bot.ingest.envelope import Ingest
     from bot.metrics import BotMetrics
-    from bot.state import BotState
-    from bot.store import Store
+    from bot.shared import BotState
+    from bot.store.sqlite import Store
     from msmon.contract.wire import ActionResult, Envelope
 
     cfg = load_bot_config({"bot": {"port": 0, "state_path": str(tmp_path / "s.sqlite"), "commands": {

@@ -1,0 +1,1 @@
+"""WeCom: the group robot's markdown and chart images (receiver.py)."""

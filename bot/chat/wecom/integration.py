@@ -1,0 +1,27 @@
+"""WeCom as the app assembles it: the group robot's markdown and chart images (receiver.py); WeCom's group
+robots take no commands, so it has no way in."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from bot.chat.robot import webhook_url
+from bot.integration import Context, Task
+from bot.receivers import Receiver
+
+
+class WeCom:
+    name = "wecom"
+
+    def receiver(self, ctx: Context) -> Receiver | None:
+        if not ctx.uses(self.name):
+            return None
+        from bot.chat.wecom.receiver import WeComReceiver
+
+        return WeComReceiver(webhook_url(self.name, ctx.cfg.wecom.webhook_env), ctx.clock, ctx.cfg.wecom.timeout)
+
+    def routes(self, app: web.Application, ctx: Context) -> None:
+        """None: a WeCom group robot only posts."""
+
+    def task(self, ctx: Context) -> Task | None:
+        return None

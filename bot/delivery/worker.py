@@ -1,0 +1,516 @@
+"""The delivery worker: takes due outbox rows, sends each group as one message through its
+receiver within the rate limits, and marks the rows delivered only after the receiver said OK.
+
+Rows stay in SQLite until then, so a crash, a restart or a Slack outage loses nothing. This is the
+I/O edge of the delivery pipeline: the policy is pure, in `bot.delivery.Scheduler` (which groups are
+due, when to try again, when to give up) and the DELIVERY stages of bot/pipeline (the rows of a group
+that go together, the rate limits). The worker reads typed rows, runs each due group through the
+stages, decodes each payload once per attempt, calls the receiver, turns whatever happened into an
+outcome and writes the scheduler's verdict back. Whatever a receiver raises stays with its row group:
+counted, retried with backoff, dead-lettered after a bound, never a hot loop, never in the way of
+the other rows. Each destination (receiver and channel) is a lane with a task of its own, as
+Alertmanager has a queue per integration: a receiver that hangs until its timeout holds its own lane
+and no other. A new message's reference is stored the moment it is posted, before its chart is
+attached, so a retry attaches the chart without posting the text again. A message is re-sent only
+if the process dies between the receiver's OK and the SQLite write right after it.
+
+With several replicas on one PostgreSQL (bot/store/postgres.py) each group is claimed before it is
+sent (`store.claim`: all its rows, for this replica, for bot.store.lease seconds); a replica that dies
+while delivering leaves its claim to run out, and the replica that takes the rows over finds a posted
+message's reference on them, so it only does what was left (the chart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import msgspec
+
+from bot.delivery.payload import Payload
+from bot.metrics import BotMetrics
+from bot.pipeline import DELIVERY, flow
+from bot.pipeline.group import firing_key
+from bot.pipeline.ratelimit import RateLimiter
+from bot.pipeline.schedule import (
+    Deferred,
+    Failed,
+    FailureKind,
+    GroupKey,
+    OutboxRow,
+    Outcome,
+    Plan,
+    Policy,
+    Scheduler,
+    Sent,
+    Verdict,
+)
+from bot.receivers import DeliveryError, Held, Mail, Mailer, Message, Note, PartlyRefused, Receiver, decode_note
+from bot.store.sqlite import OutboxEntry, Store
+from msmon.contract.wire import Event, Severity, Status, decode
+
+log = logging.getLogger("msmon.bot")
+
+CHARTS_KEPT = 16  # drawn charts kept for the retries of their group (about 100 kB each)
+OVERLOADED = "the bot is overloaded and sheds samples, ERRORs go first (bot.overload)"
+CHART_WAIT = 1.0  # seconds a new alert's text waits for its chart before it goes without (the chart follows)
+
+
+def _events(payloads: list[Payload]) -> list[Event]:
+    """Latest event per device, in order of arrival."""
+    by_device: dict[str, Event] = {}
+    for p in payloads:
+        by_device[p.event.device] = p.event
+    return list(by_device.values())
+
+
+def _message(key: str, payloads: list[Payload], repeat: bool = False) -> Message:
+    events = _events(payloads)
+    lead = events[0]
+    return Message(key=key, run_id=lead.run_id, project=payloads[0].project, rule=lead.rule,
+                   severity=lead.severity, status=lead.status, events=events, repeat=repeat,
+                   ranks={p.event.device: p.rank for p in payloads if p.rank is not None},
+                   known_ranks=max(p.ranks for p in payloads))
+
+
+def _first_line(exc: BaseException) -> str:
+    """`ValueError: ...` on one line (matplotlib's mathtext errors start with a newline)."""
+    line = next((s.strip() for s in str(exc).splitlines() if s.strip()), "")
+    return f"{type(exc).__name__}: {line}"[:300] if line else type(exc).__name__
+
+
+@dataclasses.dataclass
+class _Try:
+    """One attempt at a group: its rows and their payloads (decoded once), and the message's
+    reference once it is out."""
+
+    receiver: Receiver
+    rows: list[OutboxRow]
+    plan: Plan
+    payloads: list[Payload] = dataclasses.field(default_factory=list)
+    notes: list[Note] = dataclasses.field(default_factory=list)
+    mails: list[Mail] = dataclasses.field(default_factory=list)
+    posted: str | None = None
+
+    @property
+    def head(self) -> OutboxRow:
+        return self.rows[0]
+
+    @property
+    def ids(self) -> list[int]:
+        return [r.id for r in self.rows]
+
+    def what(self) -> str:
+        """For log lines: which message of which run, to where."""
+        h = self.head
+        return f"{h.kind} {h.key!r} of run {h.run_id!r} to {h.receiver} {h.channel}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+    """Which rows a worker takes: those of `receiver` (only) or of every other receiver (not only).
+    The bot runs one worker for email and one for the rest: SMTP never holds a chat message."""
+
+    receiver: str
+    only: bool
+
+    def due(self, store: Store, now: float) -> list[OutboxRow]:
+        return store.due_lane(now, self.receiver, self.only)
+
+    def next_due_at(self, store: Store) -> float | None:
+        return store.next_due_lane(self.receiver, self.only)
+
+
+class Outbox:
+    def __init__(self, store: Store, receivers: dict[str, Receiver], limiter: RateLimiter, metrics: BotMetrics,
+                 clock: Callable[[], float] = time.time, policy: Policy | None = None,
+                 rand: Callable[[], float] = random.random, lane: Lane | None = None) -> None:
+        self.store, self.receivers, self.metrics, self.clock = store, receivers, metrics, clock
+        self.lane = lane  # None: every row
+        self.link: Callable[[str], str] | None = None  # a run's web console page, for its messages (bot/app.py)
+        # A dead letter's alert rows: their notification log is taken back (bot/delivery/nflog.py, wired by bot/app.py).
+        self.given_up: Callable[[list[OutboxRow]], object] | None = None
+        # True while the ingest sheds (bot/ingest/overload.py, wired by app.py): no chart is drawn, the text says why.
+        self.shedding: Callable[[], bool] = lambda: False
+        self.scheduler = Scheduler(policy, rand)
+        self.doorbell = asyncio.Event()
+        # Row id -> the reference of its posted message, until the row's verdict is written: a post is
+        # never repeated by this process even when SQLite fails to record it.
+        self._posted: dict[int, str] = {}
+        # Row id -> a verdict SQLite refused to record (a full disk, a lock): written again before each
+        # round; the row is not tried meanwhile, so a delivered message is not delivered again.
+        self._unwritten: dict[int, tuple[Verdict, float]] = {}
+        self._charts: OrderedDict[tuple[str, tuple[int, ...]], tuple[bytes | None, str | None]] = OrderedDict()
+        self._round = flow.Round(self.scheduler, limiter, self._posted, self._unwritten,
+                                 frozenset(n for n, r in receivers.items() if getattr(r, "self_paced", False)))
+        self._busy: dict[tuple[str, str], asyncio.Task[int]] = {}  # lane (receiver, channel) -> its task sending
+
+    def wake(self) -> None:
+        self.doorbell.set()
+
+    def _message(self, key: str, payloads: list[Payload], repeat: bool = False) -> Message:
+        msg = _message(key, payloads, repeat)
+        msg.link = self.link(msg.run_id) if self.link is not None else None
+        return msg
+
+    async def run(self, stop: asyncio.Event) -> None:
+        waiting = self.store.depth()
+        if waiting:
+            self.store.due_now(self.clock())
+            log.info("msmon bot: %d undelivered messages in the outbox from before; delivering them now", waiting)
+        dead = self.store.dead_count()
+        if dead:
+            log.warning("msmon bot: %d dead letters in the outbox (never delivered; GET /v1/outbox/dead lists them)",
+                        dead)
+        while not stop.is_set():
+            try:
+                self._start_lanes()  # each lane's task sends on its own: this loop never waits on a receiver
+                self._gauges()
+            except Exception:  # noqa: BLE001 - SQLite trouble; every row's own failure is handled in _send
+                log.exception("msmon bot: delivery round failed; retrying in 1 s")
+                await asyncio.sleep(1.0)
+            nxt = self.store.next_due_at() if self.lane is None else self.lane.next_due_at(self.store)
+            wait = 1.0 if nxt is None or self._unwritten else min(max(nxt - self.clock(), 0.01), 1.0)
+            if self._busy:  # rows due on a lane still sending are its task's: no spinning on them
+                wait = max(wait, 0.25)
+            self.doorbell.clear()
+            stop_task = asyncio.ensure_future(stop.wait())
+            bell_task = asyncio.ensure_future(self.doorbell.wait())
+            await asyncio.wait({stop_task, bell_task}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            for t in (stop_task, bell_task):
+                t.cancel()
+        await self.close()
+
+    async def close(self, grace: float = 2.0) -> None:
+        """Stopping: the lanes' sends in flight get `grace` seconds, then are cancelled (their rows stay
+        pending and go after the restart)."""
+        busy = list(self._busy.values())
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=grace)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*busy, return_exceptions=True)
+
+    async def deliver_due(self) -> int:
+        """One round, waited for: every lane with due groups that is not already sending gets its task
+        (`_start_lanes`), and this returns when they are done; how many messages went out. The worker's
+        own loop (`run`) starts the lanes and does not wait: a hanging receiver holds its lane only."""
+        tasks = self._start_lanes()
+        sent = sum(await asyncio.gather(*tasks)) if tasks else 0
+        self._gauges()
+        return sent
+
+    def _gauges(self) -> None:
+        self.metrics.outbox_depth.set(self.store.depth())
+        self.metrics.outbox_dead.set(self.store.dead_count())
+
+    def _start_lanes(self) -> list[asyncio.Task[int]]:
+        """Per destination (receiver and channel, as Alertmanager has one queue per integration): a task
+        that sends the lane's due groups in turn, oldest first, each through the DELIVERY stages at its
+        turn (a 429 earlier in the lane paces the rest of it). A lane whose task is still sending (a
+        receiver that hangs until its timeout) is left to it; the others go at once."""
+        self._write_unwritten()
+        now = self.clock()
+        rows = self.store.due(now) if self.lane is None else self.lane.due(self.store, now)
+        lanes: dict[tuple[str, str], list[GroupKey]] = {}
+        for gk in self.scheduler.groups(rows, now):
+            if (gk[0], gk[1]) not in self._busy:
+                lanes.setdefault((gk[0], gk[1]), []).append(gk)
+        tasks = []
+        for lane, groups in lanes.items():
+            task = asyncio.create_task(self._send_lane(lane, groups))
+            self._busy[lane] = task
+            task.add_done_callback(functools.partial(self._lane_done, lane))
+            tasks.append(task)
+        return tasks
+
+    def _lane_done(self, lane: tuple[str, str], task: asyncio.Task[int]) -> None:
+        if self._busy.get(lane) is task:
+            del self._busy[lane]
+        self.doorbell.set()  # what came due for this lane meanwhile goes now
+
+    async def _send_lane(self, lane: tuple[str, str], groups: list[GroupKey]) -> int:
+        sent = 0
+        for gk in groups:
+            try:
+                claimed = self.store.claim(gk, self.clock())  # none: another replica is delivering this group
+                if not claimed:
+                    continue
+                due, dropped_by = flow.run_stages(DELIVERY, self._round, flow.Due(claimed, self.clock()))
+                if dropped_by is not None:
+                    continue
+                if due.wait > 0.0:
+                    self._settle(due.rows, Deferred(due.wait), due.rows[0].receiver)
+                elif await self._send(due.rows):
+                    sent += 1
+            except Exception:  # noqa: BLE001 - store trouble; a row's own failure is handled in _send
+                log.exception("msmon bot: delivery to %s %s failed in the store; the lane retries next round", *lane)
+                break
+        return sent
+
+    def _write_unwritten(self) -> None:
+        for i, (verdict, at) in list(self._unwritten.items()):
+            try:
+                self.store.settle([i], verdict, at)
+            except self.store.Error:
+                return  # still refused: next round
+            del self._unwritten[i]
+            self._posted.pop(i, None)
+
+    async def _send(self, rows: list[OutboxRow]) -> bool:
+        receiver = self.receivers.get(rows[0].receiver) or self.receivers["console"]
+        attempt = self._decode(receiver, rows)
+        if attempt is None:
+            return False
+        try:
+            await self._deliver(attempt)
+            outcome: Outcome = Sent()
+        except Held as exc:  # a robot keeping its platform's rate (bot/chat/robot.py): not a failed try
+            outcome = Deferred(exc.wait)
+        except DeliveryError as exc:
+            kind: FailureKind = "permanent" if exc.permanent else "rate_limited" if exc.retry_after else "transient"
+            outcome = Failed(kind, str(exc), exc.retry_after, attempt.posted)
+        except Exception as exc:  # noqa: BLE001 - a receiver bug or data it cannot take: this row's problem only
+            if max(r.attempts for r in attempt.rows) == 0:
+                log.warning("msmon bot: %s raised an unexpected error; retrying with backoff", attempt.what(),
+                            exc_info=True)
+            outcome = Failed("error", _first_line(exc), None, attempt.posted)
+        verdict = self._settle(attempt.rows, outcome, receiver.name, attempt)
+        return verdict.state == "delivered"
+
+    def _decode(self, receiver: Receiver, rows: list[OutboxRow]) -> _Try | None:
+        """The group's attempt with its payloads decoded; a row that does not decode is a dead letter alone."""
+        attempt = _Try(receiver, [], self.scheduler.plan(rows))
+        for r in rows:
+            try:
+                if r.kind == "note":
+                    attempt.notes.append(decode_note(r.payload, r.channel))
+                elif r.kind == "mail":
+                    attempt.mails.append(decode(r.payload, Mail))
+                else:
+                    attempt.payloads.append(decode(r.payload, Payload))
+            except (msgspec.DecodeError, ValueError, TypeError) as exc:
+                self._settle([r], Failed("undecodable", f"payload does not decode: {exc}"), receiver.name)
+                continue
+            attempt.rows.append(r)
+        return attempt if attempt.rows else None
+
+    def _settle(self, rows: list[OutboxRow], outcome: Outcome, receiver: str, attempt: _Try | None = None) -> Verdict:
+        now = self.clock()
+        verdict = self.scheduler.after(rows, outcome, now)
+        ids = [r.id for r in rows]
+        head = rows[0]
+        what = attempt.what() if attempt else f"{head.kind} {head.key!r} of run {head.run_id!r} to {receiver} " \
+                                                f"{head.channel}"
+        try:
+            self.store.settle(ids, verdict, now)
+        except self.store.Error as exc:
+            log.error("msmon bot: the store refused to record that %s is %s (%s); kept in memory and written again "
+                      "before each round; check the disk or the database at %s", what, verdict.state, exc,
+                      self.store.where)
+            self._unwritten.update(dict.fromkeys(ids, (verdict, now)))
+        else:
+            for i in ids:
+                self._posted.pop(i, None)
+            if verdict.state in ("delivered", "dead"):
+                self._charts.pop((head.key, tuple(ids)), None)
+            self._after(rows, verdict, now)
+        m = self.metrics
+        if verdict.state == "delivered":
+            m.sent.labels(receiver, head.kind).inc()
+            if verdict.error:
+                log.warning("msmon bot: %s is posted but its follow-up (the chart) never went: %s", what, verdict.error)
+            if attempt is not None and head.kind == "alert":
+                for p in attempt.payloads:
+                    if p.event.severity is Severity.ERROR and p.received_at is not None:
+                        m.error_latency.observe(max(now - p.received_at, 0.0))
+        if attempt is not None and attempt.mails and verdict.state in ("retry", "dead") and \
+                (verdict.state == "dead" or verdict.attempts == 1):
+            self._report_mail(attempt.mails, verdict)
+        if verdict.state == "retry":
+            m.delivery_errors.labels(receiver).inc()
+            held = verdict.attempts == max(r.attempts for r in rows)  # the channel is down: not counted
+            n = verdict.attempts
+            # Tries 1, 2, 4, 8 ... at WARNING (an outage of hours is a few lines per message), the rest at DEBUG.
+            log.log(logging.WARNING if not held and n & (n - 1) == 0 else logging.DEBUG,
+                    "msmon bot: delivery of %s failed (attempt %d of %d%s; next try in %.3g s): %s", what, n,
+                    self.scheduler.policy.limit(_kind(outcome)),
+                    ", held: the channel looks down" if held else "", verdict.delay, verdict.error)
+        elif verdict.state == "dead":
+            m.delivery_errors.labels(receiver).inc()
+            m.dead_letters.labels(receiver).inc()
+            log.error("msmon bot: dead letter: %s given up after %d tries; last error: %s. It stays in the outbox "
+                      "(GET /v1/outbox/dead, /healthz dead_letters); fix the cause (the receiver's token, channel or "
+                      "outage) and look at the run's alerts with GET /v1/runs/%s", what, verdict.attempts,
+                      verdict.error, head.run_id)
+        return verdict
+
+    def _after(self, rows: list[OutboxRow], verdict: Verdict, now: float) -> None:
+        """What a written verdict means for the rest: a lane back up has its waiting rows due now; a dead
+        letter's alerts are not notified (bot/delivery/nflog.py)."""
+        head = rows[0]
+        try:
+            if verdict.reopened and self.store.due_now_lane(head.receiver, head.channel, now):
+                log.info("msmon bot: %s %s delivers again; the messages waiting for it go now", head.receiver,
+                         head.channel)
+                self.doorbell.set()
+            if verdict.state == "dead" and self.given_up is not None:
+                self.given_up(rows)
+        except Exception:  # noqa: BLE001 - the store's trouble: the rows' own verdict is written
+            log.exception("msmon bot: could not record what the delivery of %s %s changed", head.receiver,
+                          head.channel)
+
+    def _report_mail(self, mails: list[Mail], verdict: Verdict) -> None:
+        """An escalation mail that failed (its first try, and when given up): said in the alert's channel."""
+        now = self.clock()
+        then = "given up: a dead letter (GET /v1/outbox/dead)" if verdict.state == "dead" else \
+            f"retrying with backoff (next try in {verdict.delay:.0f} s)"
+        entries = [OutboxEntry(now, m.report_via, m.report_to.channel, "note", f"mailfail|{m.message_id}|{now!r}",
+                               None, msgspec.json.encode(Note(
+                                   text=f"msmon could not email {', '.join(m.to)} ({m.subject}): {verdict.error}; "
+                                        f"{then}", reply_to=m.report_to)).decode(), now)
+                   for m in mails if m.report_via]
+        if not entries:
+            return
+        try:
+            self.store.enqueue_many(entries)
+        except self.store.Error as exc:
+            log.error("msmon bot: could not queue the report of a failed mail (%s)", exc)
+
+    async def _deliver(self, t: _Try) -> None:
+        kind = t.head.kind
+        if kind == "note":
+            for note in t.notes:
+                await t.receiver.note(note)
+        elif kind == "mail":
+            if not isinstance(t.receiver, Mailer):
+                raise TypeError(f"receiver {t.receiver.name} cannot send mail")
+            for row, mail in zip(t.rows, t.mails, strict=True):
+                try:
+                    await t.receiver.mail(mail)
+                except PartlyRefused as exc:  # sent to the others: the row keeps only the refused, retried
+                    mail.to = [to for to in mail.to if to in exc.refused] or mail.to
+                    self.store.set_payload(row.id, msgspec.json.encode(mail).decode())
+                    raise
+        elif kind == "alert":
+            await self._alert(t)
+        elif kind == "repeat":
+            ref = self.store.message(t.head.key)
+            msg = self._message(t.head.key, t.payloads, repeat=True)
+            if not t.plan.post or ref is None:
+                await self._post(t, msg)
+            else:
+                await t.receiver.reply(t.head.channel, ref["ts"], msg)
+        else:
+            await self._resolve(t)
+
+    async def _chart(self, t: _Try, msg: Message) -> None:
+        """Draw the firing ERROR's chart into `msg`; a chart that cannot be drawn only says so. Drawn once
+        per group: its retries reuse it (a few are kept)."""
+        if not t.receiver.charts or msg.severity is not Severity.ERROR or msg.status is not Status.FIRING:
+            return
+        room = getattr(t.receiver, "has_room", None)  # a group robot in a storm posts no chart: none is drawn
+        if room is not None and not room():
+            return
+        key = (t.head.key, tuple(t.ids))
+        if key in self._charts:
+            msg.chart, msg.chart_problem = self._charts[key]
+            return
+        if self.shedding():  # a chart is a picture of samples, shed too: the page goes now, the text says why
+            msg.chart_problem = OVERLOADED
+            return
+        try:
+            from bot.charts.draw import render_chart_off_loop  # matplotlib only when a chart is drawn
+
+            msg.chart = await render_chart_off_loop(msg.lead)
+        except Exception as exc:  # noqa: BLE001 - any failure to draw: the alert goes out without it
+            msg.chart_problem = _first_line(exc)
+            log.warning("msmon bot: the chart of %s for run %r step %d could not be drawn (%s); the alert is sent "
+                        "without it", msg.rule, msg.run_id, msg.lead.step, msg.chart_problem)
+        self._charts[key] = (msg.chart, msg.chart_problem)
+        while len(self._charts) > CHARTS_KEPT:
+            self._charts.popitem(last=False)
+
+    async def _post(self, t: _Try, msg: Message, root_key: str | None = None) -> None:
+        """Post a new message, store its reference at once, then attach its chart (the follow-up). The text
+        waits for its chart at most CHART_WAIT seconds (a busy bot draws slowly): a chart not drawn by then
+        follows the text instead of holding the page back."""
+        drawing = asyncio.ensure_future(self._chart(t, msg))
+        await asyncio.wait({drawing}, timeout=CHART_WAIT)
+        channel, key = t.head.channel, t.head.key
+        if t.plan.post:
+            t.posted = await t.receiver.post(channel, msg)
+            self._posted.update(dict.fromkeys(t.ids, t.posted))
+            with self.store.tx():
+                now = self.clock()
+                self.store.save_message(key, t.receiver.name, channel, t.posted, now)
+                if root_key is not None:
+                    self.store.save_message(root_key, t.receiver.name, channel, t.posted, now)
+                self.store.mark_posted(t.ids, t.posted)
+        ref = t.posted or t.plan.ref
+        assert ref is not None
+        await drawing
+        await t.receiver.attach(channel, ref, msg)
+
+    async def _alert(self, t: _Try) -> None:
+        channel, key, name = t.head.channel, t.head.key, t.receiver.name
+        msg = self._message(key, t.payloads)
+        if not t.plan.post:  # posted before; its chart is what is left
+            await self._post(t, msg)
+            return
+        ref = self.store.message(key)
+        if ref is None:
+            root_key = f"{msg.run_id}|root|{name}|{channel}"
+            root = self.store.message(root_key)
+            if t.payloads[0].thread and root is not None:
+                # A WARNING goes in the thread of the run's first message in this channel.
+                await t.receiver.reply(channel, root["ts"], msg)
+                self.store.save_message(key, name, channel, root["ts"], self.clock())
+                return
+            await self._post(t, msg, root_key if root is None else None)
+            return
+        # More devices joined the group: rewrite the message with all of them.
+        earlier = self._payloads(self.store.delivered_since(name, channel, key, "alert", ref["created_at"]))
+        await t.receiver.update(channel, ref["ts"], self._message(key, earlier + t.payloads))
+
+    def _payloads(self, rows: list[OutboxRow]) -> list[Payload]:
+        """Payloads of rows delivered before (a row that does not decode is left out)."""
+        out = []
+        for r in rows:
+            try:
+                out.append(decode(r.payload, Payload))
+            except (msgspec.DecodeError, ValueError, TypeError):
+                log.warning("msmon bot: outbox row %d does not decode; left out of the message", r.id)
+        return out
+
+    async def _resolve(self, t: _Try) -> None:
+        channel, key, name = t.head.channel, t.head.key, t.receiver.name
+        msg = self._message(key, t.payloads)
+        fkey = firing_key(msg.lead)
+        ref = self.store.message(fkey)
+        if ref is None:
+            return  # nothing was posted for this episode: nothing to resolve
+        fired = self._payloads(self.store.delivered_since(name, channel, fkey, "alert", ref["created_at"]))
+        firing_devices = {e.device for e in _events(fired)} if fired else set(msg.devices)
+        resolved_before = self._payloads(self.store.delivered_since(name, channel, key, "resolve", ref["created_at"]))
+        resolved = {e.device for e in _events(resolved_before + t.payloads)}
+        if t.plan.post:
+            await t.receiver.reply(channel, ref["ts"], msg)
+            t.posted = ref["ts"]
+            self._posted.update(dict.fromkeys(t.ids, t.posted))
+            self.store.mark_posted(t.ids, ref["ts"])
+        if firing_devices <= resolved:
+            view = self._message(fkey, fired or t.payloads)
+            view.status, view.resolution = Status.RESOLVED, msg.lead.message  # the post says why it closed
+            await t.receiver.update(channel, ref["ts"], view)
+            self.store.retire_message(fkey, self.clock())
+
+
+def _kind(outcome: Outcome) -> FailureKind:
+    return outcome.kind if isinstance(outcome, Failed) else "transient"

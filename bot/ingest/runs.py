@@ -1,0 +1,133 @@
+"""A run's attempts and its end, at the bot's edge: what the lifecycle (bot/runs/lifecycle.py, pure) decides,
+carried out on the store, the view across ranks, the metric windows and the alerts.
+
+    a message ─► `before`: a process of a new start (a re-run, a resume) ─► the attempt ends ("gone",
+                 "replaced by attempt n+1"), its firing alerts close, its ranks and series are forgotten,
+                 attempt n+1 starts clean
+              ─► (the ingest records it)
+              ─► `ended`: its final heartbeat leaves every rank ended ─► the attempt ends ("ended
+                 normally"), logged once for the run, its firing alerts close with "run ended"
+
+An alert closes as any other resolution does: a resolved event through the ingest's stages (dedup,
+routes, grouping, the outbox), its message saying why. The attempts' history stays in the store
+(`run_attempts`): `status`, the console and `/v1/runs` show it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from bot.runs.lifecycle import RUN_ENDED, RunPhase, new_attempt
+from bot.shared import BotState
+from msmon.contract.wire import Envelope, Event, Heartbeat, Severity, Status
+
+log = logging.getLogger("msmon.bot")
+
+Emit = Callable[[Event, str, dict[str, str], float], int]  # Ingest.event
+
+_RETIRED = 4096  # earlier attempts' processes remembered per run (a late message of one is dropped)
+_PHASES = {"ended": RunPhase.ENDED, "gone": RunPhase.GONE, "paused": RunPhase.PAUSED, "running": RunPhase.RUNNING}
+
+
+class Runs:
+    def __init__(self, state: BotState, emit: Emit) -> None:
+        self.state, self.emit = state, emit
+
+    def before(self, run_id: str, rank: int | None, device: str, host: str, proc: str, now: float) -> None:
+        """A message of run `run_id` from process `proc` (rank `rank`, device `device` on `host`), before the
+        ingest records it: when it is a new start's, the attempt before ends and a new one starts."""
+        if not proc or not self.state.cfg.ranks.enable:
+            return  # an older notifier, or no view of the ranks: no way to tell a new start from a late message
+        ranks = self.state.ranks.runs.get(run_id)
+        was = ranks.members.get(str(rank) if rank is not None else device) if ranks is not None else None
+        if was is not None and was.life.proc == proc:
+            return  # the rank's own process going on (nearly every message): nothing read
+        known = ranks.procs() if ranks is not None else frozenset()
+        if proc in known:
+            return  # a process the run has seen: going on, or late from an earlier attempt (the view drops it)
+        run = self.state.store.run(run_id)
+        if run is None:
+            return
+        # a new process of a rank that had one; without a rank, only on the same host (processes of one device
+        # id on several hosts, from a launcher msmon does not know, are not restarts of each other)
+        restarted = was is not None and bool(was.life.proc) and was.life.proc != proc and \
+            (rank is not None or was.host == host)
+        if new_attempt(_PHASES[run["state"]], known, proc, restarted):
+            self._new_attempt(run, now)
+
+    def stale(self, run_id: str, proc: str) -> bool:
+        """A message of a process of an earlier attempt of the run (sent late): not the run's liveness nor series."""
+        ranks = self.state.ranks.runs.get(run_id)
+        return bool(proc) and ranks is not None and proc in ranks.retired
+
+    def ended(self, beats: list[Heartbeat]) -> None:
+        """After the ingest recorded them: a final heartbeat that leaves every rank of its run ended (as many
+        as the job's world, when it said its size) ends the run's attempt."""
+        final = [hb for hb in beats if hb.final and not self.stale(hb.run_id, hb.proc)]
+        if not final:
+            return
+        hb = final[-1]
+        now = self.state.clock()
+        self.state.store.escalations.end_run(hb.run_id, now, hb.step)  # the watchdog: no job_gone after it
+        run = self.state.store.run(hb.run_id)
+        if run is None or run["ended"]:
+            return
+        ranks = self.state.ranks.run(hb.run_id) if self.state.cfg.ranks.enable else None
+        if ranks is not None and not ranks.ended(ranks.world):
+            return  # other ranks go on (or are missing): the run has not ended
+        if ranks is None and (hb.world or 1) > 1:
+            return  # one of many ranks, and no view of the others (ranks.enable false): the watchdog's end only
+        n = len(ranks.members) if ranks is not None else 1
+        step = max((m.step for m in ranks.members.values() if m.step is not None), default=hb.step) \
+            if ranks is not None else hb.step
+        self.state.store.attempts.end(hb.run_id, run["attempt"], run["attempt_started"], now, step, "ended normally")
+        if ranks is not None:
+            ranks.firing.clear()  # its alerts close below, once, as the run's
+        log.info("msmon bot: run %s%s ended normally at step %s (%d rank%s)", hb.run_id,
+                 f" attempt {run['attempt']}" if run["attempt"] > 1 else "", step, n, "s" if n != 1 else "")
+        self._close(run, now, f"{RUN_ENDED}: {hb.run_id} ended normally at step {step}")
+
+    def _new_attempt(self, run: dict[str, Any], now: float) -> None:
+        run_id, n = run["run_id"], run["attempt"]
+        attempts = self.state.store.attempts
+        if not run["ended"]:
+            attempts.end(run_id, n, run["attempt_started"], now, run["last_step"],
+                         "gone" if run["gone"] else f"replaced by attempt {n + 1}")
+        attempts.start(run_id, n + 1, now)
+        self._close(run, now, f"{RUN_ENDED}: a new attempt ({n + 1}) of {run_id} started")
+        old = self.state.ranks.runs.pop(run_id, None)  # the new attempt's ranks and series start clean
+        if old is not None:  # what the earlier attempts' processes still send is stale
+            fresh = self.state.ranks.run(run_id, create=True)
+            assert fresh is not None
+            fresh.retired = frozenset(sorted(old.procs())[-_RETIRED:])
+        windows = self.state.windows
+        windows.runs.pop(run_id, None)
+        windows.actions.pop(run_id, None)
+        self.state.store.restart_run(run_id, now)
+        log.info("msmon bot: run %s: attempt %d started (attempt %d %s at step %s)", run_id, n + 1, n,
+                 run["end_reason"] or ("was gone" if run["gone"] else "did not end"), run["last_step"])
+
+    def _close(self, run: dict[str, Any], now: float, why: str) -> None:
+        """Every firing alert of the run resolved, `why` as its message (through the ingest's stages)."""
+        queued = 0
+        for a in self.state.store.alerts(run["run_id"], "firing"):
+            ev = Event(run_id=run["run_id"], device=a["device"], step=a["last_step"] or 0, time=now, rule=a["rule"],
+                       severity=Severity(a["severity"]), status=Status.RESOLVED, value=0.0, threshold=0.0,
+                       message=why)
+            queued += self.emit(ev, run["project"], run["labels"], now)
+        if queued:
+            self.state.wake_outbox()
+
+
+def keyed(env: Envelope, key: str) -> Envelope:
+    """`env` with its run named `key` everywhere: the bot's key for a project's run whose id another
+    project's run has (bot/app.py's `run_owner`)."""
+    def re(items: list[Any]) -> list[Any]:
+        return [msgspec.structs.replace(x, run_id=key) for x in items]
+
+    return msgspec.structs.replace(env, run_id=key, events=re(env.events), samples=re(env.samples),
+                                   actions=re(env.actions), heartbeats=re(env.heartbeats))

@@ -1,0 +1,420 @@
+"""The PostgreSQL store: the SQLite store's operations on a database several `msmon serve` replicas share.
+
+psycopg 3's synchronous connection, used like SQLite's: the bot's store calls stay plain calls from the
+event loop (a statement on a nearby database takes a fraction of a millisecond; bench/bench_store.py
+measures it), and one code path serves both stores. The SQL is the SQLite store's (bot/store/sqlite.py), its
+`?` placeholders turned into psycopg's; what differs with several writers is here:
+
+- alerts: `lock_run` takes a transaction-scoped advisory lock on the envelope's run before its alert
+  rows are read, so two replicas never both decide to post the same alert (the alert index reads the
+  rows under that lock, not from memory: `shared`);
+- runs: one upsert merges a run's devices and last step (no read-modify-write, no cache);
+- the outbox: a replica claims a whole group's rows with `FOR UPDATE SKIP LOCKED` and a lease
+  (`claimed_by`, `claim_until`); rows claimed by a live replica are not due for the others, and a dead
+  replica's claims are taken over when its lease runs out; a row already posted keeps its `posted_ref`,
+  so the replica taking it over only does the follow-up. Claims and leases are timed by the database's
+  clock, one clock for every replica;
+- commands: queuing one NOTIFYs the other replicas (`listen`), whose long polls wake;
+- `lease(name)`: one owner at a time for the escalator, the digests and command expiry.
+
+Migrations: bot/store/migrations/postgresql/, applied on open under an advisory lock (replicas starting
+together migrate once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from bot.pipeline.schedule import GroupKey, OutboxRow
+from bot.store import migrations
+from bot.store.sqlite import OUTBOX_COLUMNS, AttemptLog, CommandLog, EscalationLog, Store
+from bot.store.url import redact
+
+log = logging.getLogger("msmon.bot")
+
+_NUMBERED = re.compile(r"\?(\d+)")
+DB_NOW = "extract(epoch from clock_timestamp())"
+STATEMENT_TIMEOUT_MS = 3_000  # the server cancels a statement after this (a lock wait, a slow plan)
+# When the database host is gone without a reset (a dead host, a blackholing network), nothing answers: the
+# client gives up by itself, so that the bot answers 503 with Retry-After within seconds instead of hanging
+# until TCP gives up (~15 min). A connection attempt gets CONNECT_TIMEOUT_S; a statement the server does not
+# answer at all gets DEADLINE_S (then its connection is shut: the call raises); TCP keepalives and
+# tcp_user_timeout find a dead peer under an idle or a sending connection; after a statement or a connection
+# attempt nothing answered, statements fail at once for RETRY_CONNECT_S before the next attempt.
+CONNECT_TIMEOUT_S = 3
+DEADLINE_S = 4.0
+RETRY_CONNECT_S = 2.0
+
+
+class Row:
+    """A result row read both ways, like sqlite3.Row: by column name, by position, unpacked, dict()."""
+
+    __slots__ = ("_values", "_index")
+
+    def __init__(self, values: Sequence[Any], index: dict[str, int]) -> None:
+        self._values, self._index = values, index
+
+    def __getitem__(self, key: int | str) -> Any:
+        return self._values[self._index[key]] if isinstance(key, str) else self._values[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+def _rows(cursor: Any) -> Callable[[Sequence[Any]], Row]:
+    index = {c.name: i for i, c in enumerate(cursor.description or ())}
+    return lambda values: Row(values, index)
+
+
+@functools.lru_cache(maxsize=512)
+def translate(sql: str) -> tuple[str, bool]:
+    """SQLite's placeholders as psycopg's: `?` -> `%s`, `?3` -> `%(p3)s` (then the parameters go as a
+    mapping: True), a literal `%` doubled; `AS REAL)` (a cast that types a parameter that may be NULL) as
+    PostgreSQL's 8-byte float (its REAL has 4)."""
+    sql = sql.replace("%", "%%").replace(" AS REAL)", " AS DOUBLE PRECISION)")
+    if _NUMBERED.search(sql):
+        return _NUMBERED.sub(lambda m: f"%(p{m.group(1)})s", sql), True
+    return sql.replace("?", "%s"), False
+
+
+def _text(v: Any) -> Any:
+    """PostgreSQL's text cannot hold NUL: a job's string with one is kept with U+FFFD in its place (the
+    same for a lookup, so the run is found again) instead of failing its envelope."""
+    return v.replace("\x00", "\ufffd") if isinstance(v, str) and "\x00" in v else v
+
+
+def _params(args: Sequence[Any], named: bool) -> Sequence[Any] | dict[str, Any]:
+    if named:
+        return {f"p{i}": _text(v) for i, v in enumerate(args, 1)}
+    return [_text(v) for v in args]
+
+
+def lock_key(text: str) -> int:
+    """A signed 64-bit advisory lock key for `text` (stable across processes, unlike hash())."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+class PgDb:
+    """One psycopg connection that takes the SQLite store's SQL (`execute`, `executemany`) or its own
+    (`raw`), reconnecting on the next statement after the server went away (the statement that saw it
+    go raises: the caller's retry or error path handles it)."""
+
+    def __init__(self, url: str, schema: str | None, extra: str = "") -> None:
+        self.url, self.schema = url, schema
+        # For every connection (a reconnection, the listener's): the schema as the search_path, and a bound on
+        # any statement (the calls are synchronous: a stuck lock or server holds the event loop at most this).
+        # The URL's own `options` (e.g. ?options=-c%20synchronous_commit%3Doff) come after ours: they win.
+        options = f"-c statement_timeout={STATEMENT_TIMEOUT_MS}" + (f" -c search_path={schema}" if schema else "") + \
+            (f" {extra}" if extra else "")
+        own = conninfo_to_dict(url).get("options")
+        self.conninfo = make_conninfo(url, options=f"{options} {own}" if own else options, keepalives=1,
+                                      keepalives_idle=5, keepalives_interval=2, keepalives_count=2,
+                                      tcp_user_timeout=int(DEADLINE_S * 1000))
+        self.deadline: float | None = None  # armed once the store is open (migrations may take longer)
+        self._busy: float | None = None  # monotonic time the statement in flight started
+        self._down_until = 0.0
+        self._closed = threading.Event()
+        self.conn = self._connect()
+        self.in_tx = False
+        threading.Thread(target=self._watch, name="msmon-pg-deadline", daemon=True).start()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        t0 = time.monotonic()
+        try:
+            return psycopg.connect(self.conninfo, autocommit=True, row_factory=_rows,
+                                   connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.OperationalError:
+            if time.monotonic() - t0 > 1.0:  # no answer (not a refusal): the next calls fail at once for a while
+                self._down_until = time.monotonic() + RETRY_CONNECT_S
+            raise
+
+    def _live(self) -> psycopg.Connection[Any]:
+        if self.conn.closed and not self.in_tx:
+            wait = self._down_until - time.monotonic()
+            if wait > 0:
+                raise psycopg.OperationalError(f"PostgreSQL at {redact(self.url)} did not answer; the next connection "
+                                               f"attempt in {wait:.1f} s")
+            log.warning("msmon bot: the PostgreSQL connection was lost; reconnecting to %s", redact(self.url))
+            self.conn = self._connect()
+        return self.conn
+
+    def _watch(self) -> None:
+        """Shut the connection of a statement the server has not answered within the deadline: the blocked
+        call raises (a dead host sends no reset; the server's statement_timeout cannot reach us)."""
+        while not self._closed.wait(0.25):
+            busy, deadline = self._busy, self.deadline
+            if busy is None or deadline is None or time.monotonic() - busy < deadline:
+                continue
+            with contextlib.suppress(OSError, psycopg.Error):
+                fd = self.conn.pgconn.socket
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    s.shutdown(socket.SHUT_RDWR)
+                log.error("msmon bot: PostgreSQL at %s has not answered a statement for %.0f s; its connection is "
+                          "closed (requests are answered 503 until it is back)", redact(self.url), deadline)
+            self._down_until = time.monotonic() + RETRY_CONNECT_S
+            self._busy = None
+
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        self._busy = time.monotonic()
+        try:
+            yield
+        finally:
+            self._busy = None
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        text, named = translate(sql)
+        conn = self._live()
+        with self._timed():
+            return conn.execute(text, _params(args, named))
+
+    def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> psycopg.Cursor[Any]:
+        text, named = translate(sql)
+        cur = self._live().cursor()
+        with self._timed():
+            cur.executemany(text, [_params(a, named) for a in seq])
+        return cur
+
+    def raw(self, query: Any, args: Sequence[Any] | dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
+        if isinstance(args, dict):
+            args = {k: _text(v) for k, v in args.items()}
+        elif args is not None:
+            args = [_text(v) for v in args]
+        conn = self._live()
+        with self._timed():
+            return conn.execute(query, args)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[PgDb]:
+        """One transaction (BEGIN ... COMMIT, ROLLBACK on an exception), its BEGIN and its end under the
+        deadline as any statement. Not in psycopg's pipeline mode: measured slower here than plain round
+        trips for transactions of a few statements."""
+        conn = self._live()
+        self.in_tx = True
+        tx = conn.transaction()
+        try:
+            with self._timed():
+                tx.__enter__()
+            try:
+                yield self
+            except BaseException as exc:
+                with self._timed():
+                    if not tx.__exit__(type(exc), exc, exc.__traceback__):
+                        raise
+            else:
+                with self._timed():
+                    tx.__exit__(None, None, None)
+        finally:
+            self.in_tx = False
+
+    def close(self) -> None:
+        self._closed.set()
+        self.conn.close()
+
+
+class PostgresStore(Store):
+    dialect: migrations.Dialect = "postgresql"
+    shared = True
+    Error: type[Exception] = psycopg.Error
+
+    def __init__(self, url: str, schema: str | None = None, lease: float = 60.0) -> None:  # noqa: D107
+        # No super().__init__: that opens a SQLite file. What it sets is set here, for this database.
+        self.url, self.lease_s = url, lease
+        self.path = redact(url) + (f" (schema {schema})" if schema else "")
+        self.owner = f"bot-{uuid.uuid4().hex[:12]}"
+        if schema is not None:
+            self._create_schema(url, schema)
+        self.db = self.pg = PgDb(url, schema)
+        self.lax: PgDb | None = None  # liveness writes outside a transaction (touch_run)
+        current = self.pg.raw("SELECT current_schema() AS s").fetchone()
+        if current is None or current["s"] is None:
+            raise psycopg.OperationalError(f"no schema to create the tables in on {self.path}: its search_path names "
+                                           "none that exists; set bot.store.schema")
+        self.schema = str(current["s"])
+        self.channel = "msmon_" + hashlib.blake2b(self.schema.encode(), digest_size=6).hexdigest()
+        # Outbox rows this replica may take: undelivered, and not claimed by another replica whose lease runs.
+        self._AVAILABLE = (f"{Store._PENDING} AND (claimed_by IS NULL OR claimed_by='{self.owner}'"
+                           f" OR claim_until<{DB_NOW})")
+        self._migrate()
+        self.pg.deadline = DEADLINE_S  # from now on a statement nothing answers fails (503) within seconds
+        self.commands = CommandLog(self.db, self._notify)
+        self.escalations = EscalationLog(self.db)
+        self.attempts = AttemptLog(self.db)
+        self._run_cache = OrderedDict()  # not used: touch_run reads nothing
+        self._silence_cache = None
+
+    @staticmethod
+    def _create_schema(url: str, schema: str) -> None:
+        """The schema, made once when replicas start together: under an advisory lock (CREATE SCHEMA IF NOT
+        EXISTS alone races: the second of two concurrent creators fails on pg_namespace's unique index)."""
+        with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+            key = lock_key(f"msmon.schema.{schema}")
+            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+            try:
+                conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema)))
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
+                pass  # another creator without the lock (an older replica): it is there
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+    def close(self) -> None:
+        self.db.close()
+        if self.lax is not None:
+            self.lax.close()
+
+    def _lax(self) -> PgDb:
+        if self.lax is None:
+            self.lax = PgDb(self.url, self.pg.schema, "-c synchronous_commit=off")
+            self.lax.deadline = DEADLINE_S
+        return self.lax
+
+    @property
+    def where(self) -> str:
+        return self.path
+
+    def _migrate(self) -> None:
+        db = self.pg
+        key = lock_key(f"msmon.migrate.{self.schema}")
+        db.raw("SELECT pg_advisory_lock(%s)", (key,))
+        db.raw("SET statement_timeout = 0")  # a migration may take longer than a statement of the running bot
+        try:
+            db.raw(migrations.VERSION_TABLE.format(real="DOUBLE PRECISION"))
+            row = db.raw("SELECT MAX(version) AS v FROM schema_version").fetchone()
+            for m in migrations.pending("postgresql", int(row["v"] or 0) if row else 0):
+                with db.transaction():
+                    db.raw(m.sql)
+                    db.raw("INSERT INTO schema_version(version, name, applied_at) VALUES(%s, %s, %s)",
+                           (m.version, m.name, time.time()))
+                log.info("msmon bot: schema migration %04d_%s applied to %s", m.version, m.name, self.path)
+        finally:
+            db.raw("RESET statement_timeout")
+            db.raw("SELECT pg_advisory_unlock(%s)", (key,))
+
+    def schema_version(self) -> int:
+        row = self.pg.raw("SELECT MAX(version) AS v FROM schema_version").fetchone()
+        return int(row["v"] or 0) if row else 0
+
+    def tx(self) -> contextlib.AbstractContextManager[Any]:
+        return self._tx()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[PgDb]:
+        try:
+            with self.pg.transaction() as db:
+                yield db
+        except BaseException:
+            self._forget()
+            raise
+
+    # -- several writers -------------------------------------------------------------------------
+
+    def lock_run(self, run_id: str) -> None:
+        self.pg.raw("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"run:{run_id}"),))
+
+    def lease(self, name: str, owner: str, now: float, ttl: float) -> bool:
+        """As Store.lease, timed by the database's clock (`now` is not used)."""
+        cur = self.pg.raw(
+            f"INSERT INTO leases(name, owner, until) VALUES(%s, %s, {DB_NOW} + %s) ON CONFLICT(name) DO UPDATE SET"
+            f" owner=excluded.owner, until=excluded.until WHERE leases.owner=excluded.owner OR leases.until<{DB_NOW}",
+            (name, owner, ttl))
+        return cur.rowcount == 1
+
+    def touch_run(self, run_id: str, project: str, labels: dict[str, str], device: str, step: int | None,
+                  now: float, heartbeat: bool = False, paused: bool | None = None) -> None:
+        """One upsert: the devices merged, the last step moved only forward, whoever wrote before. Outside a
+        transaction (an envelope of samples, a heartbeat: liveness, nothing a job waits to see kept) on the
+        `lax` connection, whose commits do not wait for their WAL fsync: a server crash can lose the last
+        fraction of a second of these, never an event, a command or a delivery."""
+        import json
+
+        (self.pg if self.pg.in_tx else self._lax()).raw(
+            "INSERT INTO runs(run_id, project, labels, devices, first_seen, last_seen, last_step, last_heartbeat,"
+            " last_progress, paused) VALUES(%(run)s, %(project)s, %(labels)s, %(devices)s, %(now)s, %(now)s, %(step)s,"
+            " CASE WHEN %(hb)s THEN %(now)s END, %(now)s, %(paused0)s)"
+            " ON CONFLICT(run_id) DO UPDATE SET labels=excluded.labels, last_seen=excluded.last_seen, gone=0,"
+            " devices=CASE WHEN runs.devices::jsonb @> excluded.devices::jsonb THEN runs.devices"
+            " ELSE (runs.devices::jsonb || excluded.devices::jsonb)::text END,"
+            " last_step=CASE WHEN excluded.last_step > runs.last_step OR runs.last_step IS NULL"
+            " THEN COALESCE(excluded.last_step, runs.last_step) ELSE runs.last_step END,"
+            " last_progress=CASE WHEN excluded.last_step > runs.last_step OR"
+            " (runs.last_step IS NULL AND excluded.last_step IS NOT NULL) THEN excluded.last_seen"
+            " ELSE runs.last_progress END,"
+            " last_heartbeat=CASE WHEN %(hb)s THEN excluded.last_seen ELSE runs.last_heartbeat END,"
+            " paused=COALESCE(%(paused)s, runs.paused)",
+            {"run": run_id, "project": project, "labels": json.dumps(labels), "devices": json.dumps([device]),
+             "now": now, "step": step, "hb": heartbeat, "paused0": int(bool(paused)),
+             "paused": None if paused is None else int(paused)})
+
+    def silences(self, now: float | None = None) -> list[Any]:
+        self._silence_cache = None  # another replica may have added one: read each time
+        return super().silences(now)
+
+    # -- the outbox: claims --------------------------------------------------------------------------
+
+    def claim(self, group: GroupKey, now: float) -> list[OutboxRow]:
+        """Every pending row of the group, claimed for this replica for `lease` seconds; none when another
+        replica holds one of them (its lease runs) or is claiming them right now (a row is locked)."""
+        where = f"{Store._PENDING} AND receiver=%s AND channel=%s AND key=%s AND kind=%s"
+        with self.tx():
+            rows = list(self.pg.raw(f"SELECT {OUTBOX_COLUMNS}, claimed_by, claim_until, {DB_NOW} AS db_now"
+                                    f" FROM outbox WHERE {where} ORDER BY id FOR UPDATE SKIP LOCKED", group))
+            total = self.pg.raw(f"SELECT COUNT(*) AS n FROM outbox WHERE {where}", group).fetchone()
+            if not rows or total is None or len(rows) < total["n"]:
+                return []
+            if any(r["claimed_by"] not in (None, self.owner) and r["claim_until"] >= r["db_now"] for r in rows):
+                return []
+            ids = [r["id"] for r in rows]
+            self.pg.raw(f"UPDATE outbox SET claimed_by=%s, claim_until={DB_NOW} + %s WHERE id = ANY(%s)",
+                        (self.owner, self.lease_s, ids))
+        names = OUTBOX_COLUMNS.replace(" ", "").split(",")
+        return [OutboxRow(**{k: r[k] for k in names}) for r in rows]
+
+    # -- commands cross replicas ---------------------------------------------------------------------
+
+    def _notify(self, run_id: str) -> None:
+        """A command for `run_id` is queued: every replica's listener hears it when this transaction commits."""
+        self.pg.raw("SELECT pg_notify(%s, %s)", (self.channel, run_id))
+
+    async def listen(self, on_command: Callable[[str | None], None], stop: Any) -> None:
+        """LISTEN on this schema's channel until `stop` is set: `on_command(run_id)` per notification, and
+        `on_command(None)` after each (re)connection (what was queued while it was away: look again)."""
+        delay = 1.0
+        while not stop.is_set():
+            try:
+                async with await psycopg.AsyncConnection.connect(self.pg.conninfo, autocommit=True,
+                                                                 connect_timeout=10) as conn:
+                    await conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))
+                    on_command(None)
+                    delay = 1.0
+                    while not stop.is_set():
+                        async for n in conn.notifies(timeout=0.5):
+                            on_command(n.payload)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("msmon bot: LISTEN for commands on %s failed (%s); long polls here wake only at their "
+                            "timeout until it is back; retrying in %.0f s", self.path, exc, delay)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, 30.0)
