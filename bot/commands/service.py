@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 from bot.commands import auth
@@ -22,7 +23,7 @@ from bot.pipeline.silence import Silence
 from bot.ranks.table import lines as rank_lines
 from bot.receivers.render import median, num
 from bot.shared import BotState
-from msmon.contract.actions import VERB_ACTION
+from msmon.contract.actions import ACTIONS, VERB_ACTION
 from msmon.contract.wire import Event, Severity, Status, Window
 from msmon.core.trend import summarize
 
@@ -59,6 +60,17 @@ class CommandService:
     def __init__(self, state: BotState) -> None:
         self.state = state
         self.cfg, self.store, self.clock = state.cfg, state.store, state.clock
+        # The verbs the bot answers itself on a known run; the job actions go to every rank (`_queue`), and
+        # `help` and `runs` need no run. Every chat verb has exactly one of these (checked in the tests).
+        self._bot_verbs: dict[str, Callable[[Parsed, dict[str, Any], Origin, float], Answer]] = {
+            "status": self._status_verb,
+            "ack": lambda p, run, origin, now: self._ack(p, origin, now, run["project"]),
+            "silence": lambda p, run, origin, now: self._silence(p, origin, now, run["project"]),
+        }
+
+    def handled_verbs(self) -> set[str]:
+        """Every chat verb this service carries out (the tests check it is every verb the parser knows)."""
+        return {"help", "runs", *VERB_ACTION, *self._bot_verbs}
 
     # -- commands in ------------------------------------------------------------------------------
 
@@ -108,17 +120,12 @@ class CommandService:
             log.warning("msmon bot: DENIED %s from %s (%s) on run %s: not in commands.allow for project %s",
                         p.text(), origin.who, origin.source, p.run, project)
             return Answer(msg, ok=False, status=403, private=True)
-        if p.verb == "status":
-            rec = self._audit(now, origin, p.text(), p.verb, p.run, "done", "", project)
-            return dataclasses.replace(self._status(run), record=rec["id"])
-        if p.verb == "ack":
-            return self._ack(p, origin, now, project)
-        if p.verb == "silence":
-            return self._silence(p, origin, now, project)
         if p.verb == "stop" and not p.confirmed:
             return Answer(f"Stop run {p.run}? It saves a checkpoint, then ends training on every rank.",
                           private=True, confirm=f"stop {p.run} confirm")
-        return self._queue(p, run, origin, now)
+        if p.verb in VERB_ACTION:  # a job action (msmon/contract/actions.py): every rank applies it
+            return self._queue(p, run, origin, now)
+        return self._bot_verbs[p.verb](p, run, origin, now)
 
     def _audit(self, now: float, origin: Origin, text: str, verb: str, run_id: str | None, status: str, detail: str,
                project: str | None = None) -> dict[str, Any]:
@@ -154,12 +161,9 @@ class CommandService:
 
     def _queue(self, p: Parsed, run: dict[str, Any], origin: Origin, now: float) -> Answer:
         action = VERB_ACTION[p.verb]
-        params: dict[str, Any] = {}
-        if p.verb == "scale-lr":
-            params["factor"] = p.factor
-        elif p.verb == "loosen-threshold":
-            params = {"rule": p.rule, "value": p.value, "factor": p.factor, "duration": p.duration}
-            params = {k: v for k, v in params.items() if v is not None}
+        # The action's parameters, by the names the action table gives them (a parsed field of the same name)
+        params = {param.name: getattr(p, param.name) for param in ACTIONS[action].params
+                  if getattr(p, param.name, None) is not None}
         cmd, waiting = self._enqueue(p, run, origin, now, action, params)
         apply_step = int(cmd["apply_step"])
         log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
@@ -207,6 +211,10 @@ class CommandService:
             lines.append(f"`{r['run_id']}` ({r['project']}){attempt} step {r['last_step'] or 0:,}, {r['state']}, seen "
                          f"{now - r['last_seen']:.0f} s ago, {len(firing)} alert(s) firing")
         return "\n".join(lines)
+
+    def _status_verb(self, p: Parsed, run: dict[str, Any], origin: Origin, now: float) -> Answer:
+        rec = self._audit(now, origin, p.text(), p.verb, p.run, "done", "", run["project"])
+        return dataclasses.replace(self._status(run), record=rec["id"])
 
     def _status(self, run: dict[str, Any]) -> Answer:
         run_id = run["run_id"]

@@ -222,3 +222,24 @@ def test_help_for_one_verb() -> None:
 def test_every_help_example_parses(verb: str) -> None:
     example = help_text(verb).splitlines()[2].removeprefix("  e.g. ")
     assert parse(example).verb == verb
+
+
+def test_every_verb_the_parser_knows_is_carried_out_by_the_service_and_each_action_param_is_a_parsed_field(
+        tmp_path) -> None:  # noqa: ANN001
+    """One action table drives both: a verb the parser accepts that the service has no handler for (or an action
+    parameter the parser cannot fill) fails here, not in chat at 2 a.m."""
+    import dataclasses
+
+    from bot.commands.parse import Parsed
+    from bot.commands.service import CommandService
+    from bot.config import load_bot_config
+    from bot.metrics import BotMetrics
+    from bot.shared import BotState
+    from bot.store.sqlite import Store
+
+    cfg = load_bot_config({"bot": {"port": 0, "state_path": str(tmp_path / "s.sqlite")}})
+    service = CommandService(BotState(cfg, Store(cfg.state_path), BotMetrics(), lambda: 1000.0))
+    assert service.handled_verbs() == set(VERBS)
+    fields = {f.name for f in dataclasses.fields(Parsed)}
+    for action in VERB_ACTION.values():
+        assert {p.name for p in ACTIONS[action].params} - {"timeout"} <= fields, action
