@@ -39,8 +39,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The suite on every core (pytest-xdist; a group such as the browser tests or Synapse's stays on one worker),
+# then the timing tests alone in a process of their own on an otherwise idle machine
 unit: $(STAMP)
-	$(BIN)/pytest -q -m "not timing"
+	$(BIN)/pytest -q -m "not timing" -n auto --dist loadgroup
 	$(BIN)/pytest -q -m timing
 
 slow: $(STAMP)

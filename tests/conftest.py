@@ -35,6 +35,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run fails, so the test that leaked it gets fixed (tests/fakes/process.py's terminate_group ends a job whole)."""
     from tests.fakes.process import descendants, kill_tree
 
+    if session.config.pluginmanager.has_plugin("dsession"):
+        return  # pytest-xdist's controller: its children are the workers, each of which checks its own tests
     left = [pid for pid in descendants(os.getpid()) if _cmdline(pid)]
     if left:
         names = "; ".join(f"{pid}: {_cmdline(pid)[:120]}" for pid in left)

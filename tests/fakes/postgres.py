@@ -38,15 +38,20 @@ def unavailable() -> str | None:
     return None
 
 
+# pytest-xdist's worker ("gw0", "gw1"...; "main" without xdist) in every schema's name: workers running at once,
+# and other sessions on the same database, never share a schema (nor drop another's at exit)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
 def schema_for(key: str) -> str:
     """A schema name of its own for `key` (a bot's state path: the same after a restart)."""
-    name = "msmon_t_" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+    name = f"msmon_t_{WORKER}_" + hashlib.blake2b(f"{os.getpid()}:{key}".encode(), digest_size=8).hexdigest()
     _created.add(name)
     return name
 
 
 def new_schema() -> str:
-    name = f"msmon_t_{uuid.uuid4().hex[:16]}"
+    name = f"msmon_t_{WORKER}_{uuid.uuid4().hex[:16]}"
     _created.add(name)
     return name
 

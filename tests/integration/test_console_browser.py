@@ -30,7 +30,8 @@ from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
 from tests.fakes.ms_helpers import model, regression_data  # noqa: E402
 from tests.fakes.records import envelope, event  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.mindspore]
+# one Chromium at a time (xdist_group: the browser tests share one xdist worker)
+pytestmark = [pytest.mark.slow, pytest.mark.mindspore, pytest.mark.xdist_group("chromium")]
 
 XSS_RUN = '<script>alert("x")</script>'
 

@@ -39,7 +39,8 @@ from notifier.transport import BotTransport  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# one Chromium at a time (xdist_group: the browser tests share one xdist worker)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("chromium")]
 TRACES = ROOT / "data" / "backtest" / "mindspore-cpu"
 
 

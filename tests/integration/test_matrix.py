@@ -18,6 +18,9 @@ import pytest
 from tests.fakes.synapse import Synapse, User, synapse_problem
 
 pytest.importorskip("nio")
+
+# one Synapse (the module fixture, about 20 s to start) for all of them: the module stays on one xdist worker
+pytestmark = pytest.mark.xdist_group("synapse")
 if synapse_problem():
     pytest.skip(str(synapse_problem()), allow_module_level=True)
 
