@@ -52,6 +52,7 @@ from bot.receivers.render import escape_html
 from bot.runs.devices import TooManyDevices
 from bot.shared import BotState
 from bot.store import open_store
+from bot.store.rows import RunRow
 from bot.store.sqlite import Store
 from bot.web import add_console_routes, console_link
 from msmon.contract.wire import ActionRequest, Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
@@ -338,12 +339,12 @@ def _cursor(raw: str | None) -> tuple[float, str] | None:
     raise web.HTTPUnprocessableEntity(reason="cursor is not one this bot gave (the `next` of a page of runs)")
 
 
-def _run_view(request: web.Request, r: dict[str, Any], detail: bool = False) -> dict[str, Any]:
+def _run_view(request: web.Request, r: RunRow, detail: bool = False) -> dict[str, Any]:
     store, windows = request.app[STORE], request.app[STATE].windows
     firing = store.alerts(r["run_id"], "firing")
-    view = {k: r[k] for k in ("run_id", "project", "labels", "devices", "first_seen", "last_seen", "last_step",
-                              "last_heartbeat", "paused", "gone", "state", "attempt", "ended", "ended_at",
-                              "end_reason")}
+    keys = ("run_id", "project", "labels", "devices", "first_seen", "last_seen", "last_step", "last_heartbeat",
+            "paused", "gone", "state", "attempt", "ended", "ended_at", "end_reason")
+    view: dict[str, Any] = {k: v for k, v in r.items() if k in keys}
     view["firing"] = [{"rule": a["rule"], "device": a["device"], "severity": a["severity"],
                        "since_step": a["first_step"], "acked_by": a["acked_by"]} for a in firing]
     if detail:

@@ -47,7 +47,7 @@ class BotState:
         self.ranks = RankViews(cfg.ranks.max_runs, cfg.ranks.max_ranks, cfg.ranks.history)  # across ranks (bot/ranks)
         self.index = AlertIndex(store)
         # Runs that may have open commands: every job post asks, and almost always the answer is none.
-        self.open_runs: set[str] = {c["run_id"] for c in store.commands.open_all()}
+        self.open_runs: set[str] = {c["run_id"] for c in store.commands.open_all() if c["run_id"] is not None}
         self.resumed_at: dict[str, float] = {}  # run -> job clock at its last resume (its progress restarts then)
         self.waiters = Waiters()  # the jobs' long polls
         self.doorbell: Callable[[], None] = lambda: None  # the outbox worker's (bot/app.py sets it)
@@ -62,7 +62,7 @@ class BotState:
             self.open_runs.add(run_id)
             self.waiters.wake(run_id)
             return
-        waiting = {c["run_id"] for c in self.store.commands.open_all()}
+        waiting = {c["run_id"] for c in self.store.commands.open_all() if c["run_id"] is not None}
         self.open_runs |= waiting
         for r in waiting & set(self.waiters.events):  # only polls with something to take: no spurious end
             self.waiters.wake(r)

@@ -21,11 +21,10 @@ from bot.commands.origin import Origin
 from bot.commands.parse import format_duration
 from bot.receivers import Note
 from bot.shared import BotState
+from bot.store.rows import FINAL, CommandRow, CommandStatus, RunRow
 from bot.store.sqlite import OutboxEntry
 from msmon.contract.actions import ACTIONS, AUTOMATIC
 from msmon.contract.wire import ActionRequest, ActionResult, Command, encode
-
-FINAL = ("done", "failed", "expired", "partial")
 
 
 def poll(state: BotState, run_id: str, device: str, after: int) -> tuple[list[Command], int]:
@@ -60,10 +59,10 @@ def pending_for(state: BotState, run_id: str, device: str) -> list[Command]:
     return poll(state, run_id, device, 0)[0]
 
 
-def _wire(c: dict[str, Any]) -> Command:
-    return Command(id=c["id"], run_id=c["run_id"], action=c["action"], params=c["params"],
-                   apply_step=c["apply_step"], issued_by=Origin.from_stored(c["origin"]).user_name or c["user"],
-                   issued_at=c["created_at"], expires_at=c["expires_at"])
+def _wire(c: CommandRow) -> Command:
+    return Command(id=c["id"], run_id=c["run_id"] or "", action=c["action"] or "", params=c["params"],
+                   apply_step=c["apply_step"] or 0, issued_by=Origin.from_stored(c["origin"]).user_name or c["user"],
+                   issued_at=c["created_at"], expires_at=c["expires_at"] or 0.0)
 
 
 class RuleRequestError(Exception):
@@ -75,8 +74,8 @@ class RuleRequestError(Exception):
         self.status, self.reason, self.retry = status, reason, retry
 
 
-def rule_request(state: BotState, apply_step: Callable[[dict[str, Any], float], int], req: ActionRequest,
-                 project: str) -> tuple[dict[str, Any], bool]:
+def rule_request(state: BotState, apply_step: Callable[[RunRow, float], int], req: ActionRequest,
+                 project: str) -> tuple[CommandRow, bool]:
     """A configured action that a rule fired on one rank of a multi-rank run (`ActionRequest`), as a command
     every rank of the run applies at the same step, like a chat command (`apply_step`: the command service's).
     Recorded in the commands table (the audit) with source and user "rule R on rank N". While one such
@@ -106,7 +105,7 @@ def rule_request(state: BotState, apply_step: Callable[[dict[str, Any], float], 
         cmd = state.store.commands.add(
             created_at=now, user=who, source=who, project=project, run_id=req.run_id, text=text,
             verb=ACTIONS[req.action].verb, action=req.action, params=dict(req.params), apply_step=step,
-            status="pending", detail="", origin=Origin(source=who, user=who).to_stored(),
+            status=CommandStatus.PENDING, detail="", origin=Origin(source=who, user=who).to_stored(),
             expires_at=now + state.cfg.commands.expire_after)
     state.open_runs.add(req.run_id)
     state.waiters.wake(req.run_id)
@@ -170,7 +169,8 @@ def record_results(state: BotState, actions: list[ActionResult]) -> int:
         run = state.store.run(c["run_id"])
         devices = set(run["devices"]) if run else {a.device}
         done = devices <= set(results)
-        status = ("done" if all(r["ok"] for r in results.values()) else "failed") if done else "pending"
+        status = (CommandStatus.DONE if all(r["ok"] for r in results.values()) else CommandStatus.FAILED) if done \
+            else CommandStatus.PENDING
         now = state.clock()
         state.store.commands.update(c["id"], now, results=results, status=status,
                                    detail=_summary(results) if done else c["detail"])
@@ -189,7 +189,7 @@ def expire(state: BotState) -> int:
             if c["expires_at"] is None or c["expires_at"] > now:
                 continue
             results = c["results"]
-            status = "partial" if results else "expired"
+            status = CommandStatus.PARTIAL if results else CommandStatus.EXPIRED
             after = format_duration(float(state.cfg.commands.expire_after))
             if results:
                 text = (f"{c['id']} `{c['text']}`: only {len(results)} rank(s) answered within {after}: "
@@ -205,7 +205,7 @@ def expire(state: BotState) -> int:
     return n
 
 
-def _note(state: BotState, c: dict[str, Any], text: str) -> None:
+def _note(state: BotState, c: CommandRow, text: str) -> None:
     """Queue a report for where command `c` came from."""
     note(state, Origin.from_stored(c["origin"]), text, c["run_id"], c["id"])
 
@@ -228,7 +228,7 @@ def _summary(results: dict[str, dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _report(c: dict[str, Any], results: dict[str, dict[str, Any]], done: bool) -> str:
+def _report(c: CommandRow, results: dict[str, dict[str, Any]], done: bool) -> str:
     head = f"{c['id']} `{c['text']}` (from {Origin.from_stored(c['origin']).who})"
     if not done:
         return f"{head}: a rank failed: {_summary(results)}"

@@ -23,6 +23,7 @@ from bot.pipeline.silence import Silence
 from bot.ranks.table import lines as rank_lines
 from bot.receivers.render import median, num
 from bot.shared import BotState
+from bot.store.rows import CommandRow, CommandStatus, RunRow
 from msmon.contract.actions import ACTIONS, VERB_ACTION
 from msmon.contract.wire import Event, Severity, Status, Window
 from msmon.core.trend import summarize
@@ -38,7 +39,7 @@ class Answer:
     ok: bool = True
     status: int = 200  # for HTTP callers: 403 refused, 404 unknown run, 422 not a valid command
     private: bool = False  # only the asker sees it
-    command: dict[str, Any] | None = None  # the stored job command
+    command: CommandRow | None = None  # the stored job command
     confirm: str | None = None  # a confirmation button should send this command text
     chart: Event | None = None  # status: what to draw (render_chart, off the event loop)
     record: str | None = None  # the command log's id of a command answered at once (help, runs, status)
@@ -49,11 +50,11 @@ class Answer:
                 "command": None if cmd is None else view(cmd), "record": self.record}
 
 
-def view(cmd: dict[str, Any]) -> dict[str, Any]:
+def view(cmd: CommandRow) -> dict[str, Any]:
     """A stored command as the API shows it."""
     keys = ("id", "created_at", "user", "source", "run_id", "text", "verb", "action", "params", "apply_step",
             "status", "detail", "results", "expires_at", "updated_at")
-    return {k: cmd[k] for k in keys}
+    return {k: v for k, v in cmd.items() if k in keys}
 
 
 class CommandService:
@@ -62,7 +63,7 @@ class CommandService:
         self.cfg, self.store, self.clock = state.cfg, state.store, state.clock
         # The verbs the bot answers itself on a known run; the job actions go to every rank (`_queue`), and
         # `help` and `runs` need no run. Every chat verb has exactly one of these (checked in the tests).
-        self._bot_verbs: dict[str, Callable[[Parsed, dict[str, Any], Origin, float], Answer]] = {
+        self._bot_verbs: dict[str, Callable[[Parsed, RunRow, Origin, float], Answer]] = {
             "status": self._status_verb,
             "ack": lambda p, run, origin, now: self._ack(p, origin, now, run["project"]),
             "silence": lambda p, run, origin, now: self._silence(p, origin, now, run["project"]),
@@ -83,7 +84,7 @@ class CommandService:
         try:
             p = parse(text)
         except CommandError as exc:
-            self._audit(now, origin, text, exc.verb or "?", None, "invalid", str(exc))
+            self._audit(now, origin, text, exc.verb or "?", None, CommandStatus.INVALID, str(exc))
             return Answer(str(exc), ok=False, status=422, private=True)
         return self._handle(p, origin, text, now)
 
@@ -99,24 +100,24 @@ class CommandService:
         if self.cfg.commands.enable:
             return None
         msg = "Commands are switched off on this bot (commands.enable in its bot.yaml)."
-        self._audit(now, origin, text, "?", None, "rejected", msg)
+        self._audit(now, origin, text, "?", None, CommandStatus.REJECTED, msg)
         return Answer(msg, ok=False, status=403, private=True)
 
     def _handle(self, p: Parsed, origin: Origin, text: str, now: float) -> Answer:
         if p.verb in ("help", "runs"):
-            rec = self._audit(now, origin, p.text(), p.verb, None, "done", "")
+            rec = self._audit(now, origin, p.text(), p.verb, None, CommandStatus.DONE, "")
             return Answer(help_text(p.topic) if p.verb == "help" else self._runs_text(), record=rec["id"])
         run = self.store.run(p.run or "")
         if run is None:
             msg = self._unknown_run(p.run or "")
-            self._audit(now, origin, text, p.verb, p.run, "rejected", msg)
+            self._audit(now, origin, text, p.verb, p.run, CommandStatus.REJECTED, msg)
             return Answer(msg, ok=False, status=404, private=True)
         project = run["project"]
         if p.destructive and not auth.allowed(origin.user, project, self.cfg.commands.allow,
                                               self.cfg.commands.groups):
             msg = (f"{origin.who} may not `{p.verb}` runs of project {project}: ask "
                    f"{auth.who_may(project, self.cfg.commands.allow)}. (This attempt is recorded.)")
-            self._audit(now, origin, p.text(), p.verb, p.run, "denied", msg, project)
+            self._audit(now, origin, p.text(), p.verb, p.run, CommandStatus.DENIED, msg, project)
             log.warning("msmon bot: DENIED %s from %s (%s) on run %s: not in commands.allow for project %s",
                         p.text(), origin.who, origin.source, p.run, project)
             return Answer(msg, ok=False, status=403, private=True)
@@ -127,8 +128,8 @@ class CommandService:
             return self._queue(p, run, origin, now)
         return self._bot_verbs[p.verb](p, run, origin, now)
 
-    def _audit(self, now: float, origin: Origin, text: str, verb: str, run_id: str | None, status: str, detail: str,
-               project: str | None = None) -> dict[str, Any]:
+    def _audit(self, now: float, origin: Origin, text: str, verb: str, run_id: str | None, status: CommandStatus,
+               detail: str, project: str | None = None) -> CommandRow:
         with self.store.tx():
             return self.store.commands.add(
                 created_at=now, user=origin.user, source=origin.source, project=project, run_id=run_id, text=text,
@@ -142,8 +143,8 @@ class CommandService:
         listed = ", ".join(known[:10]) + (" ..." if len(known) > 10 else "") if known else "none yet"
         return f"No run `{run_id}` has reported to this bot.{hint} Known runs: {listed}. (`runs` lists them.)"
 
-    def _enqueue(self, p: Parsed, run: dict[str, Any], origin: Origin, now: float, action: str,
-                 params: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def _enqueue(self, p: Parsed, run: RunRow, origin: Origin, now: float, action: str,
+                 params: dict[str, Any]) -> tuple[CommandRow, list[CommandRow]]:
         """Store `action` for every rank of `run`, past its latest step and the commands still waiting, and wake
         the ranks' polls: (the command, the commands that were waiting)."""
         # Never before a command accepted earlier and still waiting: every rank applies a run's commands in
@@ -153,19 +154,20 @@ class CommandService:
         with self.store.tx():
             cmd = self.store.commands.add(
                 created_at=now, user=origin.user, source=origin.source, project=run["project"], run_id=run["run_id"],
-                text=p.text(), verb=p.verb, action=action, params=params, apply_step=apply_step, status="pending",
-                detail="", origin=origin.to_stored(), expires_at=now + self.cfg.commands.expire_after)
+                text=p.text(), verb=p.verb, action=action, params=params, apply_step=apply_step,
+                status=CommandStatus.PENDING, detail="", origin=origin.to_stored(),
+                expires_at=now + self.cfg.commands.expire_after)
         self.state.open_runs.add(run["run_id"])
         self.state.waiters.wake(run["run_id"])
         return cmd, waiting
 
-    def _queue(self, p: Parsed, run: dict[str, Any], origin: Origin, now: float) -> Answer:
+    def _queue(self, p: Parsed, run: RunRow, origin: Origin, now: float) -> Answer:
         action = VERB_ACTION[p.verb]
         # The action's parameters, by the names the action table gives them (a parsed field of the same name)
         params = {param.name: getattr(p, param.name) for param in ACTIONS[action].params
                   if getattr(p, param.name, None) is not None}
         cmd, waiting = self._enqueue(p, run, origin, now, action, params)
-        apply_step = int(cmd["apply_step"])
+        apply_step = int(cmd["apply_step"] or 0)
         log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
                  p.text(), origin.who, origin.source, run["run_id"], apply_step)
         who = "every rank" if len(run["devices"]) > 1 else "the job"
@@ -178,7 +180,7 @@ class CommandService:
         return Answer(f"`{p.text()}` queued as {cmd['id']}: {who} {when}. The result will be reported here.{gone}",
                       command=cmd)
 
-    def apply_step(self, run: dict[str, Any], now: float) -> int:
+    def apply_step(self, run: RunRow, now: float) -> int:
         """The step at which every rank applies a command: past the latest step any rank can have
         reached by the time the command reaches them. Reports lag (samples travel in batches), so the
         run's pace covers the time since its newest report (by the job's clock and by the bot's receipt,
@@ -209,14 +211,14 @@ class CommandService:
             firing = self.store.alerts(r["run_id"], "firing")
             attempt = f" attempt {r['attempt']}" if r["attempt"] > 1 else ""
             lines.append(f"`{r['run_id']}` ({r['project']}){attempt} step {r['last_step'] or 0:,}, {r['state']}, seen "
-                         f"{now - r['last_seen']:.0f} s ago, {len(firing)} alert(s) firing")
+                         f"{now - (r['last_seen'] or now):.0f} s ago, {len(firing)} alert(s) firing")
         return "\n".join(lines)
 
-    def _status_verb(self, p: Parsed, run: dict[str, Any], origin: Origin, now: float) -> Answer:
-        rec = self._audit(now, origin, p.text(), p.verb, p.run, "done", "", run["project"])
+    def _status_verb(self, p: Parsed, run: RunRow, origin: Origin, now: float) -> Answer:
+        rec = self._audit(now, origin, p.text(), p.verb, p.run, CommandStatus.DONE, "", run["project"])
         return dataclasses.replace(self._status(run), record=rec["id"])
 
-    def _status(self, run: dict[str, Any]) -> Answer:
+    def _status(self, run: RunRow) -> Answer:
         run_id = run["run_id"]
         self.state.flush()
         state = (f"ENDED ({run['end_reason']})" if run["ended"] else "GONE (no heartbeat)" if run["gone"]
@@ -265,7 +267,7 @@ class CommandService:
         lines += _level_change_lines(self.store.commands.level_changes(run_id, limit=20))
         return Answer("\n".join(lines), chart=_status_event(run, hist, firing) if hist else None)
 
-    def _history(self, run: dict[str, Any]) -> list[Any]:
+    def _history(self, run: RunRow) -> list[Any]:
         devices = sorted(self.state.windows.runs.get(run["run_id"], {}))
         return self.state.windows.history(run["run_id"], devices[0]) if devices else []
 
@@ -279,11 +281,11 @@ class CommandService:
             firing = sorted({a["rule"] for a in self.store.alerts(run_id, "firing")})
             msg = (f"Nothing to acknowledge: `{rule}` is not firing on {where} of run {run_id}. Firing now: "
                    f"{', '.join(firing) or 'nothing'}.")
-            self._audit(now, origin, p.text(), p.verb, run_id, "rejected", msg, project)
+            self._audit(now, origin, p.text(), p.verb, run_id, CommandStatus.REJECTED, msg, project)
             return Answer(msg, ok=False, private=True)
         msg = (f"{origin.who} acknowledged {rule} on {where} of run {run_id}: no reminders until it resolves, and "
                "its escalation stops (a rise to ERROR still pages).")
-        self._audit(now, origin, p.text(), p.verb, run_id, "done", msg, project)
+        self._audit(now, origin, p.text(), p.verb, run_id, CommandStatus.DONE, msg, project)
         cmd = self.tell_job_acked(run_id, rule, p.device, origin, now)
         if cmd is None:
             return Answer(msg)
@@ -291,7 +293,7 @@ class CommandService:
                       f"({cmd['id']}; reported here).", command=cmd)
 
     def tell_job_acked(self, run_id: str, rule: str, device: str | None, origin: Origin,
-                       now: float) -> dict[str, Any] | None:
+                       now: float) -> CommandRow | None:
         """The job hears of an acknowledgement (from chat, the console or an email link): an `acknowledge`
         command for every rank, so a level shift its rule holds against the pre-shift reference becomes the
         new normal. The command, or None for a run the bot does not know."""
@@ -310,7 +312,7 @@ class CommandService:
                                                  created_by=origin.who, comment=p.text()))
         what = f"{p.rule} alerts" if p.rule else "all alerts"
         msg = f"Silenced {what} of run {p.run} for {format_duration(duration)} (silence {sid}, by {origin.who})."
-        self._audit(now, origin, p.text(), p.verb, p.run, "done", msg, project)
+        self._audit(now, origin, p.text(), p.verb, p.run, CommandStatus.DONE, msg, project)
         return Answer(msg)
 
 
@@ -357,7 +359,7 @@ def _loss_scale_line(hist: list[Any]) -> str | None:
     return ", ".join(parts)
 
 
-def _status_event(run: dict[str, Any], hist: list[Any], firing: list[dict[str, Any]]) -> Event:
+def _status_event(run: RunRow, hist: list[Any], firing: list[dict[str, Any]]) -> Event:
     """The run's recent window dressed as an event, so the alert chart draws it: FIRING at the highest severity
     firing (its title and colour say so), RESOLVED (green) when nothing fires."""
     last = hist[-1]

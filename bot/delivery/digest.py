@@ -22,6 +22,7 @@ from bot.pipeline.route import route_for
 from bot.receivers import Message, Note, ReplyTo
 from bot.receivers.render import num
 from bot.shared import BotState
+from bot.store.rows import RunRow
 from bot.store.sqlite import OutboxEntry, Store
 from msmon.contract.wire import Severity, Window, encode
 from msmon.core.trend import summarize
@@ -70,7 +71,7 @@ class Digests:
         self.state.wake_outbox()
         log.info("msmon bot: digest for %s queued (%d lines)", digest.channel, text.count("\n") + 1)
 
-    def _runs_of(self, channel: str) -> list[dict[str, Any]]:
+    def _runs_of(self, channel: str) -> list[RunRow]:
         """Active runs (not gone, not ended) routed to `channel` at either severity."""
         store, routes = self.state.store, self.state.cfg.routes
         ended = store.escalations.ended()
@@ -105,7 +106,7 @@ class Digests:
         return {e["run_id"] for e in store.escalations.of() if e["channel"] == channel} | \
             {h["run_id"] for h in store.escalations.held(channel, 0.0)}
 
-    def _run_line(self, r: dict[str, Any]) -> str:
+    def _run_line(self, r: RunRow) -> str:
         windows = self.state.windows
         run_id = r["run_id"]
         step = r["last_step"] or 0

@@ -46,6 +46,7 @@ from bot.ingest.overload import errors_first
 from bot.ingest.runs import keyed
 from bot.runs.devices import TooManyDevices
 from bot.shared import BotState
+from bot.store.rows import RunRow
 from msmon.contract.subjects import (
     ACTION,
     COMMANDS,
@@ -64,7 +65,7 @@ Who = Callable[[bytes], "tuple[str, str] | None"]  # a token -> (project, operat
 # (the token's project, run, claimed project) -> (the run's project, why it is refused or None)
 Owner = Callable[[str, str, "str | None"], "tuple[str | None, str, str | None]"]
 Ended = Callable[[list[Heartbeat]], None]
-ApplyStep = Callable[[dict[str, Any], float], int]  # the command service's
+ApplyStep = Callable[[RunRow, float], int]  # the command service's
 _STATUS = {"token": 401, "project": 403, "json": 400}  # a refusal's HTTP status in an answer (else 422)
 
 

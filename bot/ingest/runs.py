@@ -23,6 +23,7 @@ import msgspec
 
 from bot.runs.lifecycle import RUN_ENDED, RunPhase, new_attempt
 from bot.shared import BotState
+from bot.store.rows import RunRow
 from msmon.contract.wire import Envelope, Event, Heartbeat, Severity, Status
 
 log = logging.getLogger("msmon.bot")
@@ -91,7 +92,7 @@ class Runs:
                  f" attempt {run['attempt']}" if run["attempt"] > 1 else "", step, n, "s" if n != 1 else "")
         self._close(run, now, f"{RUN_ENDED}: {hb.run_id} ended normally at step {step}")
 
-    def _new_attempt(self, run: dict[str, Any], now: float) -> None:
+    def _new_attempt(self, run: RunRow, now: float) -> None:
         run_id, n = run["run_id"], run["attempt"]
         attempts = self.state.store.attempts
         if not run["ended"]:
@@ -111,7 +112,7 @@ class Runs:
         log.info("msmon bot: run %s: attempt %d started (attempt %d %s at step %s)", run_id, n + 1, n,
                  run["end_reason"] or ("was gone" if run["gone"] else "did not end"), run["last_step"])
 
-    def _close(self, run: dict[str, Any], now: float, why: str) -> None:
+    def _close(self, run: RunRow, now: float, why: str) -> None:
         """Every firing alert of the run resolved, `why` as its message (through the ingest's stages)."""
         queued = 0
         for a in self.state.store.alerts(run["run_id"], "firing"):

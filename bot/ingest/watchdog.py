@@ -11,11 +11,11 @@ import contextlib
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
 
 from bot.config import BotConfig
 from bot.ingest.envelope import Ingest
 from bot.runs.lifecycle import RunInput, silence
+from bot.store.rows import RunRow
 from bot.store.sqlite import Store
 from msmon.contract.wire import Event, Severity, Status
 
@@ -27,7 +27,7 @@ HINTS = {
 }
 
 
-def verdicts(run: dict[str, Any], now: float, heartbeat_timeout: float, stall_timeout: float,
+def verdicts(run: RunRow, now: float, heartbeat_timeout: float, stall_timeout: float,
              ended_at: float | None = None, since: float = 0.0) -> dict[str, float]:
     """Pure: rule -> seconds of silence, for the conditions that hold for this run now (the run lifecycle's
     `silence`, bot/runs/lifecycle.py). A run whose attempt ended, or whose last heartbeat was a final one
@@ -41,7 +41,7 @@ def verdicts(run: dict[str, Any], now: float, heartbeat_timeout: float, stall_ti
     if found is RunInput.NO_HEARTBEAT:
         return {"job_gone": now - max(hb, since)}
     if found is RunInput.NO_PROGRESS:
-        return {"job_stalled": now - max(run["last_progress"], since)}
+        return {"job_stalled": now - max(run["last_progress"] or since, since)}
     return {}
 
 
@@ -49,7 +49,7 @@ def _clock_time(t: float | None) -> str:
     return "never" if t is None else datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M UTC")
 
 
-def silence_text(run: dict[str, Any], rule: str, silent: float, limit: float) -> str:
+def silence_text(run: RunRow, rule: str, silent: float, limit: float) -> str:
     """"run-42 stopped reporting at step 12,400, last seen 02:13 UTC (...)": the last step and time seen."""
     step = f"{run['last_step'] or 0:,}"
     if rule == "job_gone":
@@ -67,7 +67,7 @@ class Watchdog:
         self.started = clock()  # the `bot restart` event: silence counts from here at the earliest
         self.checked: float | None = None  # the last pass (None: none yet)
 
-    def candidates(self, now: float) -> list[dict[str, Any]]:
+    def candidates(self, now: float) -> list[RunRow]:
         """The runs whose verdict can have changed since the last pass, so that a pass costs what changed,
         not every stored run (100,000 runs read every 2 s held the loop for seconds). A verdict changes
         only when the run is heard from (its last_seen moves: a heartbeat, a pause, its end) or when its
@@ -106,7 +106,7 @@ class Watchdog:
             self.ingest.state.wake_outbox()
         return queued
 
-    def _raise(self, run: dict[str, Any], rule: str, status: Status, silent: float, now: float) -> int:
+    def _raise(self, run: RunRow, rule: str, status: Status, silent: float, now: float) -> int:
         limit = self.cfg.pipeline.heartbeat_timeout if rule == "job_gone" else self.cfg.pipeline.stall_timeout
         ev = Event(run_id=run["run_id"], device="*", step=run["last_step"] or 0, time=now, rule=rule,
                    severity=Severity.ERROR, status=status, value=silent, threshold=limit,

@@ -14,7 +14,7 @@ import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -22,6 +22,7 @@ from bot.pipeline.flow import NotifyState
 from bot.pipeline.schedule import GroupKey, OutboxRow, Verdict
 from bot.pipeline.silence import Silence
 from bot.store import migrations
+from bot.store.rows import CommandRow, CommandStatus, RunRow, RunState
 from msmon.contract.wire import Severity
 
 
@@ -170,12 +171,12 @@ class Store:
         while len(self._run_cache) > 10_000:
             self._run_cache.popitem(last=False)
 
-    def runs(self) -> list[dict[str, Any]]:
+    def runs(self) -> list[RunRow]:
         latest = self.attempts.latest_all()
         return [self._run(r, latest.get(r["run_id"])) for r in
                 self.db.execute("SELECT * FROM runs ORDER BY last_seen DESC")]
 
-    def runs_page(self, project: str | None, after: tuple[float, str] | None, limit: int) -> list[dict[str, Any]]:
+    def runs_page(self, project: str | None, after: tuple[float, str] | None, limit: int) -> list[RunRow]:
         """Up to `limit` runs (of `project`; None: every project), most recently seen first, after the run
         `after` (its last_seen and run id: a page's cursor): a page read, never every run."""
         q, args = "SELECT * FROM runs WHERE 1=1", list[Any]()
@@ -193,12 +194,12 @@ class Store:
         r = self.db.execute("SELECT project FROM runs WHERE run_id=?", (run_id,)).fetchone()
         return None if r is None else str(r["project"])
 
-    def run(self, run_id: str) -> dict[str, Any] | None:
+    def run(self, run_id: str) -> RunRow | None:
         r = self.db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
         return None if r is None else self._run(r, self.attempts.latest(run_id))
 
     @staticmethod
-    def _run(r: Any, attempt: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _run(r: Any, attempt: dict[str, Any] | None = None) -> RunRow:
         """A run's row, with its current attempt (bot/ingest/runs.py): its number, and when and why it ended."""
         d = dict(r)
         d["labels"] = json.loads(d["labels"] or "{}")
@@ -209,8 +210,9 @@ class Store:
         d["ended_at"] = attempt["ended_at"] if attempt else None
         d["end_reason"] = attempt["end_reason"] if attempt else None
         d["ended"] = d["ended_at"] is not None
-        d["state"] = "ended" if d["ended"] else "gone" if d["gone"] else "paused" if d["paused"] else "running"
-        return d
+        d["state"] = (RunState.ENDED if d["ended"] else RunState.GONE if d["gone"] else RunState.PAUSED if d["paused"]
+                      else RunState.RUNNING)
+        return cast(RunRow, d)
 
     def set_paused(self, run_id: str, paused: bool, now: float) -> None:
         """A job reported it paused or resumed (its progress restarts now)."""
@@ -479,11 +481,12 @@ def _alert_params(r: AlertRow) -> tuple[Any, ...]:
 _COMMAND_JSON = ("params", "results", "origin")
 
 
-def _command(r: Any) -> dict[str, Any]:
+def _command(r: Any) -> CommandRow:
     d = dict(r)
     for k in _COMMAND_JSON:
         d[k] = json.loads(d[k] or "{}")
-    return d
+    d["status"] = CommandStatus(d["status"])
+    return cast(CommandRow, d)
 
 
 class CommandLog:
@@ -494,37 +497,38 @@ class CommandLog:
         self._queued = queued  # a pending command for a run was added (PostgreSQL: NOTIFY the replicas)
 
     def add(self, *, created_at: float, user: str, source: str, project: str | None, run_id: str | None, text: str,
-            verb: str, action: str | None, params: dict[str, Any], apply_step: int | None, status: str, detail: str,
-            origin: dict[str, Any], expires_at: float | None) -> dict[str, Any]:
+            verb: str, action: str | None, params: dict[str, Any], apply_step: int | None, status: CommandStatus,
+            detail: str, origin: dict[str, Any], expires_at: float | None) -> CommandRow:
         cur = self.db.execute(
             "INSERT INTO commands(created_at, \"user\", source, project, run_id, text, verb, action, params,"
             " apply_step, status, detail, origin, expires_at, updated_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
             " RETURNING seq",
-            (created_at, user, source, project, run_id, text, verb, action, json.dumps(params), apply_step, status,
-             detail, json.dumps(origin), expires_at, created_at))
+            (created_at, user, source, project, run_id, text, verb, action, json.dumps(params), apply_step,
+             CommandStatus(status).value, detail, json.dumps(origin), expires_at, created_at))
         seq = int(cur.fetchone()["seq"])
         self.db.execute("UPDATE commands SET id=? WHERE seq=?", (f"c{seq}", seq))
-        if run_id is not None and status == "pending":
+        if run_id is not None and status == CommandStatus.PENDING:
             self._queued(run_id)
         got = self.get(f"c{seq}")
         assert got is not None
         return got
 
-    def get(self, cid: str) -> dict[str, Any] | None:
+    def get(self, cid: str) -> CommandRow | None:
         r = self.db.execute("SELECT * FROM commands WHERE id=?", (cid,)).fetchone()
         return None if r is None else _command(r)
 
-    def open_for(self, run_id: str, after: int = 0) -> list[dict[str, Any]]:
+    def open_for(self, run_id: str, after: int = 0) -> list[CommandRow]:
         """Commands still to be applied by a run's ranks, in order, issued after cursor `after`."""
         return [_command(r) for r in self.db.execute(
             "SELECT * FROM commands WHERE run_id=? AND status='pending' AND seq>? ORDER BY seq", (run_id, after))]
 
-    def open_all(self) -> list[dict[str, Any]]:
+    def open_all(self) -> list[CommandRow]:
         return [_command(r) for r in self.db.execute("SELECT * FROM commands WHERE status='pending' ORDER BY seq")]
 
     def update(self, cid: str, now: float, **fields: Any) -> None:
         cols = ", ".join(f"{k}=?" for k in fields)
-        vals = [json.dumps(v) if k in _COMMAND_JSON else v for k, v in fields.items()]
+        vals = [json.dumps(v) if k in _COMMAND_JSON else CommandStatus(v).value if k == "status" else v
+                for k, v in fields.items()]
         self.db.execute(f"UPDATE commands SET {cols}, updated_at=? WHERE id=?", (*vals, now, cid))  # noqa: S608
 
     def first_signed(self, signature: str, ts: int, horizon: float) -> bool:
@@ -547,7 +551,7 @@ class CommandLog:
         return [dict(r) for r in self.db.execute(
             "SELECT * FROM level_changes WHERE run_id=? ORDER BY seq DESC LIMIT ?", (run_id, limit))]
 
-    def recent(self, limit: int = 100, run_id: str | None = None) -> list[dict[str, Any]]:
+    def recent(self, limit: int = 100, run_id: str | None = None) -> list[CommandRow]:
         q, args = "SELECT * FROM commands", []
         if run_id is not None:
             q += " WHERE run_id=?"

@@ -35,6 +35,7 @@ from bot.commands.service import CommandService
 from bot.config import BotConfig
 from bot.receivers.render import console_url
 from bot.shared import BotState
+from bot.store.rows import RunRow
 from bot.web import pages, views
 from bot.web.session import COOKIE, CSRF_HEADER, LOGIN_COOKIE, Sessions, Viewer, new_token, same_secret
 from msmon.contract.wire import MAX_ID, tag_nonfinite
@@ -220,7 +221,7 @@ class Console:
         v = request[VIEWER]
         return _html(pages.alerts_page(views.alerts(self.state, v.project), v.user, v.csrf))
 
-    def _run(self, request: web.Request) -> dict[str, Any] | None:
+    def _run(self, request: web.Request) -> RunRow | None:
         run = self.state.store.run(request.match_info["run_id"])
         return run if run is not None and views.visible(request[VIEWER].project, run) else None
 

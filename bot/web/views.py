@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from bot.shared import BotState
+from bot.store.rows import RunRow
 from msmon.contract.wire import tag_nonfinite
 
 # The curves a run page draws: (series key, title, the sample fields that feed it, first found wins).
@@ -32,17 +33,17 @@ def _num(v: Any) -> float | str | None:
     return f if math.isfinite(f) else tag_nonfinite(f)
 
 
-def visible(project: str, run: dict[str, Any]) -> bool:
+def visible(project: str, run: RunRow) -> bool:
     """An operator ("*") sees every run; anyone else only their project's."""
     return project in ("*", run["project"])
 
 
-def run_state(run: dict[str, Any]) -> str:
+def run_state(run: RunRow) -> str:
     """The run lifecycle's phase as the store gives it (bot/store/sqlite.py: ended, gone, paused, running)."""
     return str(run.get("state") or ("gone" if run["gone"] else "paused" if run["paused"] else "running"))
 
 
-def run_summary(state: BotState, run: dict[str, Any]) -> dict[str, Any]:
+def run_summary(state: BotState, run: RunRow) -> dict[str, Any]:
     """One row of the runs table: state, step, progress towards the planned steps, alerts firing."""
     total, _target = state.windows.plans.get(run["run_id"], (None, None))
     step = int(run["last_step"] or 0)
@@ -94,10 +95,10 @@ def alerts(state: BotState, project: str, run_id: str | None = None, firing_only
 
 def commands(state: BotState, run_id: str) -> list[dict[str, Any]]:
     keys = ("id", "created_at", "user", "source", "text", "status", "detail", "apply_step")
-    return [{k: c[k] for k in keys} for c in state.store.commands.recent(MAX_COMMANDS, run_id=run_id)]
+    return [{k: v for k, v in c.items() if k in keys} for c in state.store.commands.recent(MAX_COMMANDS, run_id=run_id)]
 
 
-def run_detail(state: BotState, run: dict[str, Any]) -> dict[str, Any]:
+def run_detail(state: BotState, run: RunRow) -> dict[str, Any]:
     """Everything a run page shows but the series."""
     return {"run": run_summary(state, run), "alerts": alerts(state, "*", run["run_id"]),
             "commands": commands(state, run["run_id"])}

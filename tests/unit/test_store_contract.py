@@ -199,7 +199,7 @@ def test_commands_are_numbered_listed_updated_and_replays_refused(store: Store) 
                           "action": "pause", "params": {"p": 1}, "apply_step": None, "detail": "",
                           "origin": {"receiver": "console"}, "expires_at": 500.0}
     first = c.add(created_at=1.0, run_id="r", status="pending", **kw)
-    second = c.add(created_at=2.0, run_id="r", status="refused", **kw)
+    second = c.add(created_at=2.0, run_id="r", status="rejected", **kw)
     assert (first["id"], second["id"], first["params"], first["user"]) == ("c1", "c2", {"p": 1}, "ana")
     assert [x["id"] for x in c.open_for("r")] == ["c1"] and c.open_for("r", after=first["seq"]) == []
     c.update("c1", 3.0, results={"0": {"ok": True}}, status="done")

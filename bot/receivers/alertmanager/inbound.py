@@ -204,8 +204,9 @@ class AlertmanagerInboundHandler:
         `threads` keeps each (run, severity)'s route and thread for the rest of the webhook."""
         where = threads.get((run_id, severity))
         if where is None:
-            run = self.state.store.run(run_id) or {}
-            route = route_for(run.get("project", "default"), run.get("labels") or {}, severity, self.cfg.routes)
+            run = self.state.store.run(run_id)
+            route = route_for(run["project"] if run else "default", run["labels"] if run else {}, severity,
+                              self.cfg.routes)
             root = self.state.store.message(f"{run_id}|root|{route.receiver}|{route.channel}")
             where = threads[(run_id, severity)] = (route.receiver, route.channel, root["ts"] if root else "")
         receiver, channel, thread = where
