@@ -169,3 +169,45 @@ def test_csv_and_tensorboard_paths_from_hostile_run_ids_stay_in_their_folders(tm
     (csv_file,) = [p for p in written if p.endswith(".csv")]
     assert os.path.dirname(csv_file) == os.fspath(out / "csv")
     assert all(len(os.path.basename(p)) <= 255 for p in written)
+
+
+def test_csv_rows_read_back_exactly_as_the_csv_module_writes_them(tmp_path):
+    """Every cell of every row (msgspec's numbers, or the csv module's for a row with a NaN or an infinity) reads
+    back with csv.DictReader and float() to the sample's own value; one file shared by two devices; run ids
+    that need quoting stay one cell."""
+    import random
+
+    from notifier.outputs.csv_sink import CsvSink
+
+    rng = random.Random(5)
+    sink = CsvSink(os.fspath(tmp_path / "{run_id}.csv"), 'run,"1"')
+    samples = []
+    for step in range(60):
+        odd = [math.nan, math.inf, -math.inf] if step % 7 == 0 else []
+
+        def pick(odd: list[float] = odd) -> float | None:
+            return rng.choice([None, rng.uniform(-1e9, 1e9), rng.uniform(0, 1e-6), 0.1 + 0.2, 1e300, *odd])
+
+        s = Sample(run_id='run,"1"', device=rng.choice(["0", "dev,1"]), step=step * 2**40, time=1.7e9 + step / 3,
+                   loss=pick(), learning_rate=pick(), grad_norm=pick(), local_grad_norm=pick(), samples_per_s=pick(),
+                   tokens_per_s=pick(), step_time=pick(), max_step_time=pick(), data_time=pick(),
+                   overflow=rng.choice([None, True, False]), loss_scale=pick(),
+                   skipped_steps=rng.choice([None, 0, 12]))
+        samples.append(s)
+        sink.write(s)
+    sink.close()
+    with open(tmp_path / f"{sink.path_for('0')}", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(samples)
+    for s, row in zip(samples, rows, strict=True):
+        assert (row["run_id"], row["device"], int(row["step"])) == (s.run_id, s.device, s.step)
+        for col in CSV_COLUMNS[3:]:
+            want = getattr(s, col)
+            if want is None:
+                assert row[col] == ""
+            elif isinstance(want, bool):
+                assert row[col] == str(int(want))
+            elif isinstance(want, float) and math.isnan(want):
+                assert row[col] == "nan"
+            else:
+                assert float(row[col]) == want
