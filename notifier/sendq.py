@@ -110,6 +110,7 @@ class Entry:
     size: int
     since: float  # when it was queued (the edge's clock)
     in_flight: bool = False
+    data: bytes = b""  # its wire JSON where the edge has it (encoded once: for its size, the envelope, the spool)
 
     @property
     def key(self) -> tuple[str, str, str] | None:
@@ -207,8 +208,9 @@ class SendQueue:
 
     # -- the job's side -----------------------------------------------------------------------
 
-    def enqueue(self, item: Item, now: float, size: int) -> bool:
-        """Queue an item (size: its encoded bytes). False when it was refused or dropped at once."""
+    def enqueue(self, item: Item, now: float, size: int, data: bytes = b"") -> bool:
+        """Queue an item (size: its encoded bytes; data: those bytes, kept with it for the edge to send and spool
+        without encoding it again). False when it was refused or dropped at once."""
         cls, tier = classify(item)
         if tier is Tier.HIGH and cls != "resolutions" and (self._held[Tier.HIGH] >= self.limits.max_high or
                                                            self._high_bytes + size > self.limits.max_bytes):
@@ -217,7 +219,7 @@ class SendQueue:
             self.cap_reached = True
             return False
         self._seq += 1
-        entry = Entry(self._seq, item, cls, tier, size, now)
+        entry = Entry(self._seq, item, cls, tier, size, now, data=data)
         self._account(entry, +1)
         self._put(entry)
         self._dirty = True
@@ -230,13 +232,13 @@ class SendQueue:
         self._evict()
         return entry.seq in self._free[_stream(item)]
 
-    def restore(self, items: Iterable[tuple[Item, int]], now: float) -> None:
-        """Rebuild the queue from what a previous process spooled ((item, size), oldest first): it goes
-        out before anything queued since."""
+    def restore(self, items: Iterable[tuple[Item, bytes]], now: float) -> None:
+        """Rebuild the queue from what a previous process spooled ((item, its encoded bytes), oldest first): it
+        goes out before anything queued since."""
         restored: list[Entry] = []
-        for item, size in items:
+        for item, data in items:
             self._seq += 1
-            restored.append(Entry(self._seq, item, *classify(item), size, now))
+            restored.append(Entry(self._seq, item, *classify(item), len(data), now, data=data))
         for entry in reversed(restored):
             self._account(entry, +1)
             self._put(entry, front=True)
@@ -385,11 +387,15 @@ class SendQueue:
 
     def snapshot(self) -> list[Item]:
         """Every item not yet accepted, in queue order (the batch in flight included: its fate is open)."""
+        return [e.item for e in self.snapshot_entries()]
+
+    def snapshot_entries(self) -> list[Entry]:
+        """`snapshot()`'s entries, with the bytes each was queued with."""
         flying = self._in_flight.entries if self._in_flight is not None else []
-        out: list[Item] = []
+        out: list[Entry] = []
         for name in _STREAMS:
-            out.extend(e.item for e in flying if _stream(e.item) == name)
-            out.extend(e.item for e in self._free[name].values())
+            out.extend(e for e in flying if _stream(e.item) == name)
+            out.extend(self._free[name].values())
         return out
 
     def persisted(self, now: float, count: int, took: float = 0.0) -> None:

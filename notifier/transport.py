@@ -3,8 +3,8 @@ decides what is sent, when, and what a full queue drops. Here live the threads a
 (the requests go through `notifier.http`, the client `msmon cmd` uses too); nothing here decides
 anything the state machine can.
 
-* The training thread only encodes an item (to know its size) and queues it under a lock that is
-  never held across I/O: O(1), never blocks on the network, never raises.
+* The training thread only appends an item to the inbox; the sender encodes it once, queues it with its
+  bytes (its size, the envelope's part, the spool's line) under a lock that is never held across I/O.
 * The sender thread asks the queue for a batch, POSTs it, and tells the queue what came back. Any
   answer, or no answer, becomes a `Fault`: nothing from the network or the peer ends the thread.
   Each kind of fault is logged once, with what to do about it.
@@ -62,6 +62,7 @@ from .sendq import Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, judge
 
 log = logging.getLogger("msmon")
 
+_EMPTY_LISTS = b',"events":[],"samples":[],"heartbeats":[],"actions":[],'  # in an Envelope's JSON, in its field order
 _NAMES = {"errors": "ERROR events", "actions": "action results", "resolutions": "resolutions",
           "warnings": "WARNING events", "samples": "metric samples"}
 
@@ -84,6 +85,41 @@ class SpoolRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     @property
     def item(self) -> Item | None:
         return self.event or self.sample or self.action
+
+    @staticmethod
+    def line(item: Item, data: bytes) -> bytes:
+        """`encode(SpoolRecord.of(item))` for an item already encoded as `data`, without encoding it again."""
+        if isinstance(item, Event):
+            return b'{"event":' + data + b"}"
+        if isinstance(item, Sample):
+            return b'{"sample":' + data + b"}"
+        return b'{"action":' + data + b"}"
+
+
+def envelope_body(head: Envelope, entries: list[Entry]) -> bytes:
+    """`encode` of `head` with the entries' items in its lists, from the bytes each was queued with: the envelope's
+    own fields encoded with empty lists, the items' bytes spliced into them (each item is encoded once, when it is
+    queued)."""
+    body = encode(head)
+    at = body.find(_EMPTY_LISTS)  # the first: every string before it is JSON-escaped, "dropped" counts numbers
+    if at < 0 or head.events or head.samples or head.actions or any(not e.data for e in entries):
+        for e in entries:  # pragma: no cover - every queued item has its bytes, every head is empty
+            (head.events if isinstance(e.item, Event) else head.samples if isinstance(e.item, Sample)
+             else head.actions).append(e.item)  # type: ignore[arg-type]
+        return encode(head)
+    events: list[bytes] = []
+    samples: list[bytes] = []
+    actions: list[bytes] = []
+    for e in entries:
+        (events if isinstance(e.item, Event) else samples if isinstance(e.item, Sample) else actions).append(e.data)
+    lists = b"".join((b',"events":[', b",".join(events), b'],"samples":[', b",".join(samples),
+                      b'],"heartbeats":[],"actions":[', b",".join(actions), b"],"))
+    return body[:at] + lists + body[at + len(_EMPTY_LISTS):]
+
+
+def _line(entry: Entry) -> bytes:
+    """The spool's (and the batch key's) line of a queued entry: from its bytes where it has them."""
+    return SpoolRecord.line(entry.item, entry.data) if entry.data else encode(SpoolRecord.of(entry.item))
 
 
 class IngestAnswer(msgspec.Struct, kw_only=True):
@@ -151,13 +187,14 @@ class Spool:
         paths = [inside(self.directory, f"{self._legacy_stem}.{k}.jsonl") for k in ("high", "mid", "low")]
         return [(p, parse) for p in paths if os.path.exists(p)]
 
-    def write(self, items: list[Item]) -> int:
-        """Replace the spool with `items` (none: remove it); returns the bytes written."""
+    def write(self, items: list[Item] | list[Entry]) -> int:
+        """Replace the spool with `items` (queued entries: from the bytes they were queued with; none: remove it);
+        returns the bytes written."""
         if not items:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
             return 0
-        data = b"\n".join(encode(SpoolRecord.of(x)) for x in items) + b"\n"
+        data = b"\n".join(_line(x) if isinstance(x, Entry) else encode(SpoolRecord.of(x)) for x in items) + b"\n"
         tmp = self.path + ".tmp"
         with open(tmp, "wb") as f:
             f.write(data)
@@ -188,7 +225,7 @@ class Spool:
         """Keep what the bot refuses on its own, for a person to look at (appended, never sent again)."""
         with open(self.dead_path, "ab") as f:
             for e in entries:
-                f.write(encode(SpoolRecord.of(e.item)) + b"\n")
+                f.write(_line(e) + b"\n")
 
 
 def _bounded(name: str, value: float, lo: float, hi: float, default: float) -> float:
@@ -239,7 +276,7 @@ def batch_key(run_id: str, device: str, batch: Batch) -> str:
     h = hashlib.blake2b(f"{run_id}\0{device}\0".encode(), digest_size=16)
     h.update(encode(sorted(batch.dropped.items())))
     for e in batch.entries:
-        h.update(b"\0" + encode(SpoolRecord.of(e.item)))
+        h.update(b"\0" + _line(e))
     return h.hexdigest()
 
 
@@ -482,7 +519,8 @@ class BotTransport:
 
     def _put(self, item: Item) -> None:
         # The training thread only appends; the sender moves the inbox into the queue (encoding each
-        # item to learn its size). An ERROR, an action result or a full inbox is moved at once.
+        # item once: its bytes are its size and its part of the envelope). An ERROR, an action result or a full inbox
+        # is moved at once.
         self._inbox.append(item)
         high = not isinstance(item, Sample) and (isinstance(item, ActionResult) or item.severity is Severity.ERROR)
         if len(self._inbox) == _INBOX // 2:
@@ -500,12 +538,12 @@ class BotTransport:
             while self._inbox:
                 item = self._inbox.popleft()
                 try:
-                    size = len(msgspec.json.encode(item))  # its size (NaN as null: within bytes of the wire's)
+                    data = encode(item)  # the wire's bytes, sent as they are (the envelope splices them in)
                 except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
                     self._q.lost(item)
                     bad.append(f"{type(item).__name__} ({exc})")
                     continue
-                self._q.enqueue(item, now, size)
+                self._q.enqueue(item, now, len(data), data)
             cap = self._q.cap_reached
         if bad:
             self._complain("unencodable", f"msmon: run {self.run_id}: a {bad[0]} could not be encoded for the bot "
@@ -549,7 +587,7 @@ class BotTransport:
             idle = 1.0 if self._q.connected is False else self.limits.flush_interval
             return min(idle, max(due - now, 0.01)) if due is not None else idle
         key = batch_key(self.run_id, self.device, batch) if self._backend is not None else None
-        reply = self._exchange("/v1/ingest", encode(self._envelope(batch)), self.timeout, key)
+        reply = self._exchange("/v1/ingest", self._envelope_body(batch), self.timeout, key)
         with self._changed:
             if self._closed:
                 return 1.0
@@ -567,6 +605,9 @@ class BotTransport:
         if persist:
             self._persist()
         return 0.0
+
+    def _envelope_body(self, batch: Batch) -> bytes:
+        return envelope_body(self._envelope(Batch(batch.id, [], batch.dropped)), batch.entries)
 
     def _envelope(self, batch: Batch) -> Envelope:
         env = Envelope(run_id=self.run_id, device=self.device, sent_at=self._clock(), project=self.project,
@@ -616,7 +657,7 @@ class BotTransport:
         """Rewrite the spool from the queue's snapshot (at most one writer; the queue is not held)."""
         with self._spool_lock:
             with self._lock:
-                items = self._q.snapshot()
+                items = self._q.snapshot_entries()
             start = self._mono()
             try:
                 self.spool.write(items)
@@ -637,7 +678,7 @@ class BotTransport:
         sized = []
         for item in items:
             with contextlib.suppress(TypeError, ValueError, msgspec.EncodeError):
-                sized.append((item, len(encode(item))))
+                sized.append((item, encode(item)))
         with self._lock:
             self._q.restore(sized, self._mono())
         log.info("msmon: run %s: %d items spooled by an earlier start go to the bot first", self.run_id, len(sized))
@@ -808,7 +849,7 @@ class BotTransport:
             self._backend.close(min(left(), 1.0))
         with self._spool_lock:
             with self._lock:
-                items = self._q.snapshot()
+                items = self._q.snapshot_entries()
             try:
                 self.spool.write(items)
             except (OSError, TypeError, ValueError, msgspec.EncodeError) as exc:

@@ -305,7 +305,7 @@ def test_a_restart_sends_the_spool_first_in_order():
     again = queue()
     new = event()
     again.enqueue(new, 0.0, 10)
-    again.restore([(x, 10) for x in spooled], 0.0)
+    again.restore([(x, bytes(10)) for x in spooled], 0.0)
     assert drain(again) == [old[0], old[2], new, old[1]]
     assert again.persist_due(5000.0)  # the spool holds what the bot has now: rewrite it
 
@@ -424,7 +424,7 @@ def test_no_accepted_error_is_lost_none_twice_order_kept_drops_counted(spool_dir
             spool = w.spool.load()
             w.flying = None
             w.q = SendQueue(limits(), random.Random(2))
-            w.q.restore([(x, 50) for x in spool], w.now)
+            w.q.restore([(x, bytes(50)) for x in spool], w.now)
             w.delivered.append([])
             w.reported = {}
             w.restored = len(spool)
@@ -478,3 +478,40 @@ def test_no_accepted_error_is_lost_none_twice_order_kept_drops_counted(spool_dir
         ev_steps = [x.step for x in proc if isinstance(x, Event)]
         assert ev_steps == sorted(ev_steps)
     assert drain(w.q, w.now + 1000) is not None  # and what is left still goes out
+
+
+def test_an_envelope_spliced_from_the_queued_bytes_equals_the_envelope_encoded_whole(tmp_path):
+    """Each item is encoded once, when queued: the envelope's body (its fields encoded around empty lists, the
+    items' bytes spliced in), the batch key and the spool's lines are those bytes, and equal what encoding
+    the whole envelope (or each spool record) gives: NaN and Inf tagged, labels that look like the lists."""
+    import math
+
+    from msmon.contract.wire import Envelope, decode, encode
+    from notifier.transport import SpoolRecord, batch_key, envelope_body
+
+    q = queue()
+    items = [sample(), event(), action(), event(Severity.WARNING), sample()]
+    items[0].loss = math.nan
+    items[1].value, items[1].threshold = math.inf, -math.inf
+    items[3].message = '"events":[],"samples":[],"heartbeats":[],"actions":[],'
+    for x in items:
+        data = encode(x)
+        assert q.enqueue(x, 0.0, len(data), data)
+    batch = q.take(1000.0)
+    assert batch is not None and len(batch.entries) == len(items)
+    labels = {"events": '"events":[],"samples":[],"heartbeats":[],"actions":[],', "k": "\\"}
+    head = Envelope(run_id="r", device="0", sent_at=1.5, labels=labels, dropped={"samples": 3})
+    whole = Envelope(run_id="r", device="0", sent_at=1.5, labels=labels, dropped={"samples": 3},
+                     events=[e.item for e in batch.entries if isinstance(e.item, Event)],
+                     samples=[e.item for e in batch.entries if isinstance(e.item, Sample)],
+                     actions=[e.item for e in batch.entries if isinstance(e.item, ActionResult)])
+    body = envelope_body(head, batch.entries)
+    assert body == encode(whole)
+    assert b'"loss":"NaN"' in body and decode(body, Envelope).labels == labels
+    spool = Spool(str(tmp_path), "r", "0")
+    spool.write(batch.entries)
+    assert (tmp_path / "r@0.spool.jsonl").read_bytes() == b"".join(
+        encode(SpoolRecord.of(e.item)) + b"\n" for e in batch.entries)
+    bare = Batch(batch.id, [type(e)(e.seq, e.item, e.cls, e.tier, e.size, e.since) for e in batch.entries],
+                 batch.dropped)  # the same items without their bytes: encoded afresh, the same key
+    assert batch_key("r", "0", batch) == batch_key("r", "0", bare)
