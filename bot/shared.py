@@ -2,8 +2,8 @@
 
 Built once at start-up (bot/app.py) and handed to both, so neither reaches into the other: ingest
 records samples into `windows` and alerts into `index`, the command service reads them for `status`
-and `ack`; the commands waiting for a run (`open_runs`) and the jobs' resume times (`resumed_at`) are
-kept here for both; `wake_outbox()` rings the outbox worker whoever queued a message.
+and `ack`; the jobs' resume times (`resumed_at`) are kept here for both; `wake_outbox()` rings the outbox
+worker whoever queued a message.
 """
 
 from __future__ import annotations
@@ -46,8 +46,6 @@ class BotState:
         self.windows = Windows(cfg.window_samples, cfg.max_runs)
         self.ranks = RankViews(cfg.ranks.max_runs, cfg.ranks.max_ranks, cfg.ranks.history)  # across ranks (bot/ranks)
         self.index = AlertIndex(store)
-        # Runs that may have open commands: every job post asks, and almost always the answer is none.
-        self.open_runs: set[str] = {c["run_id"] for c in store.commands.open_all() if c["run_id"] is not None}
         self.resumed_at: dict[str, float] = {}  # run -> job clock at its last resume (its progress restarts then)
         self.waiters = Waiters()  # the jobs' long polls
         self.doorbell: Callable[[], None] = lambda: None  # the outbox worker's (bot/app.py sets it)
@@ -59,11 +57,9 @@ class BotState:
         """A command for `run_id` was queued, here or on another replica (store.listen): its long polls
         answer now. None: the listener (re)connected and may have missed some: every open run is looked at."""
         if run_id is not None:
-            self.open_runs.add(run_id)
             self.waiters.wake(run_id)
             return
         waiting = {c["run_id"] for c in self.store.commands.open_all() if c["run_id"] is not None}
-        self.open_runs |= waiting
         for r in waiting & set(self.waiters.events):  # only polls with something to take: no spurious end
             self.waiters.wake(r)
 

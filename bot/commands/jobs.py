@@ -49,16 +49,6 @@ async def long_poll(state: BotState, run_id: str, device: str, after: int, wait:
     return cmds, cursor
 
 
-def pending_for(state: BotState, run_id: str, device: str) -> list[Command]:
-    """For the answer to a job's event post: every open command the device has not answered."""
-    if run_id not in state.open_runs:
-        return []
-    if not state.store.commands.open_for(run_id):
-        state.open_runs.discard(run_id)
-        return []
-    return poll(state, run_id, device, 0)[0]
-
-
 def _wire(c: CommandRow) -> Command:
     return Command(id=c["id"], run_id=c["run_id"] or "", action=c["action"] or "", params=c["params"],
                    apply_step=c["apply_step"] or 0, issued_by=Origin.from_stored(c["origin"]).user_name or c["user"],
@@ -107,7 +97,6 @@ def rule_request(state: BotState, apply_step: Callable[[RunRow, float], int], re
             verb=ACTIONS[req.action].verb, action=req.action, params=dict(req.params), apply_step=step,
             status=CommandStatus.PENDING, detail="", origin=Origin(source=who, user=who).to_stored(),
             expires_at=now + state.cfg.commands.expire_after)
-    state.open_runs.add(req.run_id)
     state.waiters.wake(req.run_id)
     return cmd, True
 

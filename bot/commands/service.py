@@ -157,7 +157,6 @@ class CommandService:
                 text=p.text(), verb=p.verb, action=action, params=params, apply_step=apply_step,
                 status=CommandStatus.PENDING, detail="", origin=origin.to_stored(),
                 expires_at=now + self.cfg.commands.expire_after)
-        self.state.open_runs.add(run["run_id"])
         self.state.waiters.wake(run["run_id"])
         return cmd, waiting
 

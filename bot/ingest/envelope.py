@@ -1,7 +1,7 @@
 """The ingest edge: what a job posts is recorded, and each of its events runs through the pipeline.
 
     envelope ─► run, metric windows, plans, job action results ─► each event through STAGES
-             ─► alert rows + outbox rows ─► commit ─► 2xx (with the commands waiting for the job)
+             ─► alert rows + outbox rows ─► commit ─► 2xx
 
 Everything for one envelope happens in one SQLite transaction of the shared `BotState`, so an event
 is either fully accepted (recorded and queued for delivery) or not at all; the job's 2xx comes after
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 from typing import Any
-
-import msgspec
 
 from bot.commands import jobs
 from bot.delivery.payload import Payloads
@@ -83,9 +81,10 @@ class Ingest:
         state.metrics.samples_in.inc(len(env.samples))
         if queued:
             state.wake_outbox()
-        commands = jobs.pending_for(state, env.run_id, env.device)
+        # Commands reach a job one way only, its long poll (bot/commands/jobs.py); `commands` stays in the answer,
+        # empty, for the notifiers that read it there.
         answer = {"accepted": {"events": len(env.events), "samples": len(env.samples), "actions": len(env.actions)},
-                  "queued": queued, "commands": [msgspec.to_builtins(c) for c in commands]}
+                  "queued": queued, "commands": []}
         if shed["samples"] or shed["warnings"]:
             answer["shed"] = shed  # the bot is overloaded: what of this envelope it did not take (ERRORs never)
         return answer
