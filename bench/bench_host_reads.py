@@ -186,7 +186,7 @@ def report(callbacks: dict[str, ReadTimedCallback], step_median: dict[str, float
             beyond[f"{name}:{clock}"] = statistics.median(extra)
             step = f"{step_median[name] * 1e3:.2f}ms" if name in step_median else "-"
             reads = statistics.median(cb.read[clock])
-            print(f"{'':<12} {name:<13} {cb.reads.count / cb.monitor._n_samples:>10.2f} "
+            print(f"{'':<12} {name:<13} {cb.reads.count / cb.monitor.sample_count:>10.2f} "
                   f"{us(statistics.median(spent)):>16} {us(p99(spent)):>10} {us(reads):>13} "
                   f"{us(statistics.median(extra)):>20} {us(p99(extra)):>10} {step:>9}")
     print(f"host reads per sampled step, packed / 5-tuple = "

@@ -43,17 +43,17 @@ def levels_path(monitor: Monitor) -> str | None:
 
 
 def _main_params(monitor: Monitor, rule: str) -> RuleParams:
-    found = monitor._levels.of(rule)  # noqa: SLF001 - the Monitor's own levels, read off the hot path
+    found = monitor.levels_of(rule)
     return next((p for name, p in found if name == DEFAULT), found[0][1])
 
 
 def _effect_text(monitor: Monitor, rule: str, old: RuleParams, new: RuleParams) -> str:
     cfg = monitor.config.training
     effects = []
-    for name, dev in list(monitor._devices.items()):  # noqa: SLF001
+    for name, samples in monitor.whatif_samples().items():
         ctx = DetectorContext(device=name, total_steps=cfg.total_steps, warmup_steps=cfg.warmup_steps,
                               target_loss=cfg.target_loss)
-        effects.append(effect(dev.whatif.samples(), rule, old, new, ctx=ctx, gate=monitor._gate))  # noqa: SLF001
+        effects.append(effect(samples, rule, old, new, ctx=ctx, gate=monitor.gate))
     total = combine(effects)
     return total.describe() if total is not None else "no recent samples to judge the change on"
 

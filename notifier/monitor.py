@@ -276,92 +276,92 @@ class Monitor:
         if not self.enabled:
             return _EMPTY
         now = self._clock() if time is None else time
-        d = self._devices.get(self.default_device if device is None else str(device))
-        if d is None:
-            d = self._device(self.default_device if device is None else str(device))
-            if d is None:
+        dev = self._devices.get(self.default_device if device is None else str(device))
+        if dev is None:
+            dev = self._device(self.default_device if device is None else str(device))
+            if dev is None:
                 return _EMPTY
-        prev = d.prev_t
+        prev = dev.prev_t
         if prev is not None:
-            ds = step - d.prev_step  # > 1 when a call covers several steps (dataset sink mode)
+            ds = step - dev.prev_step  # > 1 when a call covers several steps (dataset sink mode)
             dt = (now - prev) / ds if ds > 1 else now - prev
-            if dt > d.max_dt:
-                d.max_dt = dt
-        d.prev_t = now
-        d.prev_step = step
+            if dt > dev.max_dt:
+                dev.max_dt = dt
+        dev.prev_t = now
+        dev.prev_step = step
         if tokens is not None:
-            d.tokens += tokens
+            dev.tokens += tokens
         if samples is not None:
-            d.samples += samples
+            dev.samples += samples
         if data_time is not None and data_time >= 0.0:
-            d.data += data_time
-            d.data_n += 1
+            dev.data += data_time
+            dev.data_n += 1
         if overflow:
-            d.skipped += 1
+            dev.skipped += 1
         si, li = self._si, self._li
         raw = step
-        k = self._accum
-        if k > 1:
-            opt, micro = divmod(step, k)
+        accum = self._accum
+        if accum > 1:
+            opt, micro = divmod(step, accum)
             if opt % si and (not li or opt % li):
                 return _EMPTY
             if loss is not None:
-                d.acc_loss += loss
-                d.acc_n += 1
-            if micro != k - 1:
+                dev.acc_loss += loss
+                dev.acc_n += 1
+            if micro != accum - 1:
                 return _EMPTY
-            loss = d.acc_loss / d.acc_n if d.acc_n else None
-            d.acc_loss, d.acc_n = 0.0, 0
+            loss = dev.acc_loss / dev.acc_n if dev.acc_n else None
+            dev.acc_loss, dev.acc_n = 0.0, 0
             step = opt
         elif (step % si and (not li or step % li)
               # not a sampled step; but a NaN/Inf handed in anyway is sampled at once, not 9 steps later
               and (loss is None or loss - loss == 0.0)
               and (grad_norm is None or overflow or grad_norm - grad_norm == 0.0)):  # a skipped step's is no NaN
             return _EMPTY
-        return self._sample(d, step, raw, now, loss, lr, grad_norm, throughput, time is not None, local_grad_norm,
+        return self._sample(dev, step, raw, now, loss, lr, grad_norm, throughput, time is not None, local_grad_norm,
                             overflow, loss_scale)
 
     def samples(self, step: int) -> bool:
         """Whether `step` will be sampled (so a caller can skip reading metrics on the others)."""
         if not self.enabled:
             return False
-        k = self._accum
-        if k > 1:
-            step //= k
+        accum = self._accum
+        if accum > 1:
+            step //= accum
         return not (step % self._si and (not self._li or step % self._li))
 
     def _sample(
-        self, d: _Device, step: int, raw: int, now: float, loss: float | None, lr: float | None,
+        self, dev: _Device, step: int, raw: int, now: float, loss: float | None, lr: float | None,
         grad_norm: float | None, throughput: float | None, timed: bool = True, local_grad_norm: float | None = None,
         overflow: bool | None = None, loss_scale: float | None = None,
     ) -> list[Event]:
         want_tp = self._want_throughput
         step_time = tokens_s = samples_s = elapsed = data_s = None
-        if d.last_t is not None:
-            elapsed = now - d.last_t
-            steps = raw - d.last_step
+        if dev.last_t is not None:
+            elapsed = now - dev.last_t
+            steps = raw - dev.last_step
             if elapsed > 0.0 and steps > 0:
                 step_time = elapsed / steps
-                if d.data_n:
-                    data_s = d.data / steps
+                if dev.data_n:
+                    data_s = dev.data / steps
                 if want_tp:
-                    if d.samples:
-                        samples_s = d.samples / elapsed
-                    if d.tokens:
-                        tokens_s = d.tokens / elapsed
-                    elif d.samples and self._seq_len:
-                        tokens_s = d.samples * self._seq_len / elapsed
+                    if dev.samples:
+                        samples_s = dev.samples / elapsed
+                    if dev.tokens:
+                        tokens_s = dev.tokens / elapsed
+                    elif dev.samples and self._seq_len:
+                        tokens_s = dev.samples * self._seq_len / elapsed
         if throughput is not None and want_tp:
             tokens_s = throughput
             if not timed:
                 elapsed = None  # a rate measured elsewhere: how fast step() is called is not its span
-        max_dt = d.max_dt if d.max_dt > 0.0 else None
-        d.last_t, d.last_step, d.max_dt, d.tokens, d.samples = now, raw, 0.0, 0.0, 0.0
-        d.data, d.data_n = 0.0, 0
+        max_dt = dev.max_dt if dev.max_dt > 0.0 else None
+        dev.last_t, dev.last_step, dev.max_dt, dev.tokens, dev.samples = now, raw, 0.0, 0.0, 0.0
+        dev.data, dev.data_n = 0.0, 0
         if overflow:  # the step was skipped: its gradient (Inf/NaN by definition) measured nothing
             grad_norm = local_grad_norm = None
-        s = Sample(
-            run_id=self.run_id, device=d.name, step=step, time=now,
+        sample = Sample(
+            run_id=self.run_id, device=dev.name, step=step, time=now,
             loss=float(loss) if loss is not None and self._want_loss else None,
             learning_rate=float(lr) if lr is not None and self._want_lr else None,
             grad_norm=float(grad_norm) if grad_norm is not None and self._want_grad else None,
@@ -370,25 +370,25 @@ class Monitor:
             elapsed=elapsed, data_time=data_s,
             overflow=None if overflow is None else bool(overflow),
             loss_scale=None if loss_scale is None else float(loss_scale),
-            skipped_steps=d.skipped if overflow is not None or d.skipped else None,
+            skipped_steps=dev.skipped if overflow is not None or dev.skipped else None,
         )
-        d.recent.append(s)
-        d.whatif.add(s)
+        dev.recent.append(sample)
+        dev.whatif.add(sample)
         if self._writer is not None:
-            self._writer.put(s)
-        tr = self.transport
-        if tr is not None:
-            tr.sample(s)
-            tr.last_step = step
+            self._writer.put(sample)
+        transport = self.transport
+        if transport is not None:
+            transport.sample(sample)
+            transport.last_step = step
         self._n_samples += 1
         if self._n_samples <= 3:
-            self._check_missing(s)
+            self._check_missing(sample)
         li = self._li
         if li and step % li == 0 and log.isEnabledFor(logging.INFO):
             # the record made here, not by log.info: its caller is known, and logging's search of the stack for it
             # (findCaller) costs more than the rest of the line
             log.handle(log.makeRecord(log.name, logging.INFO, __file__, _LOG_LINE_AT, "%s",
-                                      (format_log_line(s, with_device=self._per_device),), None, "step"))
+                                      (format_log_line(sample, with_device=self._per_device),), None, "step"))
         if not self._alerting:
             return _EMPTY
         phase = self._phase
@@ -396,24 +396,24 @@ class Monitor:
             phase = self._phase = self._levels.at(step)
         events: list[Event] | None = None
         gate = self._gate
-        for r, p in zip(d.rules, phase.ordered):  # noqa: B905 - same length by construction
+        for rule, params in zip(dev.rules, phase.ordered):  # noqa: B905 - same length by construction
             try:
-                f = r.update(s, p)
+                finding = rule.update(sample, params)
             except Exception:  # noqa: BLE001 - a detector bug must never stop training
-                self._disable(d, r, step)
+                self._disable(dev, rule, step)
                 continue
-            if f is SKIP:
+            if finding is SKIP:
                 continue
-            g = r.gate
-            if f is None and g.firing is None and not g.n_warn:
+            alert_state = rule.gate
+            if finding is None and alert_state.firing is None and not alert_state.n_warn:
                 continue
-            if not p.enable:
-                f = None
-            v = gate.admit(g, f, step, p.consecutive, r.immediate)
-            if v is not None:
+            if not params.enable:
+                finding = None
+            verdict = gate.admit(alert_state, finding, step, params.consecutive, rule.immediate)
+            if verdict is not None:
                 if events is None:
                     events = []
-                events.append(self._event(d, s, r, f, v, phase.name))
+                events.append(self._event(dev, sample, rule, finding, verdict, phase.name))
         return events if events is not None else _EMPTY
 
     # -- helpers off the hot path ------------------------------------------------------------
@@ -630,6 +630,29 @@ class Monitor:
         if d is None and device is None and self._devices:  # one device tracked for all (per_device_metrics off)
             d = next(iter(self._devices.values()))
         return list(d.recent) if d is not None else []
+
+    @property
+    def sample_count(self) -> int:
+        """Samples taken so far, every device together."""
+        return self._n_samples
+
+    def now(self) -> float:
+        """The Monitor's clock (wall time unless a test or a replay gave it another): what step times are taken on."""
+        return self._clock()
+
+    def levels_of(self, rule: str) -> list[tuple[str, RuleParams]]:
+        """`rule`'s parameters in each phase, as (phase, parameters), the live levels included (a KeyError for a rule
+        that is not active)."""
+        return self._levels.of(rule)
+
+    @property
+    def gate(self) -> AlertGate:
+        """The alert state machine every rule's findings go through (its settings: alert_interval and the like)."""
+        return self._gate
+
+    def whatif_samples(self) -> dict[str, list[Sample]]:
+        """Each device's recent samples kept for judging a threshold change (`msmon.core.whatif`), oldest first."""
+        return {name: dev.whatif.samples() for name, dev in list(self._devices.items())}
 
     def note_lr_change(self) -> None:
         """The LR was changed on purpose (scale_lr): the LR rule must not call the next move a bug."""

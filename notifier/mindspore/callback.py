@@ -274,7 +274,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         """The time since the previous step's end: what this step waited for its input (MindSpore fetches the
         next batch between the two callbacks). A clock reading on the host: no device sync, no collective."""
         ended = self._ended
-        self._wait = None if ended is None else max(self.monitor._clock() - ended, 0.0)
+        self._wait = None if ended is None else max(self.monitor.now() - ended, 0.0)
 
     def on_train_step_end(self, run_context: Any) -> None:
         cb = run_context.original_args()
@@ -291,7 +291,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         if not mon.samples(step):
             mon.step(step, samples=n, tokens=tokens, data_time=wait)
         else:
-            kept = _Kept(step, mon._clock() if self.deferred else None, n, tokens, cb.net_outputs, wait)
+            kept = _Kept(step, mon.now() if self.deferred else None, n, tokens, cb.net_outputs, wait)
             if self.deferred:
                 self._kept = kept
             else:
@@ -301,7 +301,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
             self._flush(step)  # an action syncs the device anyway, and a pause must not split a step from its report
             self.control.apply(step, run_context)
         if self._time_input:
-            self._ended = mon._clock()  # after a pause or an action: neither is an input wait
+            self._ended = mon.now()  # after a pause or an action: neither is an input wait
 
     def on_train_end(self, run_context: Any) -> None:
         """The last kept step is read now, and the actions its events ask for run at this last boundary."""
