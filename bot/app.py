@@ -226,15 +226,11 @@ async def ingest(request: web.Request) -> web.Response:
     if any(r != env.run_id for r in carried):
         raise web.HTTPUnprocessableEntity(reason="every event, sample, action and heartbeat must carry the "
                                                  "envelope's run_id")
-    body: bytes | None = await request.read()
-    job_run = env.run_id
-    _, key = _own(request, job_run, env.project)  # no await from here to the commit: nobody re-homes it in between
-    if key != job_run:  # another project's run has this id: this project's is kept under its own key
-        env, body = keyed(env, key), None
-    answer = request.app[INGEST].envelope(env, body)
+    _, key = _own(request, env.run_id, env.project)  # no await from here to the commit: nobody re-homes it between
+    if key != env.run_id:  # another project's run has this id: this project's is kept under its own key
+        env = keyed(env, key)
+    answer = request.app[INGEST].envelope(env)
     _ended(request, env.heartbeats)
-    for c in answer["commands"]:
-        c["run_id"] = job_run  # the job's own name for its run
     return web.json_response(answer, status=202)
 
 

@@ -6,9 +6,9 @@
 `rank`: the sender's rank in its job (null: not known); `ranks`: how many ranks the bot knew in the run
 when the event came (bot/ranks), for a storm's "on 64/64 ranks".
 
-The event's JSON is the job's own, cut out of the request body as received and never re-encoded
-(most events of a storm are suppressed, and the ones that are not would pay for encoding a window
-of metrics twice): `Payloads` decodes the body's event list on first need, to raw JSON only.
+The bot decodes a job's envelope once (bot/app.py); an event that passes the stages is encoded once into
+its outbox row here (the store is a boundary: another replica may deliver it), and the delivery worker
+decodes it once. Most events of a storm are suppressed before this, so few are encoded.
 """
 
 from __future__ import annotations
@@ -30,33 +30,15 @@ class Payload(msgspec.Struct):
     thread: bool = False
 
 
-class _RawEvents(msgspec.Struct):
-    """The events of an envelope as the job encoded them."""
-
-    events: list[msgspec.Raw] = msgspec.field(default_factory=list)
-
-
 class Payloads:
-    """The payloads of one envelope's events: its project and labels encoded once; each event's JSON
-    from `body` (the envelope as received) when there is one, else encoded."""
+    """The payloads of one envelope's events: its project and labels encoded once for all of them."""
 
-    __slots__ = ("head", "body", "_raws")
+    __slots__ = ("head",)
 
-    def __init__(self, project: str, labels: dict[str, str], body: bytes | None = None, rank: int | None = None,
-                 ranks: int = 0) -> None:
+    def __init__(self, project: str, labels: dict[str, str], rank: int | None = None, ranks: int = 0) -> None:
         self.head = b'{"project":%s,"labels":%s' % (encode(project), encode(labels))
         if rank is not None or ranks:
             self.head += b',"rank":%s,"ranks":%d' % (encode(rank), ranks)
-        self.body = body
-        self._raws: list[msgspec.Raw] | None = None
-
-    def event_json(self, i: int, ev: Event) -> bytes:
-        """Event `i` of the envelope (`ev`, decoded) as JSON."""
-        if self.body is None:
-            return encode(ev)
-        if self._raws is None:
-            self._raws = msgspec.json.decode(self.body, type=_RawEvents).events
-        return bytes(self._raws[i])
 
     def payload(self, event_json: bytes, received_at: float, thread: bool) -> str:
         """The outbox payload around an event's JSON (what `Payload` decodes)."""

@@ -26,7 +26,7 @@ from bot.runs.devices import DeviceGate
 from bot.shared import BotState
 from bot.store.alertindex import Entry
 from bot.store.sqlite import AlertRow, OutboxEntry
-from msmon.contract.wire import Envelope, Event, Heartbeat, Severity
+from msmon.contract.wire import Envelope, Event, Heartbeat, Severity, encode
 
 
 class _Written:
@@ -58,16 +58,13 @@ class Ingest:
         oc = state.cfg.overload  # what is shed while the bot falls behind (overload.py; bot/app.py feeds the lag)
         self.overload = Overload(table(oc.samples_lag, oc.warnings_lag) if oc.enable else (), oc.cool, state.clock)
 
-    def envelope(self, env: Envelope, body: bytes | None = None) -> dict[str, Any]:
-        """Record one envelope and queue what passes the stages; the job's answer. `body`: the envelope
-        as received, whose events' JSON goes to the outbox as is (bot/delivery/payload.py)."""
+    def envelope(self, env: Envelope) -> dict[str, Any]:
+        """Record one envelope (decoded once, at the edge) and queue what passes the stages; the job's answer."""
         state = self.state
         now = state.clock()
         self.devices.admit(env.run_id, env.device)  # TooManyDevices: refused before anything is kept
         self.runs.before(env.run_id, env.rank, env.device, env.host, env.proc, now)
         events, shed = self._shed(env)
-        if len(events) != len(env.events):
-            body = None  # the body's events no longer line up with those kept (bot/delivery/payload.py)
         decides = bool(events or env.actions)  # else the run's liveness only: its one write, no transaction
         with state.tx() if decides else contextlib.nullcontext():
             if decides:
@@ -76,7 +73,7 @@ class Ingest:
             queued = jobs.record_results(state, env.actions)
             if events:
                 queued += self._events(events, self._context(env.run_id, env.project, env.labels, now),
-                                       Payloads(env.project, env.labels, body, env.rank,
+                                       Payloads(env.project, env.labels, env.rank,
                                                 self.state.ranks.known(env.run_id)))
         state.metrics.samples_in.inc(len(env.samples))
         if queued:
@@ -163,13 +160,13 @@ class Ingest:
         fps = [fingerprint(ev.run_id, ev.rule, ev.device) for ev in evs]
         known = self.state.index.get(fps)
         out = _Written()
-        for i, (ev, fp) in enumerate(zip(evs, fps, strict=True)):
+        for ev, fp in zip(evs, fps, strict=True):
             out.events_in[ev.severity] = out.events_in.get(ev.severity, 0) + 1
             entry = known.get(fp)
             n = Notification(ev, fp) if entry is None else Notification(ev, fp, entry.notify, entry.acked)
             n, dropped_by = run_stages(STAGES, ctx, n)
             if dropped_by is None:
-                known[fp] = self._queue(n, ctx.now, payloads.event_json(i, ev), payloads, out)
+                known[fp] = self._queue(n, ctx.now, payloads, out)
             else:
                 out.suppressed[dropped_by.name] = out.suppressed.get(dropped_by.name, 0) + 1
                 known[fp] = self._dropped(n, entry, ctx.now, out)
@@ -180,10 +177,11 @@ class Ingest:
         out.counted(self.state.metrics)
         return len(out.outbox)
 
-    def _queue(self, n: Notification, now: float, event_json: bytes, payloads: Payloads, out: _Written) -> Entry:
+    def _queue(self, n: Notification, now: float, payloads: Payloads, out: _Written) -> Entry:
         """A notification that passed every stage: its alert row (with the event, and what is now sent)
-        and its outbox row; the alert's new entry."""
+        and its outbox row, the event encoded once for both; the alert's new entry."""
         ev = n.event
+        event_json = encode(ev)
         sev, status = ev.severity.value, ev.status.value
         sent = dedup.record(ev, n.sent, now)
         out.alerts.append(AlertRow(n.fingerprint, ev.run_id, ev.rule, ev.device, sev, status, ev.step, now,

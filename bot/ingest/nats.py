@@ -236,7 +236,7 @@ class NatsIngest:
                 raise Poison("schema", "every event, sample, action and heartbeat must carry the envelope's run_id")
             _, key = self._own(project, env.run_id, env.project)
             # another project's run has this id: this project's is kept under its own key (bot/app.py's run_owner)
-            self.ingest.envelope(*((env, msg.data) if key == env.run_id else (keyed(env, key), None)))
+            self.ingest.envelope(env if key == env.run_id else keyed(env, key))
             self._ended(env.heartbeats)
         elif kind == HEARTBEAT:
             hb = self._decode(msg.data, Heartbeat)
