@@ -96,13 +96,14 @@ class SpoolRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
         return b'{"action":' + data + b"}"
 
 
-def envelope_body(head: Envelope, entries: list[Entry]) -> bytes:
+def envelope_body(head: Envelope, entries: list[Entry], heartbeats: list[Heartbeat] | None = None) -> bytes:
     """`encode` of `head` with the entries' items in its lists, from the bytes each was queued with: the envelope's
     own fields encoded with empty lists, the items' bytes spliced into them (each item is encoded once, when it is
     queued)."""
     body = encode(head)
     at = body.find(_EMPTY_LISTS)  # the first: every string before it is JSON-escaped, "dropped" counts numbers
-    if at < 0 or head.events or head.samples or head.actions or any(not e.data for e in entries):
+    if at < 0 or head.events or head.samples or head.actions or head.heartbeats or any(not e.data for e in entries):
+        head.heartbeats = list(heartbeats or ())
         for e in entries:  # pragma: no cover - every queued item has its bytes, every head is empty
             (head.events if isinstance(e.item, Event) else head.samples if isinstance(e.item, Sample)
              else head.actions).append(e.item)  # type: ignore[arg-type]
@@ -113,7 +114,8 @@ def envelope_body(head: Envelope, entries: list[Entry]) -> bytes:
     for e in entries:
         (events if isinstance(e.item, Event) else samples if isinstance(e.item, Sample) else actions).append(e.data)
     lists = b"".join((b',"events":[', b",".join(events), b'],"samples":[', b",".join(samples),
-                      b'],"heartbeats":[],"actions":[', b",".join(actions), b"],"))
+                      b'],"heartbeats":[', b",".join(encode(hb) for hb in heartbeats or ()), b'],"actions":[',
+                      b",".join(actions), b"],"))
     return body[:at] + lists + body[at + len(_EMPTY_LISTS):]
 
 
@@ -391,6 +393,10 @@ class BotTransport:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._stop_beats = threading.Event()  # close(): the heartbeats end before the final one goes
+        # A heartbeat due before the next flush rides in the envelope going now instead of a request of its own; the
+        # heartbeat thread sends one only when no envelope carried one for heartbeat_interval (a paused or idle job).
+        self._last_beat = monotonic()
+        self._beat_lock = threading.Lock()  # a folded heartbeat is numbered before the final one, never after
         self._closed = False
         self._complained: set[str] = set()
         self.spool = Spool(spool_dir, run_id, self.device)
@@ -587,7 +593,10 @@ class BotTransport:
             idle = 1.0 if self._q.connected is False else self.limits.flush_interval
             return min(idle, max(due - now, 0.01)) if due is not None else idle
         key = batch_key(self.run_id, self.device, batch) if self._backend is not None else None
-        reply = self._exchange("/v1/ingest", self._envelope_body(batch), self.timeout, key)
+        beats = self._folded_beat(now)
+        reply = self._exchange("/v1/ingest", self._envelope_body(batch, beats), self.timeout, key)
+        if beats and reply.fault is None:
+            self._last_beat = now
         with self._changed:
             if self._closed:
                 return 1.0
@@ -606,8 +615,18 @@ class BotTransport:
             self._persist()
         return 0.0
 
-    def _envelope_body(self, batch: Batch) -> bytes:
-        return envelope_body(self._envelope(Batch(batch.id, [], batch.dropped)), batch.entries)
+    def _envelope_body(self, batch: Batch, heartbeats: list[Heartbeat] | None = None) -> bytes:
+        return envelope_body(self._envelope(Batch(batch.id, [], batch.dropped)), batch.entries, heartbeats)
+
+    def _folded_beat(self, now: float) -> list[Heartbeat]:
+        """A heartbeat for the envelope going now, when one is due within two flushes anyway (an envelope goes about
+        every flush_interval, so the next one may come too late), or half an interval has passed; none once close()
+        has stopped the heartbeats: the final one is the last."""
+        interval = self.heartbeat_interval
+        if now - self._last_beat < max(interval - 2 * self.limits.flush_interval, interval / 2):
+            return []
+        with self._beat_lock:
+            return [] if self._stop_beats.is_set() else [self._heartbeat()]
 
     def _envelope(self, batch: Batch) -> Envelope:
         env = Envelope(run_id=self.run_id, device=self.device, sent_at=self._clock(), project=self.project,
@@ -742,7 +761,10 @@ class BotTransport:
                          checkpoints=self.checkpoints, attempt=self.attempt)
 
     def _beat_loop(self) -> None:
-        while not self._stop_beats.wait(max(self.heartbeat_interval, 0.05)):
+        while not self._stop_beats.wait(max(self._last_beat + self.heartbeat_interval - self._mono(), 0.05)):
+            if self._mono() - self._last_beat < self.heartbeat_interval * 0.99:
+                continue  # an envelope carried one meanwhile
+            self._last_beat = self._mono()
             try:
                 reply = self._exchange("/v1/heartbeat", encode(self._heartbeat()), min(self.timeout,
                                                                                        self.heartbeat_interval))
@@ -824,7 +846,8 @@ class BotTransport:
         ok = self.flush(max(timeout - margin, 0.0))
         # The heartbeats end first (one in flight is waited for), so the final one is the last this process sends
         # (its number is the highest too: one overtaken in flight never makes the bot think the rank went on).
-        self._stop_beats.set()
+        with self._beat_lock:
+            self._stop_beats.set()
         self._beater.join(timeout=max(min(self.timeout, timeout - (self._mono() - start)), 0.0))
         if final and ok:
             hb = msgspec.structs.replace(self._heartbeat(), final=True)

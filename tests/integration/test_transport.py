@@ -137,6 +137,26 @@ def test_a_refused_token_is_said_once_without_the_token_and_data_is_kept(bot, tm
     t.close()
 
 
+def test_a_heartbeat_due_rides_in_the_envelope_going_anyway(bot, tmp_path):
+    """While samples flow, the heartbeats go inside envelopes (no request of their own); once the job goes quiet
+    the heartbeat thread sends them on their own again; the numbers keep rising across both."""
+    t = transport(bot, tmp_path, heartbeat_interval=0.4, flush_interval=0.1)
+    t0 = time.monotonic()
+    step = 0
+    while time.monotonic() - t0 < 2.5:
+        t.sample(sample(step))
+        t.last_step = step
+        step += 1
+        time.sleep(0.02)
+    folded = [hb for env in bot.envelopes for hb in env.heartbeats]
+    assert len(folded) >= 3 and len(bot.heartbeats) <= 1  # one may go before the first envelope carries one
+    alone = len(bot.heartbeats)
+    assert bot.wait_for(lambda: len(bot.heartbeats) >= alone + 2, timeout=10)  # quiet: on their own again
+    t.close()
+    seqs = [hb.seq for hb in sorted([*folded, *bot.heartbeats], key=lambda hb: hb.time)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
 def test_heartbeats_carry_the_last_step(bot, tmp_path):
     t = transport(bot, tmp_path, heartbeat_interval=0.1)
     t.progress(41)
