@@ -4,6 +4,7 @@ import contextlib
 import ctypes
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,20 @@ def _msmon_logging():
     log.setLevel(old[0])
     log.propagate = old[1]
     log.handlers[:] = old[2]
+
+
+@pytest.fixture
+def bot_server() -> Iterator[Any]:
+    """`bot_server(config, **app_kwargs)`: the real bot (tests/fakes/bot_server.py's BotServer: its config through
+    bot.config, on PostgreSQL when MSMON_TEST_STORE=postgresql) served on loopback from a thread; each bot a test
+    starts is stopped after it, whatever the test did (a bot the test stopped itself is not stopped twice)."""
+    from tests.fakes.bot_server import BotServers
+
+    bots = BotServers()
+    try:
+        yield bots
+    finally:
+        bots.stop_all()
 
 
 @pytest.fixture

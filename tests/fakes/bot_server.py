@@ -12,7 +12,7 @@ from bot.config import load_bot_config
 from bot.server import BotThread
 from tests.fakes.helpers import wait_for
 
-__all__ = ["BotServer", "request", "send", "wait_for"]
+__all__ = ["BotServer", "BotServers", "request", "send", "wait_for"]
 
 
 class BotServer(BotThread):
@@ -22,6 +22,28 @@ class BotServer(BotThread):
     def request(self, method: str, path: str, body: bytes | None = None, token: str | None = "job-token",
                 content_type: str = "application/json") -> tuple[int, Any]:
         return request(self.url, method, path, body, token, content_type)
+
+    def stop(self) -> None:
+        """Stopped once: a test may stop its bot (a restart, a bot that is down) before the fixture does."""
+        if self.thread.is_alive():
+            super().stop()
+
+
+class BotServers:
+    """The `bot_server` fixture (tests/conftest.py): `bot_server(config, **app_kwargs)` starts the real bot on
+    loopback; every bot it started is stopped after the test, the last started first."""
+
+    def __init__(self) -> None:
+        self.started: list[BotServer] = []
+
+    def __call__(self, config: dict[str, Any], **app_kwargs: Any) -> BotServer:
+        bot = BotServer(config, **app_kwargs)
+        self.started.append(bot)
+        return bot
+
+    def stop_all(self) -> None:
+        while self.started:
+            self.started.pop().stop()
 
 
 def request(url: str, method: str, path: str, body: bytes | None = None, token: str | None = "job-token",

@@ -45,32 +45,29 @@ def acks_for_job(bot: BotServer) -> list[dict[str, Any]]:
     return [c for c in polled["commands"] if c["action"] == "acknowledge"]
 
 
-def test_a_link_is_bound_to_its_episode_and_works_once_per_escalation(tmp_path, slack, smtp):
+def test_a_link_is_bound_to_its_episode_and_works_once_per_escalation(tmp_path, slack, smtp, bot_server):
     clock = FakeClock()
-    bot = BotServer(escalating_bot_config(tmp_path, slack.base_url, smtp.port, TWO_MAILS, ack_link_ttl=7200),
-                    clock=clock, escalation_period=0.05)
-    try:
-        bot.request("POST", "/v1/ingest", envelope([event()]))
-        smtp.inbox.wait(1)
-        clock.advance(61)
-        (_, first), (_, second) = smtp.inbox.wait(2)
-        assert post(bot, ack_path(first))[0] == 200
-        assert wait_for(lambda: bot.store.escalations.of()[0]["state"] == "acked", 5)
-        assert len(acks_for_job(bot)) == 1
-        status, page = post(bot, ack_path(second))  # the second level's link: already acknowledged
-        assert status == 409 and "acknowledged already" in page
-        assert len(acks_for_job(bot)) == 1  # no second acknowledge queued for the job
+    bot = bot_server(escalating_bot_config(tmp_path, slack.base_url, smtp.port, TWO_MAILS, ack_link_ttl=7200),
+                     clock=clock, escalation_period=0.05)
+    bot.request("POST", "/v1/ingest", envelope([event()]))
+    smtp.inbox.wait(1)
+    clock.advance(61)
+    (_, first), (_, second) = smtp.inbox.wait(2)
+    assert post(bot, ack_path(first))[0] == 200
+    assert wait_for(lambda: bot.store.escalations.of()[0]["state"] == "acked", 5)
+    assert len(acks_for_job(bot)) == 1
+    status, page = post(bot, ack_path(second))  # the second level's link: already acknowledged
+    assert status == 409 and "acknowledged already" in page
+    assert len(acks_for_job(bot)) == 1  # no second acknowledge queued for the job
 
-        bot.request("POST", "/v1/ingest", envelope([event(status=Status.RESOLVED, step=200)]))
-        clock.advance(10)
-        bot.request("POST", "/v1/ingest", envelope([event(step=300)]))  # a new episode of the run's rule
-        assert wait_for(lambda: len(bot.store.escalations.of()) == 2, 5)
-        (_, third) = smtp.inbox.wait(3)[2]
-        assert "esc2" in third["Message-ID"]
-        status, page = post(bot, ack_path(second))  # the old episode's link
-        assert status == 409
-        assert bot.store.escalations.of()[1]["state"] == "active"  # the new episode's escalation goes on
-        assert not [a for a in bot.store.alerts("run-42") if a["acked_by"]], "the old link acked the new episode"
-        assert len(acks_for_job(bot)) == 1, json.dumps(acks_for_job(bot))
-    finally:
-        bot.stop()
+    bot.request("POST", "/v1/ingest", envelope([event(status=Status.RESOLVED, step=200)]))
+    clock.advance(10)
+    bot.request("POST", "/v1/ingest", envelope([event(step=300)]))  # a new episode of the run's rule
+    assert wait_for(lambda: len(bot.store.escalations.of()) == 2, 5)
+    (_, third) = smtp.inbox.wait(3)[2]
+    assert "esc2" in third["Message-ID"]
+    status, page = post(bot, ack_path(second))  # the old episode's link
+    assert status == 409
+    assert bot.store.escalations.of()[1]["state"] == "active"  # the new episode's escalation goes on
+    assert not [a for a in bot.store.alerts("run-42") if a["acked_by"]], "the old link acked the new episode"
+    assert len(acks_for_job(bot)) == 1, json.dumps(acks_for_job(bot))

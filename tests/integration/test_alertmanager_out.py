@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.bot_server import BotServer, wait_for
+from tests.fakes.bot_server import wait_for
 from tests.fakes.prom import ALERTMANAGER, Daemon, bot_config, get_json, job_post
 from tests.fakes.records import event
 
@@ -28,22 +28,20 @@ def active(am: Daemon) -> list[dict[str, Any]]:
         return []
 
 
-def test_a_firing_error_stays_active_past_resolve_timeout_and_after_a_restart_on_every_peer(tmp_path, monkeypatch):
+def test_a_firing_error_stays_active_past_resolve_timeout_and_after_a_restart_on_every_peer(tmp_path, monkeypatch,
+                                                                                            bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     am1, am2 = alertmanager(tmp_path / "am1"), alertmanager(tmp_path / "am2")
     with am1, am2:
-        bot = BotServer(bot_config(tmp_path, [{"receiver": "alertmanager_api"}],
-                                   alertmanager={"api_url": am1.url, "api_urls": [am2.url],
-                                                 "resend_interval": RESEND}))
-        try:
-            job_post(bot, [event()])
-            assert wait_for(lambda: active(am1) and active(am2), timeout=10)
-            time.sleep(25)  # past the Alertmanagers' resolve_timeout
-            assert active(am1) and active(am2), "the firing ERROR was resolved by Alertmanager's resolve_timeout"
-            am1.__exit__()
-            am1.__enter__()  # restarted: it kept no alerts
-            assert wait_for(lambda: bool(active(am1)), timeout=RESEND * 3), "not pushed again after the restart"
-            (alert,) = active(am1)
-            assert alert["status"]["state"] == "active" and alert["labels"]["severity"] == "error"
-        finally:
-            bot.stop()
+        bot = bot_server(bot_config(tmp_path, [{"receiver": "alertmanager_api"}],
+                                    alertmanager={"api_url": am1.url, "api_urls": [am2.url],
+                                                  "resend_interval": RESEND}))
+        job_post(bot, [event()])
+        assert wait_for(lambda: active(am1) and active(am2), timeout=10)
+        time.sleep(25)  # past the Alertmanagers' resolve_timeout
+        assert active(am1) and active(am2), "the firing ERROR was resolved by Alertmanager's resolve_timeout"
+        am1.__exit__()
+        am1.__enter__()  # restarted: it kept no alerts
+        assert wait_for(lambda: bool(active(am1)), timeout=RESEND * 3), "not pushed again after the restart"
+        (alert,) = active(am1)
+        assert alert["status"]["state"] == "active" and alert["labels"]["severity"] == "error"

@@ -9,7 +9,7 @@ import pytest
 
 from msmon.contract.wire import Envelope, Event, Sample, Severity, Status, Window, encode
 from notifier.transport import BotTransport
-from tests.fakes.bot_server import BotServer, wait_for
+from tests.fakes.bot_server import wait_for
 from tests.fakes.records import envelope, event
 
 pytest.importorskip("aiohttp")
@@ -26,12 +26,11 @@ def config(tmp_path, slack=None, **pipeline):
 
 
 @pytest.fixture
-def bot(tmp_path, slack, monkeypatch):
+def bot(tmp_path, slack, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
-    b = BotServer(config(tmp_path, slack))
+    b = bot_server(config(tmp_path, slack))
     yield b
-    b.stop()
 
 
 def test_1000_identical_warnings_are_one_message_and_an_error_after_them_is_posted(bot, slack):
@@ -151,10 +150,10 @@ def test_oversized_requests_get_413(bot):
     assert status == 413 and "byte limit" in answer["error"]
 
 
-def test_the_job_trains_on_while_the_bot_is_down_then_its_spool_arrives(tmp_path, slack, monkeypatch):
+def test_the_job_trains_on_while_the_bot_is_down_then_its_spool_arrives(tmp_path, slack, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
-    first = BotServer(config(tmp_path, slack))
+    first = bot_server(config(tmp_path, slack))
     port = first.port
     first.stop()  # the bot is down
     t = BotTransport(f"http://127.0.0.1:{port}", "run-7", "0", token="job-token", project="llm",
@@ -166,13 +165,10 @@ def test_the_job_trains_on_while_the_bot_is_down_then_its_spool_arrives(tmp_path
     assert wait_for(lambda: not t.spool.empty())
     cfg = config(tmp_path, slack)
     cfg["bot"]["port"] = port
-    second = BotServer(cfg)
-    try:
-        assert wait_for(lambda: len(slack.messages()) == 5, timeout=20)
-        t.close()
-        assert sorted(m["text"].split(":")[0] for m in slack.messages()) == [f"ERROR rule{r}" for r in range(5)]
-    finally:
-        second.stop()
+    bot_server(cfg)  # the bot is back on the same port
+    assert wait_for(lambda: len(slack.messages()) == 5, timeout=20)
+    t.close()
+    assert sorted(m["text"].split(":")[0] for m in slack.messages()) == [f"ERROR rule{r}" for r in range(5)]
 
 
 def test_shipped_bot_config_loads_and_bad_keys_are_named():
@@ -267,27 +263,24 @@ def test_watchdog_tells_gone_from_stalled():
     assert verdicts({"last_heartbeat": None}, 1e9, 60, 600) == {}  # never sent one: nothing to judge
 
 
-def test_a_job_that_stops_sending_heartbeats_is_reported_gone(tmp_path, slack, monkeypatch):
+def test_a_job_that_stops_sending_heartbeats_is_reported_gone(tmp_path, slack, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
     cfg = config(tmp_path, slack, heartbeat_timeout=0.5)
-    b = BotServer(cfg)
-    try:
-        from msmon.contract.wire import Heartbeat
+    b = bot_server(cfg)
+    from msmon.contract.wire import Heartbeat
 
-        hb = Heartbeat(run_id="run-9", device="0", time=time.time(), step=1234)
-        assert b.request("POST", "/v1/heartbeat", encode(hb))[0] == 202
-        assert wait_for(lambda: any(m["text"].startswith("ERROR job_gone: run run-9") for m in slack.messages()),
-                        timeout=15)
-        assert b.request("GET", "/v1/runs/run-9")[1]["gone"] is True
-        ts = slack.messages()[0]["ts"]
+    hb = Heartbeat(run_id="run-9", device="0", time=time.time(), step=1234)
+    assert b.request("POST", "/v1/heartbeat", encode(hb))[0] == 202
+    assert wait_for(lambda: any(m["text"].startswith("ERROR job_gone: run run-9") for m in slack.messages()),
+                    timeout=15)
+    assert b.request("GET", "/v1/runs/run-9")[1]["gone"] is True
+    ts = slack.messages()[0]["ts"]
 
-        def beating_again() -> bool:  # it is back: heartbeats every 0.1 s
-            b.request("POST", "/v1/heartbeat", encode(hb))
-            time.sleep(0.1)
-            return slack.message(ts)["text"].startswith("RESOLVED job_gone")
+    def beating_again() -> bool:  # it is back: heartbeats every 0.1 s
+        b.request("POST", "/v1/heartbeat", encode(hb))
+        time.sleep(0.1)
+        return slack.message(ts)["text"].startswith("RESOLVED job_gone")
 
-        assert wait_for(beating_again, timeout=15)
-        assert b.request("GET", "/v1/runs/run-9")[1]["gone"] is False
-    finally:
-        b.stop()
+    assert wait_for(beating_again, timeout=15)
+    assert b.request("GET", "/v1/runs/run-9")[1]["gone"] is False

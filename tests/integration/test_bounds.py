@@ -6,13 +6,12 @@ from __future__ import annotations
 import time
 
 from msmon.contract.wire import Envelope, Heartbeat, Sample, encode
-from tests.fakes.bot_server import BotServer
 
 
-def _bot(tmp_path, monkeypatch, **bot):
+def _bot(bot_server, tmp_path, monkeypatch, **bot):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
-    return BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"), "console": {"charts": False},
-                              "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}], **bot}})
+    return bot_server({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"), "console": {"charts": False},
+                               "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}], **bot}})
 
 
 def _from(device: str, run: str = "run-1") -> bytes:
@@ -21,85 +20,75 @@ def _from(device: str, run: str = "run-1") -> bytes:
                            samples=[Sample(run_id=run, device=device, step=1, time=now, loss=1.0)]))
 
 
-def test_devices_past_max_devices_are_refused_with_what_to_do_and_the_others_go_on(tmp_path, monkeypatch):
-    bot = _bot(tmp_path, monkeypatch, max_devices=3)
-    try:
-        assert [bot.request("POST", "/v1/ingest", _from(str(d)))[0] for d in range(3)] == [202] * 3
-        code, body = bot.request("POST", "/v1/ingest", _from("3"))
-        assert code == 422 and "bot.max_devices" in body["error"] and "'3'" in body["error"]
-        hb = encode(Heartbeat(run_id="run-1", device="9", time=time.time(), step=1))
-        assert bot.request("POST", "/v1/heartbeat", hb)[0] == 422
-        assert bot.request("POST", "/v1/ingest", _from("0"))[0] == 202  # a device it has
-        assert bot.request("POST", "/v1/ingest", _from("3", run="run-2"))[0] == 202  # another run: its own count
-        assert sorted(bot.store.run("run-1")["devices"]) == ["0", "1", "2"]
-    finally:
-        bot.stop()
-    bot = _bot(tmp_path, monkeypatch, max_devices=3)
-    try:  # after a restart the run's devices are read back: still three
-        assert bot.request("POST", "/v1/ingest", _from("4"))[0] == 422
-        assert bot.request("POST", "/v1/ingest", _from("1"))[0] == 202
-    finally:
-        bot.stop()
+def test_devices_past_max_devices_are_refused_with_what_to_do_and_the_others_go_on(tmp_path, monkeypatch, bot_server):
+    bot = _bot(bot_server, tmp_path, monkeypatch, max_devices=3)
+    assert [bot.request("POST", "/v1/ingest", _from(str(d)))[0] for d in range(3)] == [202] * 3
+    code, body = bot.request("POST", "/v1/ingest", _from("3"))
+    assert code == 422 and "bot.max_devices" in body["error"] and "'3'" in body["error"]
+    hb = encode(Heartbeat(run_id="run-1", device="9", time=time.time(), step=1))
+    assert bot.request("POST", "/v1/heartbeat", hb)[0] == 422
+    assert bot.request("POST", "/v1/ingest", _from("0"))[0] == 202  # a device it has
+    assert bot.request("POST", "/v1/ingest", _from("3", run="run-2"))[0] == 202  # another run: its own count
+    assert sorted(bot.store.run("run-1")["devices"]) == ["0", "1", "2"]
+    bot.stop()
+    bot = _bot(bot_server, tmp_path, monkeypatch, max_devices=3)
+    # after a restart the run's devices are read back: still three
+    assert bot.request("POST", "/v1/ingest", _from("4"))[0] == 422
+    assert bot.request("POST", "/v1/ingest", _from("1"))[0] == 202
 
 
-def test_runs_are_listed_a_page_at_a_time_with_a_cursor_and_a_bad_limit_is_a_422(tmp_path, monkeypatch):
-    bot = _bot(tmp_path, monkeypatch)
-    try:
-        for i in range(7):
-            assert bot.request("POST", "/v1/ingest", _from("0", run=f"run-{i}"))[0] == 202
-        seen, cursor, pages = [], None, 0
-        while True:
-            code, body = bot.request("GET", "/v1/runs?limit=3" + (f"&cursor={cursor}" if cursor else ""))
-            assert code == 200 and len(body["runs"]) <= 3
-            seen += [r["run_id"] for r in body["runs"]]
-            pages += 1
-            cursor = body["next"]
-            if cursor is None:
-                break
-        assert pages == 3 and sorted(seen) == [f"run-{i}" for i in range(7)] and len(set(seen)) == 7
-        assert seen[0] == "run-6"  # most recently seen first
-        assert len(bot.request("GET", "/v1/runs")[1]["runs"]) == 7
-        for bad in ("limit=0", "limit=1001", "limit=-1", "limit=x", "limit=1e3", "cursor=nope", "cursor=W10"):
-            code, body = bot.request("GET", "/v1/runs?" + bad)
-            assert code == 422 and body["error"], bad
-    finally:
-        bot.stop()
+def test_runs_are_listed_a_page_at_a_time_with_a_cursor_and_a_bad_limit_is_a_422(tmp_path, monkeypatch, bot_server):
+    bot = _bot(bot_server, tmp_path, monkeypatch)
+    for i in range(7):
+        assert bot.request("POST", "/v1/ingest", _from("0", run=f"run-{i}"))[0] == 202
+    seen, cursor, pages = [], None, 0
+    while True:
+        code, body = bot.request("GET", "/v1/runs?limit=3" + (f"&cursor={cursor}" if cursor else ""))
+        assert code == 200 and len(body["runs"]) <= 3
+        seen += [r["run_id"] for r in body["runs"]]
+        pages += 1
+        cursor = body["next"]
+        if cursor is None:
+            break
+    assert pages == 3 and sorted(seen) == [f"run-{i}" for i in range(7)] and len(set(seen)) == 7
+    assert seen[0] == "run-6"  # most recently seen first
+    assert len(bot.request("GET", "/v1/runs")[1]["runs"]) == 7
+    for bad in ("limit=0", "limit=1001", "limit=-1", "limit=x", "limit=1e3", "cursor=nope", "cursor=W10"):
+        code, body = bot.request("GET", "/v1/runs?" + bad)
+        assert code == 422 and body["error"], bad
 
 
-def test_an_alertmanager_webhook_is_bounded_in_alerts_and_in_the_matches_it_records(tmp_path, monkeypatch):
+def test_an_alertmanager_webhook_is_bounded_in_alerts_and_in_the_matches_it_records(tmp_path, monkeypatch, bot_server):
     import json
 
     import bot.receivers.alertmanager.inbound as am
 
     monkeypatch.setattr(am, "MAX_MATCHES", 50)
     monkeypatch.setenv("MSMON_ALERTMANAGER_TOKEN", "am-token")
-    bot = _bot(tmp_path, monkeypatch)
-    try:
-        for r in range(10):
-            body = encode(Envelope(run_id=f"run-{r}", device="0", sent_at=time.time(), project="llm",
-                                   labels={"host": "node1"}))
-            assert bot.request("POST", "/v1/ingest", body)[0] == 202
+    bot = _bot(bot_server, tmp_path, monkeypatch)
+    for r in range(10):
+        body = encode(Envelope(run_id=f"run-{r}", device="0", sent_at=time.time(), project="llm",
+                               labels={"host": "node1"}))
+        assert bot.request("POST", "/v1/ingest", body)[0] == 202
 
-        def webhook(n: int) -> tuple[int, dict]:
-            alerts = [{"status": "firing", "labels": {"alertname": f"Disk{i}", "instance": "node1:9100"}}
-                      for i in range(n)]
-            return bot.request("POST", "/v1/alertmanager", json.dumps({"alerts": alerts}).encode(), token="am-token")
+    def webhook(n: int) -> tuple[int, dict]:
+        alerts = [{"status": "firing", "labels": {"alertname": f"Disk{i}", "instance": "node1:9100"}}
+                  for i in range(n)]
+        return bot.request("POST", "/v1/alertmanager", json.dumps({"alerts": alerts}).encode(), token="am-token")
 
-        assert webhook(10) == (200, {"alerts": 10, "matched": 50})  # 100 matches, the first 50 recorded
-        assert len(bot.store.alerts("run-0")) == 5
-        code, body = webhook(am.MAX_ALERTS + 1)
-        assert code == 422 and "10000" in body["error"]
-    finally:
-        bot.stop()
+    assert webhook(10) == (200, {"alerts": 10, "matched": 50})  # 100 matches, the first 50 recorded
+    assert len(bot.store.alerts("run-0")) == 5
+    code, body = webhook(am.MAX_ALERTS + 1)
+    assert code == 422 and "10000" in body["error"]
 
 
-def test_slow_headers_and_slow_bodies_are_cut_after_read_timeout(tmp_path, monkeypatch):
+def test_slow_headers_and_slow_bodies_are_cut_after_read_timeout(tmp_path, monkeypatch, bot_server):
     """A client that sends its headers, or its body, a byte at a time is cut after bot.read_timeout: the
     headers' connection closed, the body answered 408; a normal request meanwhile is served at once."""
     import socket
     import threading
 
-    bot = _bot(tmp_path, monkeypatch, read_timeout=1.5)
+    bot = _bot(bot_server, tmp_path, monkeypatch, read_timeout=1.5)
 
     def trickle(data: bytes, out: list[bytes]) -> None:
         with socket.create_connection(("127.0.0.1", bot.port), timeout=10) as s:
@@ -115,26 +104,23 @@ def test_slow_headers_and_slow_bodies_are_cut_after_read_timeout(tmp_path, monke
                 out.append(b"closed")
             out.append(str(round(time.monotonic() - t0, 1)).encode())
 
-    try:
-        slow_headers: list[bytes] = []
-        head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 60 + b"\r\n\r\n"
-        body = b"x" * 30
-        slow_body: list[bytes] = []
-        req = (b"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer job-token\r\n"
-               b"Content-Type: application/json\r\nContent-Length: 30\r\n\r\n")
-        threads = [threading.Thread(target=trickle, args=(head, slow_headers)),
-                   threading.Thread(target=lambda: _slow_body(bot.port, req, body, slow_body))]
-        for t in threads:
-            t.start()
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        assert bot.request("GET", "/healthz", token=None)[0] == 200 and time.monotonic() - t0 < 1.0
-        for t in threads:
-            t.join(20)
-        assert slow_headers[0] in (b"", b"closed") and float(slow_headers[1]) < 6, slow_headers
-        assert slow_body[0].startswith(b"HTTP/1.1 408"), slow_body
-    finally:
-        bot.stop()
+    slow_headers: list[bytes] = []
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 60 + b"\r\n\r\n"
+    body = b"x" * 30
+    slow_body: list[bytes] = []
+    req = (b"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer job-token\r\n"
+           b"Content-Type: application/json\r\nContent-Length: 30\r\n\r\n")
+    threads = [threading.Thread(target=trickle, args=(head, slow_headers)),
+               threading.Thread(target=lambda: _slow_body(bot.port, req, body, slow_body))]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert bot.request("GET", "/healthz", token=None)[0] == 200 and time.monotonic() - t0 < 1.0
+    for t in threads:
+        t.join(20)
+    assert slow_headers[0] in (b"", b"closed") and float(slow_headers[1]) < 6, slow_headers
+    assert slow_body[0].startswith(b"HTTP/1.1 408"), slow_body
 
 
 def _slow_body(port: int, head: bytes, body: bytes, out: list[bytes]) -> None:
@@ -151,17 +137,15 @@ def _slow_body(port: int, head: bytes, body: bytes, out: list[bytes]) -> None:
         out.append(s.recv(4096))
 
 
-def test_an_ack_token_longer_than_any_link_is_a_404_both_ways(tmp_path, monkeypatch):
-    bot = _bot(tmp_path, monkeypatch)
-    try:
-        for method in ("GET", "POST"):
-            assert bot.request(method, "/ack/" + "a" * 201, token=None)[0] == 404
-        assert bot.request("GET", "/ack/" + "a" * 200, token=None)[0] == 200  # the page; the POST decides
-    finally:
-        bot.stop()
+def test_an_ack_token_longer_than_any_link_is_a_404_both_ways(tmp_path, monkeypatch, bot_server):
+    bot = _bot(bot_server, tmp_path, monkeypatch)
+    for method in ("GET", "POST"):
+        assert bot.request(method, "/ack/" + "a" * 201, token=None)[0] == 404
+    assert bot.request("GET", "/ack/" + "a" * 200, token=None)[0] == 200  # the page; the POST decides
 
 
-def test_an_unreachable_nats_url_is_said_at_start_and_does_not_hold_the_shutdown(tmp_path, monkeypatch, caplog):
+def test_an_unreachable_nats_url_is_said_at_start_and_does_not_hold_the_shutdown(tmp_path, monkeypatch, caplog,
+                                                                                 bot_server):
     import logging
     import socket
 
@@ -169,7 +153,7 @@ def test_an_unreachable_nats_url_is_said_at_start_and_does_not_hold_the_shutdown
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there
     caplog.set_level(logging.WARNING, "msmon")
-    bot = _bot(tmp_path, monkeypatch, nats={"url": f"nats://127.0.0.1:{port}"})
+    bot = _bot(bot_server, tmp_path, monkeypatch, nats={"url": f"nats://127.0.0.1:{port}"})
     try:
         deadline = time.monotonic() + 10
         while "cannot reach NATS" not in caplog.text and time.monotonic() < deadline:

@@ -14,7 +14,7 @@ ms = pytest.importorskip("mindspore")
 pytest.importorskip("aiohttp")
 
 from notifier.mindspore import MonitorCallback  # noqa: E402
-from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
+from tests.fakes.bot_server import wait_for  # noqa: E402
 from tests.fakes.ms_helpers import dataset, model, regression_data  # noqa: E402
 from tests.fakes.slack_api import SlackAPIServer  # noqa: E402
 from tests.fakes.slack_signing import SECRET, click, slash  # noqa: E402
@@ -39,12 +39,12 @@ class Pace(ms.train.Callback):
 
 
 @pytest.fixture
-def setup(tmp_path, monkeypatch):
+def setup(tmp_path, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
     monkeypatch.setenv("SLACK_SIGNING_SECRET", SECRET)
     with SlackAPIServer() as slack:
-        bot = BotServer({"bot": {
+        bot = bot_server({"bot": {
             "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
             "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
             "routes": [{"receiver": "slack", "channel": "C0ALERTS"}],
@@ -53,10 +53,7 @@ def setup(tmp_path, monkeypatch):
             "rate_limit": {"per_channel": 50, "per_run": 50, "burst": 20},
             "console": {"charts_dir": str(tmp_path / "charts")},
             "commands": {"allow": [{"project": "llm", "users": ["U0ALICE"]}]}}})
-        try:
-            yield bot, slack, tmp_path
-        finally:
-            bot.stop()
+        yield bot, slack, tmp_path
 
 
 def job_config(bot, tmp_path):

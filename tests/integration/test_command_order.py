@@ -26,7 +26,7 @@ from msmon.contract.wire import Command, Heartbeat, encode  # noqa: E402
 from notifier import Monitor  # noqa: E402
 from notifier.control import CommandOrder, JobControl, Outcome, Request, acceptance_order  # noqa: E402
 from notifier.mindspore import MindSporeBackend, MonitorCallback  # noqa: E402
-from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
+from tests.fakes.bot_server import wait_for  # noqa: E402
 from tests.fakes.ms_helpers import MLP, dataset, model, regression_data  # noqa: E402
 
 # -- the pure state machine: table-driven ------------------------------------------------------------
@@ -343,10 +343,10 @@ def test_time_paused_in_a_custom_loop_is_not_a_step_stall(tmp_path):
 
 
 @pytest.fixture
-def bot(tmp_path, monkeypatch):
+def bot(tmp_path, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
-    b = BotServer({"bot": {
+    b = bot_server({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "routes": [{"receiver": "console", "channel": "ops"}],
@@ -354,7 +354,6 @@ def bot(tmp_path, monkeypatch):
         "commands": {"allow": [{"project": "llm", "users": ["cli:carol"]}],
                      "operators": [{"user": "cli:carol", "env": "MSMON_OPERATOR"}]}}})
     yield b
-    b.stop()
 
 
 def operator(bot, text: str) -> dict:

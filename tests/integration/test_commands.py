@@ -24,7 +24,7 @@ from msmon.contract.wire import (
     decode,
     encode,
 )
-from tests.fakes.bot_server import BotServer, wait_for
+from tests.fakes.bot_server import wait_for
 from tests.fakes.slack_signing import SECRET, click, signed_post, slash
 
 pytest.importorskip("aiohttp")
@@ -60,10 +60,9 @@ def env(monkeypatch):
 
 
 @pytest.fixture
-def bot(tmp_path, slack, env):
-    b = BotServer(config(tmp_path, slack))
+def bot(tmp_path, slack, env, bot_server):
+    b = bot_server(config(tmp_path, slack))
     yield b
-    b.stop()
 
 
 def report(bot, run="run-42", step=100, devices=("0",), **kw) -> None:
@@ -108,13 +107,10 @@ def test_slacks_published_example_is_valid_at_its_time_and_stale_now():
     assert not SignatureVerifier(SECRET).is_valid(EXAMPLE_BODY, str(EXAMPLE_TS), EXAMPLE_SIG)
 
 
-def test_the_bot_accepts_the_published_example_with_its_clock_at_that_time(tmp_path, slack, env):
-    b = BotServer(config(tmp_path, slack), clock=lambda: EXAMPLE_TS + 10.0)
-    try:
-        code, body = signed_post(b.url + "/slack/commands", EXAMPLE_BODY, ts=EXAMPLE_TS, signature=EXAMPLE_SIG)
-        assert code == 200 and "status &lt;run&gt;" in body["text"]  # empty text: help (escaped: Slack shows <run>)
-    finally:
-        b.stop()
+def test_the_bot_accepts_the_published_example_with_its_clock_at_that_time(tmp_path, slack, env, bot_server):
+    b = bot_server(config(tmp_path, slack), clock=lambda: EXAMPLE_TS + 10.0)
+    code, body = signed_post(b.url + "/slack/commands", EXAMPLE_BODY, ts=EXAMPLE_TS, signature=EXAMPLE_SIG)
+    assert code == 200 and "status &lt;run&gt;" in body["text"]  # empty text: help (escaped: Slack shows <run>)
 
 
 def test_unsigned_wrongly_signed_and_stale_requests_get_401(bot):
@@ -129,14 +125,11 @@ def test_unsigned_wrongly_signed_and_stale_requests_get_401(bot):
     assert bot.store.commands.recent() == []  # nothing unverified got as far as the command log
 
 
-def test_a_bot_without_a_signing_secret_refuses_slack(tmp_path, slack, env, monkeypatch):
+def test_a_bot_without_a_signing_secret_refuses_slack(tmp_path, slack, env, monkeypatch, bot_server):
     monkeypatch.delenv("SLACK_SIGNING_SECRET")
-    b = BotServer(config(tmp_path, slack))
-    try:
-        code, body = slash(b.url, "help")
-        assert code == 401 and "no Slack signing secret" in body["error"]
-    finally:
-        b.stop()
+    b = bot_server(config(tmp_path, slack))
+    code, body = slash(b.url, "help")
+    assert code == 401 and "no Slack signing secret" in body["error"]
 
 
 # -- the commands ---------------------------------------------------------------------------------------
@@ -285,17 +278,14 @@ def test_msmon_cmd_status_answers_with_the_path_of_its_chart(bot, tmp_path):
     assert code == 200 and "chart" not in body  # only a status has one
 
 
-def test_a_command_no_job_takes_expires_and_the_user_is_told(tmp_path, slack, env):
-    b = BotServer(config(tmp_path, slack, expire_after=1.0))
-    try:
-        report(b)
-        slash(b.url, "scale-lr run-42 0.5", response_url=slack.response_url("x"))
-        assert slack.wait_for(lambda s: len(s.responses("x")) == 1, timeout=15)
-        assert "expired: no job picked it up within 1s" in slack.responses("x")[0]["text"]
-        assert b.store.commands.get("c1")["status"] == "expired"
-        assert poll(b).commands == []
-    finally:
-        b.stop()
+def test_a_command_no_job_takes_expires_and_the_user_is_told(tmp_path, slack, env, bot_server):
+    b = bot_server(config(tmp_path, slack, expire_after=1.0))
+    report(b)
+    slash(b.url, "scale-lr run-42 0.5", response_url=slack.response_url("x"))
+    assert slack.wait_for(lambda s: len(s.responses("x")) == 1, timeout=15)
+    assert "expired: no job picked it up within 1s" in slack.responses("x")[0]["text"]
+    assert b.store.commands.get("c1")["status"] == "expired"
+    assert poll(b).commands == []
 
 
 def test_the_pause_button_on_an_alert_queues_the_command_and_answers_in_its_thread(bot, slack):
@@ -368,15 +358,12 @@ def test_status_names_the_step_of_the_alert_posted_when_the_first_warning_was_he
     assert "since step 640, posted at step 650" in status()
 
 
-def test_commands_can_be_switched_off(tmp_path, slack, env):
-    b = BotServer(config(tmp_path, slack, enable=False))
-    try:
-        report(b)
-        _, body = slash(b.url, "pause run-42")
-        assert body["response_type"] == "ephemeral" and "Commands are switched off" in body["text"]
-        assert poll(b).commands == []
-    finally:
-        b.stop()
+def test_commands_can_be_switched_off(tmp_path, slack, env, bot_server):
+    b = bot_server(config(tmp_path, slack, enable=False))
+    report(b)
+    _, body = slash(b.url, "pause run-42")
+    assert body["response_type"] == "ephemeral" and "Commands are switched off" in body["text"]
+    assert poll(b).commands == []
 
 
 def test_malformed_slack_and_poll_requests_get_4xx(bot):
@@ -392,25 +379,22 @@ def test_malformed_slack_and_poll_requests_get_4xx(bot):
     assert bot.request("GET", "/v1/commands/c999", token="operator-token")[0] == 404
 
 
-def test_commands_over_socket_mode_reach_the_same_service(tmp_path, slack, env, monkeypatch):
+def test_commands_over_socket_mode_reach_the_same_service(tmp_path, slack, env, monkeypatch, bot_server):
     """slack.socket_mode: the real app connects to the local Slack server's websocket; a slash command
     pushed there is answered by the same command service, and queues the same job command."""
     monkeypatch.setenv("SLACK_APP_TOKEN", "xapp-1-A0MSMON01-1-abc")
     cfg = config(tmp_path, slack)
     cfg["bot"]["slack"]["socket_mode"] = True
-    b = BotServer(cfg)
-    try:
-        assert slack.wait_for(lambda s: s.socket_connections() == 1, timeout=15)
-        report(b)
-        eid = slack.push("slash_commands", {"command": "/msmon", "text": "pause run-42", "user_id": "U0ALICE",
-                                            "user_name": "alice", "channel_id": "C0CHAT",
-                                            "response_url": slack.response_url("sm")})
-        assert slack.wait_for(lambda s: s.socket_ack(eid) is not None, timeout=10)
-        assert "queued as c1" in slack.socket_ack(eid)["payload"]["text"]
-        (cmd,) = poll(b).commands
-        assert cmd.action == "pause" and b.store.commands.get("c1")["source"] == "slack"
-    finally:
-        b.stop()
+    b = bot_server(cfg)
+    assert slack.wait_for(lambda s: s.socket_connections() == 1, timeout=15)
+    report(b)
+    eid = slack.push("slash_commands", {"command": "/msmon", "text": "pause run-42", "user_id": "U0ALICE",
+                                        "user_name": "alice", "channel_id": "C0CHAT",
+                                        "response_url": slack.response_url("sm")})
+    assert slack.wait_for(lambda s: s.socket_ack(eid) is not None, timeout=10)
+    assert "queued as c1" in slack.socket_ack(eid)["payload"]["text"]
+    (cmd,) = poll(b).commands
+    assert cmd.action == "pause" and b.store.commands.get("c1")["source"] == "slack"
 
 
 
@@ -452,7 +436,7 @@ def _old_note(text, thread_ts=None, response_url=None, private=False) -> str:
                        "chart": None, "private": private})
 
 
-def test_rows_stored_before_reply_to_are_still_delivered_where_they_belong(tmp_path, slack, env, capsys):
+def test_rows_stored_before_reply_to_are_still_delivered_where_they_belong(tmp_path, slack, env, capsys, bot_server):
     """A bot upgraded with a command still open (its origin: Slack's channel and thread_ts beside the rest)
     and notes still in its outbox (the channel in the row, thread_ts / response_url in the note, and
     "commands" where there was no channel): each answer goes where it would have gone before."""
@@ -477,27 +461,24 @@ def test_rows_stored_before_reply_to_are_still_delivered_where_they_belong(tmp_p
                     ("slack", "commands", _old_note("old note with nowhere to go")),
                     ("console", "commands", _old_note("old note for the console"))])])
     store.close()
-    b = BotServer(cfg)
-    try:
-        assert slack.wait_for(lambda s: len(s.responses("old")) == 1 and any(
-            m["text"] == "old note in the thread" for m in s.messages()), timeout=10)
-        (threaded,) = [m for m in slack.messages() if m["text"] == "old note in the thread"]
-        assert (threaded["channel"], threaded["thread_ts"]) == ("C0ALERTS", "1700000000.000200")
-        assert slack.responses("old")[0]["response_type"] == "ephemeral"
-        assert wait_for(lambda: all(r["delivered_at"] is not None for r in b.store.db.execute(
-            "SELECT delivered_at FROM outbox WHERE kind='note'")))
-        assert "[msmon] old note for the console" in capsys.readouterr().out
-        assert not any("nowhere" in m["text"] for m in slack.messages())  # as before: nothing posted
-        report(b)
-        (cmd,) = poll(b).commands
-        assert (cmd.id, cmd.issued_by) == ("c1", "alice")
-        answer(b, cmd, detail="paused at step 101; waiting for resume")
-        assert slack.wait_for(lambda s: any("device 0 OK" in m["text"] for m in s.messages()), timeout=10)
-        (done,) = [m for m in slack.messages() if "device 0 OK" in m["text"]]
-        assert (done["channel"], done["thread_ts"]) == ("C0ALERTS", "1700000000.000100")
-        assert "c1 `pause run-42` (from @alice)" in done["text"]
-    finally:
-        b.stop()
+    b = bot_server(cfg)
+    assert slack.wait_for(lambda s: len(s.responses("old")) == 1 and any(
+        m["text"] == "old note in the thread" for m in s.messages()), timeout=10)
+    (threaded,) = [m for m in slack.messages() if m["text"] == "old note in the thread"]
+    assert (threaded["channel"], threaded["thread_ts"]) == ("C0ALERTS", "1700000000.000200")
+    assert slack.responses("old")[0]["response_type"] == "ephemeral"
+    assert wait_for(lambda: all(r["delivered_at"] is not None for r in b.store.db.execute(
+        "SELECT delivered_at FROM outbox WHERE kind='note'")))
+    assert "[msmon] old note for the console" in capsys.readouterr().out
+    assert not any("nowhere" in m["text"] for m in slack.messages())  # as before: nothing posted
+    report(b)
+    (cmd,) = poll(b).commands
+    assert (cmd.id, cmd.issued_by) == ("c1", "alice")
+    answer(b, cmd, detail="paused at step 101; waiting for resume")
+    assert slack.wait_for(lambda s: any("device 0 OK" in m["text"] for m in s.messages()), timeout=10)
+    (done,) = [m for m in slack.messages() if "device 0 OK" in m["text"]]
+    assert (done["channel"], done["thread_ts"]) == ("C0ALERTS", "1700000000.000100")
+    assert "c1 `pause run-42` (from @alice)" in done["text"]
 
 
 def test_an_origin_is_stored_and_read_back_whole():

@@ -26,7 +26,7 @@ ms = pytest.importorskip("mindspore", reason="MindSpore is not installed (pip in
 
 from msmon.contract.wire import Sample  # noqa: E402
 from notifier.mindspore import MonitorCallback, parse_outputs  # noqa: E402
-from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
+from tests.fakes.bot_server import wait_for  # noqa: E402
 from tests.fakes.ms_helpers import model, regression_data  # noqa: E402
 from tests.fakes.records import envelope, event  # noqa: E402
 
@@ -82,20 +82,17 @@ def artifacts(tmp_path) -> Path:
 
 
 @pytest.fixture
-def bot(tmp_path, monkeypatch):
+def bot(tmp_path, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("ALICE_TOKEN", "alice-console-token")
-    b = BotServer({"bot": {
+    b = bot_server({"bot": {
         "port": 0, "host": "127.0.0.1", "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "console": {"charts_dir": str(tmp_path / "charts"), "charts": False, "web": {"stream_interval": 0.25}},
         "pipeline": {"group_wait": 0.2, "heartbeat_timeout": 60},
         "commands": {"operators": [{"user": "cli:alice", "env": "ALICE_TOKEN"}],
                      "allow": [{"project": "llm", "users": ["cli:alice"]}]}}})
-    try:
-        yield b
-    finally:
-        b.stop()
+    yield b
 
 
 def job_config(bot, tmp_path):

@@ -69,11 +69,11 @@ class Client:
 
 
 @pytest.fixture
-def bot(tmp_path, monkeypatch):
+def bot(tmp_path, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("ALICE_TOKEN", "alice-token")
     monkeypatch.setenv("VIEWER_TOKEN", "viewer-token")
-    b = BotServer({"bot": {
+    b = bot_server({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "console": {"charts_dir": str(tmp_path / "charts"), "charts": False,
@@ -82,10 +82,7 @@ def bot(tmp_path, monkeypatch):
         "commands": {"operators": [{"user": "cli:alice", "env": "ALICE_TOKEN"},
                                    {"user": "cli:viewer", "env": "VIEWER_TOKEN"}],
                      "allow": [{"project": "llm", "users": ["cli:alice"]}]}}})
-    try:
-        yield b
-    finally:
-        b.stop()
+    yield b
 
 
 def report(bot: BotServer, run: str = "run-42", rule: str = "grad_norm", steps: range = range(1, 31)) -> None:
@@ -272,10 +269,10 @@ def test_a_client_that_stops_reading_is_dropped_and_holds_no_memory(bot):
     assert bot.request("GET", "/healthz", token=None)[0] == 200
 
 
-def test_live_pages_are_bounded(tmp_path, monkeypatch):
+def test_live_pages_are_bounded(tmp_path, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("ALICE_TOKEN", "alice-token")
-    b = _console_bot(tmp_path, {"max_streams": 1})
+    b = _console_bot(bot_server, tmp_path, {"max_streams": 1})
     s = socket.create_connection(("127.0.0.1", b.port), timeout=10)
     try:
         s.sendall(b"GET /console/api/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice-token\r\n\r\n")
@@ -284,7 +281,6 @@ def test_live_pages_are_bounded(tmp_path, monkeypatch):
         assert second.startswith("HTTP/1.1 503") and "max_streams" in second
     finally:
         s.close()
-        b.stop()
 
 
 def test_per_rank_series_and_a_login_that_comes_back_to_the_page(bot):
@@ -308,11 +304,11 @@ def test_per_rank_series_and_a_login_that_comes_back_to_the_page(bot):
     assert series["0"]["throughput_unit"] == ["tokens_per_s"]
 
 
-def test_shutdown_ends_open_streams_promptly(tmp_path, monkeypatch):
+def test_shutdown_ends_open_streams_promptly(tmp_path, monkeypatch, bot_server):
     monkeypatch.setenv("ALICE_TOKEN", "alice-token")
-    b = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),
-                           "console": {"charts_dir": str(tmp_path), "web": {"stream_interval": 5}},
-                           "commands": {"operators": [{"user": "cli:alice", "env": "ALICE_TOKEN"}]}}})
+    b = bot_server({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+                            "console": {"charts_dir": str(tmp_path), "web": {"stream_interval": 5}},
+                            "commands": {"operators": [{"user": "cli:alice", "env": "ALICE_TOKEN"}]}}})
     s = socket.create_connection(("127.0.0.1", b.port), timeout=20)
     s.sendall(b"GET /console/api/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice-token\r\n\r\n")
     assert wait_for(lambda: len(_console(b).streams) == 1, timeout=10)
@@ -340,13 +336,10 @@ def _console(bot: BotServer) -> Any:
     raise AssertionError("no console on this app")
 
 
-def test_the_console_can_be_switched_off(tmp_path):
-    b = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),
-                           "console": {"charts_dir": str(tmp_path), "web": {"enabled": False}}}})
-    try:
-        assert b.request("GET", "/console/", token=None)[0] == 404
-    finally:
-        b.stop()
+def test_the_console_can_be_switched_off(tmp_path, bot_server):
+    b = bot_server({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+                            "console": {"charts_dir": str(tmp_path), "web": {"enabled": False}}}})
+    assert b.request("GET", "/console/", token=None)[0] == 404
 
 
 def test_static_files_are_served_from_the_package(bot):
@@ -357,8 +350,8 @@ def test_static_files_are_served_from_the_package(bot):
     assert c("GET", "/console/static/console.js")[0] == 200
 
 
-def _console_bot(tmp_path: Any, web: dict[str, Any]) -> BotServer:
-    return BotServer({"bot": {
+def _console_bot(bot_server: Any, tmp_path: Any, web: dict[str, Any]) -> BotServer:
+    return bot_server({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}], "pipeline": {"group_wait": 0},
         "console": {"charts_dir": str(tmp_path), "charts": False, "web": web},
@@ -366,29 +359,27 @@ def _console_bot(tmp_path: Any, web: dict[str, Any]) -> BotServer:
 
 
 @pytest.mark.parametrize("public_url", ["https://msmon.example.org/", None])
-def test_messages_link_to_the_run_console_page_when_public_url_is_set(tmp_path, monkeypatch, capsys, public_url):
+def test_messages_link_to_the_run_console_page_when_public_url_is_set(tmp_path, monkeypatch, capsys, public_url,
+                                                                      bot_server):
     """The embedded default (console receiver) prints the run's console link under each alert; the run id
     is percent-encoded in it, and the link opens that run's page (after the login). No public_url: no link."""
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("ALICE_TOKEN", "alice-token")
     run = "exp/7 <b>"
-    b = _console_bot(tmp_path, {"public_url": public_url})
-    try:
-        code, _ = b.request("POST", "/v1/ingest", envelope([event(run=run)], run=run))
-        assert code == 202
-        out: list[str] = []
-        assert wait_for(lambda: "what to do: Save a checkpoint now." in _seen(capsys, out), timeout=10)
-        link = "https://msmon.example.org/console/runs/exp%2F7%20%3Cb%3E"
-        if public_url is None:
-            assert "open in msmon" not in _seen(capsys, out)
-            return
-        assert f"open in msmon: {link}" in _seen(capsys, out)
-        c = Client(b)
-        c.login("alice-token")
-        code, _, page, _ = c("GET", link.removeprefix("https://msmon.example.org"))
-        assert code == 200 and "exp/7 &lt;b&gt;" in page
-    finally:
-        b.stop()
+    b = _console_bot(bot_server, tmp_path, {"public_url": public_url})
+    code, _ = b.request("POST", "/v1/ingest", envelope([event(run=run)], run=run))
+    assert code == 202
+    out: list[str] = []
+    assert wait_for(lambda: "what to do: Save a checkpoint now." in _seen(capsys, out), timeout=10)
+    link = "https://msmon.example.org/console/runs/exp%2F7%20%3Cb%3E"
+    if public_url is None:
+        assert "open in msmon" not in _seen(capsys, out)
+        return
+    assert f"open in msmon: {link}" in _seen(capsys, out)
+    c = Client(b)
+    c.login("alice-token")
+    code, _, page, _ = c("GET", link.removeprefix("https://msmon.example.org"))
+    assert code == 200 and "exp/7 &lt;b&gt;" in page
 
 
 def _seen(capsys: Any, out: list[str]) -> str:

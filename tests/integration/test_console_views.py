@@ -50,10 +50,10 @@ def artifacts(tmp_path) -> Path:
 
 
 @pytest.fixture
-def bot(tmp_path, monkeypatch):
+def bot(tmp_path, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("ALICE_TOKEN", "alice-console-token")
-    b = BotServer({"bot": {
+    b = bot_server({"bot": {
         "port": 0, "host": "127.0.0.1", "state_path": str(tmp_path / "bot.sqlite"), "window_samples": 50,
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "console": {"charts": False, "web": {"stream_interval": 0.25}},
@@ -61,10 +61,7 @@ def bot(tmp_path, monkeypatch):
         "rate_limit": {"per_channel": 1000, "per_run": 1000, "global_rate": 1000, "burst": 1000},
         "commands": {"operators": [{"user": "cli:alice", "env": "ALICE_TOKEN"}],
                      "allow": [{"project": "llm", "users": ["cli:alice"]}]}}})
-    try:
-        yield b
-    finally:
-        b.stop()
+    yield b
 
 
 def report(bot: BotServer, trace: str, run: str, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("mindspore")
 pytest.importorskip("aiohttp")
 
-from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
+from tests.fakes.bot_server import wait_for  # noqa: E402
 from tests.fakes.process import terminate_group  # noqa: E402
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timing]
@@ -41,19 +41,19 @@ def command(bot, text: str, timeout: float = 60.0) -> dict:
     return view
 
 
-def test_every_rank_applies_each_command_at_the_same_step(tmp_path, monkeypatch):
+def test_every_rank_applies_each_command_at_the_same_step(tmp_path, monkeypatch, bot_server):
     msrun = shutil.which("msrun", path=os.path.dirname(sys.executable))
     if msrun is None:
         pytest.skip("msrun (MindSpore's launcher) is not installed")
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
-    bot = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),
-                             "tokens": [{"project": "*", "env": "MSMON_TEST_TOKEN"}],
-                             "console": {"charts": False},
-                             # apply_lead 0.5 s (default 0.25): margin for a 2-core CI machine running both ranks
-                             "commands": {"apply_lead": 0.5,
-                                          "operators": [{"user": "cli:ops", "env": "MSMON_OPERATOR"}],
-                                          "allow": [{"users": ["cli:ops"]}]}}})
+    bot = bot_server({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+                              "tokens": [{"project": "*", "env": "MSMON_TEST_TOKEN"}],
+                              "console": {"charts": False},
+                              # apply_lead 0.5 s (default 0.25): margin for a 2-core CI machine running both ranks
+                              "commands": {"apply_lead": 0.5,
+                                           "operators": [{"user": "cli:ops", "env": "MSMON_OPERATOR"}],
+                                           "allow": [{"users": ["cli:ops"]}]}}})
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
            "MSMON_BOT_URL": bot.url, "MSMON_JOB_TOKEN": "job-token", "MSMON_CKPT_DIR": str(tmp_path / "ckpt"),
            "MSMON_SPOOL_DIR": str(tmp_path / "spool"), "PYTHONPATH": str(JOB.parents[2])}
@@ -84,4 +84,3 @@ def test_every_rank_applies_each_command_at_the_same_step(tmp_path, monkeypatch)
         assert job.returncode == 0, out[-3000:]
     finally:
         terminate_group(job, grace=0)  # msrun and its ranks (each in a session of its own; a paused one too)
-        bot.stop()

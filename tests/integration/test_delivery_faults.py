@@ -22,7 +22,7 @@ from bot.config import load_bot_config
 from bot.pipeline.schedule import Policy
 from bot.receivers.console import ConsoleReceiver
 from msmon.contract.wire import Envelope
-from tests.fakes.bot_server import BotServer, wait_for
+from tests.fakes.bot_server import wait_for
 from tests.fakes.dingtalk_api import DingTalkRobot
 from tests.fakes.im_harness import T0, Clock, ImBot
 from tests.fakes.peers import HangingPeer, ThreadedRobot
@@ -60,26 +60,23 @@ def slack_shown(slack: SlackAPIServer, run: str) -> bool:
     return any(f"run {run}," in str(c.params.get("text", "")) for c in slack.calls_to("chat.postMessage"))
 
 
-def test_a_hanging_destination_delays_no_other_by_more_than_a_second(tmp_path, peers):
+def test_a_hanging_destination_delays_no_other_by_more_than_a_second(tmp_path, peers, bot_server):
     hung, dt, slack = peers
-    bot = BotServer(config(tmp_path, slack))
-    try:
-        for i in range(3):  # three alerts for the hung robot: its lane is busy for three timeouts
-            assert bot.request("POST", "/v1/ingest", envelope([event(run=f"run-h{i}")], run=f"run-h{i}",
-                                                               project="hung"))[0] == 202
-        assert wait_for(lambda: hung.connections >= 1, timeout=5)
-        for i in range(3):  # while it hangs, each other destination's ERROR goes at once
-            t0 = time.time()
-            for project, run in (("dt", f"run-d{i}"), ("sl", f"run-s{i}")):
-                assert bot.request("POST", "/v1/ingest", envelope([event(run=run)], run=run, project=project))[0] == 202
-            assert wait_for(lambda i=i: dingtalk_shown(dt, f"run-d{i}") is not None and slack_shown(slack, f"run-s{i}"),
-                            timeout=8), "an ERROR for another destination waited behind the hung WeCom robot"
-            shown = time.time() - t0
-            assert shown < 1.0, f"ERRORs to DingTalk and Slack took {shown:.2f} s while WeCom hung"
-            time.sleep(1.0)
-        assert bot.request("GET", "/healthz")[1]["outbox_depth"] == 3  # the hung robot's rows wait, kept
-    finally:
-        bot.stop()
+    bot = bot_server(config(tmp_path, slack))
+    for i in range(3):  # three alerts for the hung robot: its lane is busy for three timeouts
+        assert bot.request("POST", "/v1/ingest", envelope([event(run=f"run-h{i}")], run=f"run-h{i}",
+                                                           project="hung"))[0] == 202
+    assert wait_for(lambda: hung.connections >= 1, timeout=5)
+    for i in range(3):  # while it hangs, each other destination's ERROR goes at once
+        t0 = time.time()
+        for project, run in (("dt", f"run-d{i}"), ("sl", f"run-s{i}")):
+            assert bot.request("POST", "/v1/ingest", envelope([event(run=run)], run=run, project=project))[0] == 202
+        assert wait_for(lambda i=i: dingtalk_shown(dt, f"run-d{i}") is not None and slack_shown(slack, f"run-s{i}"),
+                        timeout=8), "an ERROR for another destination waited behind the hung WeCom robot"
+        shown = time.time() - t0
+        assert shown < 1.0, f"ERRORs to DingTalk and Slack took {shown:.2f} s while WeCom hung"
+        time.sleep(1.0)
+    assert bot.request("GET", "/healthz")[1]["outbox_depth"] == 3  # the hung robot's rows wait, kept
 
 
 class FlakyDingTalk(DingTalkRobot):

@@ -22,10 +22,10 @@ DIGEST = {"channel": "C0ALERTS", "receiver": "slack", "cron": "0 9 * * 1-5", "ti
 
 
 @pytest.fixture
-def bot(tmp_path, slack, monkeypatch) -> Iterator[BotServer]:
+def bot(tmp_path, slack, monkeypatch, bot_server) -> Iterator[BotServer]:
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
-    b = BotServer({"bot": {
+    b = bot_server({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "routes": [{"receiver": "digest", "channel": "C0ALERTS", "severity": "WARNING"},
@@ -33,7 +33,6 @@ def bot(tmp_path, slack, monkeypatch) -> Iterator[BotServer]:
         "digests": [DIGEST], "slack": {"base_url": slack.base_url, "max_retries": 0},
         "pipeline": {"group_wait": 0.1}, "rate_limit": {"per_channel": 50, "per_run": 50, "burst": 20}}})
     yield b
-    b.stop()
 
 
 def digest_now(bot: BotServer) -> None:

@@ -114,10 +114,9 @@ def test_dingtalks_throttle_is_a_retry_after_of_ten_minutes():
 APP_SECRET = "app-secret-0123"
 
 
-def _commands_bot(tmp_path):
-    from tests.fakes.bot_server import BotServer
+def _commands_bot(bot_server, tmp_path):
 
-    return BotServer({"bot": {
+    return bot_server({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "routes": [{"receiver": "dingtalk", "channel": "cid-team"}],
@@ -134,23 +133,23 @@ def _callback(bot, headers, body):
     return send(urllib.request.Request(bot.url + "/dingtalk/callback", data=body, method="POST", headers=headers))
 
 
-def _reported_bot(tmp_path, monkeypatch):
+def _reported_bot(bot_server, tmp_path, monkeypatch):
     """The commands bot with its AppSecret, run-42 of project llm reported to it."""
     from tests.fakes.records import envelope
 
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("DINGTALK_APP_SECRET", APP_SECRET)
-    bot = _commands_bot(tmp_path)
+    bot = _commands_bot(bot_server, tmp_path)
     assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
     return bot
 
 
-def test_an_allowed_users_pause_is_answered_at_once_and_a_strangers_refused(tmp_path, monkeypatch):
+def test_an_allowed_users_pause_is_answered_at_once_and_a_strangers_refused(tmp_path, monkeypatch, bot_server):
     import time
 
     from tests.fakes.dingtalk_api import callback_request
 
-    bot = _reported_bot(tmp_path, monkeypatch)
+    bot = _reported_bot(bot_server, tmp_path, monkeypatch)
     try:
         now = int(time.time() * 1000)
         status, answer = _callback(bot, *callback_request("pause run-42", APP_SECRET, now))
@@ -206,31 +205,27 @@ def test_the_chart_goes_as_an_actioncard_opening_its_signed_link(tmp_path):
     asyncio.run(scenario())
 
 
-def test_a_captured_timestamp_and_sign_carry_no_second_body_and_msg_ids_outlive_a_restart(tmp_path, monkeypatch):
+def test_a_captured_timestamp_and_sign_carry_no_second_body_and_msg_ids_outlive_a_restart(tmp_path, monkeypatch,
+                                                                                          bot_server):
     """DingTalk's sign covers the timestamp only: one (timestamp, sign) pair is taken once, whatever body
     comes with it; a 6-minute-old pair is stale; a msgId counts once, after a restart too."""
     import time
 
     from tests.fakes.dingtalk_api import callback_request
 
-    bot = _reported_bot(tmp_path, monkeypatch)
-    try:
-        now = int(time.time() * 1000)
-        headers, body = callback_request("pause run-42", APP_SECRET, now, msg_id="m-1")
-        assert "queued as c1" in _callback(bot, headers, body)[1]["markdown"]["text"]
-        for i, text in enumerate(["scale-lr run-42 0.5", "scale-lr run-42 0.25", "resume run-42"]):
-            _, other = callback_request(text, APP_SECRET, now, msg_id=f"forged-{i}")
-            assert _callback(bot, headers, other)[0] == 401  # the captured pair with a new body
-        assert _callback(bot, *callback_request("scale-lr run-42 0.5", APP_SECRET, now - 360_000,
-                                                msg_id="m-old"))[0] == 401
-        assert len(bot.store.commands.recent()) == 1
-    finally:
-        bot.stop()
-    bot = _commands_bot(tmp_path)
-    try:
-        now = int(time.time() * 1000) + 5
-        assert _callback(bot, *callback_request("pause run-42", APP_SECRET, now, msg_id="m-1")) == (200, {})
-        assert _callback(bot, *callback_request("resume run-42", APP_SECRET, now + 1, msg_id="m-2"))[0] == 200
-        assert len(bot.store.commands.recent()) == 2
-    finally:
-        bot.stop()
+    bot = _reported_bot(bot_server, tmp_path, monkeypatch)
+    now = int(time.time() * 1000)
+    headers, body = callback_request("pause run-42", APP_SECRET, now, msg_id="m-1")
+    assert "queued as c1" in _callback(bot, headers, body)[1]["markdown"]["text"]
+    for i, text in enumerate(["scale-lr run-42 0.5", "scale-lr run-42 0.25", "resume run-42"]):
+        _, other = callback_request(text, APP_SECRET, now, msg_id=f"forged-{i}")
+        assert _callback(bot, headers, other)[0] == 401  # the captured pair with a new body
+    assert _callback(bot, *callback_request("scale-lr run-42 0.5", APP_SECRET, now - 360_000,
+                                            msg_id="m-old"))[0] == 401
+    assert len(bot.store.commands.recent()) == 1
+    bot.stop()
+    bot = _commands_bot(bot_server, tmp_path)
+    now = int(time.time() * 1000) + 5
+    assert _callback(bot, *callback_request("pause run-42", APP_SECRET, now, msg_id="m-1")) == (200, {})
+    assert _callback(bot, *callback_request("resume run-42", APP_SECRET, now + 1, msg_id="m-2"))[0] == 200
+    assert len(bot.store.commands.recent()) == 2

@@ -109,10 +109,9 @@ def test_an_unknown_hook_token_is_named():
 TOKEN, KEY = "v-token", "encrypt-key"
 
 
-def _commands_bot(tmp_path, feishu: dict | None = None):
-    from tests.fakes.bot_server import BotServer
+def _commands_bot(bot_server, tmp_path, feishu: dict | None = None):
 
-    return BotServer({"bot": {
+    return bot_server({"bot": {
         "feishu": feishu or {},
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
@@ -131,7 +130,8 @@ def _post(bot, headers, body):
     return send(req)
 
 
-def test_an_allowed_users_pause_is_queued_and_answered_in_the_chat_a_strangers_refused(tmp_path, monkeypatch):
+def test_an_allowed_users_pause_is_queued_and_answered_in_the_chat_a_strangers_refused(tmp_path, monkeypatch,
+                                                                                       bot_server):
     from tests.fakes.feishu_api import event_request, message_event
     from tests.fakes.records import envelope
 
@@ -139,7 +139,7 @@ def test_an_allowed_users_pause_is_queued_and_answered_in_the_chat_a_strangers_r
         bot_api = FeishuBot(time.time)
         async with bot_api.serving() as base:
             monkeypatch.setenv("FEISHU_WEBHOOK_URL", f"{base}/open-apis/bot/v2/hook/hook-token")
-            bot = await asyncio.to_thread(_commands_bot, tmp_path)
+            bot = await asyncio.to_thread(_commands_bot, bot_server, tmp_path)
             try:
                 status, _ = await asyncio.to_thread(bot.request, "POST", "/v1/ingest", envelope([event()]))
                 assert status == 202
@@ -167,26 +167,23 @@ def test_an_allowed_users_pause_is_queued_and_answered_in_the_chat_a_strangers_r
     asyncio.run(scenario())
 
 
-def test_url_verification_echoes_the_challenge_and_forgeries_are_401(tmp_path, monkeypatch):
+def test_url_verification_echoes_the_challenge_and_forgeries_are_401(tmp_path, monkeypatch, bot_server):
     from tests.fakes.feishu_api import encrypt, event_request, message_event
 
     monkeypatch.setenv("FEISHU_VERIFICATION_TOKEN", TOKEN)
     monkeypatch.setenv("FEISHU_ENCRYPT_KEY", KEY)
-    bot = _commands_bot(tmp_path)
-    try:
-        challenge = json.dumps({"challenge": "ajls384kdjx98XX", "token": TOKEN, "type": "url_verification"}).encode()
-        body = json.dumps({"encrypt": encrypt(challenge, KEY)}).encode()
-        assert _post(bot, {"Content-Type": "application/json"}, body) == (200, {"challenge": "ajls384kdjx98XX"})
-        wrong = json.dumps({"challenge": "x", "token": "nope", "type": "url_verification"}).encode()
-        status, _ = _post(bot, {}, json.dumps({"encrypt": encrypt(wrong, KEY)}).encode())
-        assert status == 401
-        headers, body = event_request(message_event("pause run-42", TOKEN), KEY)
-        assert _post(bot, {**headers, "X-Lark-Signature": "0" * 64}, body)[0] == 401  # bad signature
-        assert _post(bot, *event_request(message_event("pause run-42", TOKEN), "another-key"))[0] == 401
-        assert _post(bot, *event_request(message_event("pause run-42", TOKEN)))[0] == 401  # not encrypted
-        assert _post(bot, {}, b"not json")[0] == 401  # one answer for every refusal
-    finally:
-        bot.stop()
+    bot = _commands_bot(bot_server, tmp_path)
+    challenge = json.dumps({"challenge": "ajls384kdjx98XX", "token": TOKEN, "type": "url_verification"}).encode()
+    body = json.dumps({"encrypt": encrypt(challenge, KEY)}).encode()
+    assert _post(bot, {"Content-Type": "application/json"}, body) == (200, {"challenge": "ajls384kdjx98XX"})
+    wrong = json.dumps({"challenge": "x", "token": "nope", "type": "url_verification"}).encode()
+    status, _ = _post(bot, {}, json.dumps({"encrypt": encrypt(wrong, KEY)}).encode())
+    assert status == 401
+    headers, body = event_request(message_event("pause run-42", TOKEN), KEY)
+    assert _post(bot, {**headers, "X-Lark-Signature": "0" * 64}, body)[0] == 401  # bad signature
+    assert _post(bot, *event_request(message_event("pause run-42", TOKEN), "another-key"))[0] == 401
+    assert _post(bot, *event_request(message_event("pause run-42", TOKEN)))[0] == 401  # not encrypted
+    assert _post(bot, {}, b"not json")[0] == 401  # one answer for every refusal
 
 
 def test_the_documented_decryption_example():
@@ -203,7 +200,7 @@ async def wait_for_async(cond, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def test_the_chart_is_a_signed_expiring_link_the_bot_serves(tmp_path, monkeypatch):
+def test_the_chart_is_a_signed_expiring_link_the_bot_serves(tmp_path, monkeypatch, bot_server):
     """An ERROR's card, then a card linking to the chart at the bot's GET /charts/<token>; an edited or
     expired link is 403 with the reason."""
     import urllib.request
@@ -235,22 +232,17 @@ def test_the_chart_is_a_signed_expiring_link_the_bot_serves(tmp_path, monkeypatc
             return token
     token = asyncio.run(scenario())
 
-    from tests.fakes.bot_server import BotServer
-
-    server = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "served.sqlite"),
-                                "console": {"charts_dir": str(tmp_path)},
-                                "chart_links": {"public_url": "http://bot.example", "ttl": 3600}}})
-    try:
-        # the link was made at T0 (2023) with an hour to live: expired by the bot's real clock
-        status, reason = send(urllib.request.Request(f"{server.url}/charts/{token}"))
-        assert status == 403 and "expired" in str(reason)
-        fresh = ChartLinks(b"link-key", 3600.0, tmp_path / "links", "http://bot.example").publish(b"\x89PNG fresh")
-        with urllib.request.urlopen(server.url + "/charts/" + fresh.rsplit("/", 1)[1], timeout=10) as resp:
-            assert resp.read() == b"\x89PNG fresh" and resp.headers["Content-Type"] == "image/png"
-        forged = fresh.rsplit("/", 1)[1][:-4] + "0000"
-        assert send(urllib.request.Request(server.url + "/charts/" + forged))[0] == 403
-    finally:
-        server.stop()
+    server = bot_server({"bot": {"port": 0, "state_path": str(tmp_path / "served.sqlite"),
+                                 "console": {"charts_dir": str(tmp_path)},
+                                 "chart_links": {"public_url": "http://bot.example", "ttl": 3600}}})
+    # the link was made at T0 (2023) with an hour to live: expired by the bot's real clock
+    status, reason = send(urllib.request.Request(f"{server.url}/charts/{token}"))
+    assert status == 403 and "expired" in str(reason)
+    fresh = ChartLinks(b"link-key", 3600.0, tmp_path / "links", "http://bot.example").publish(b"\x89PNG fresh")
+    with urllib.request.urlopen(server.url + "/charts/" + fresh.rsplit("/", 1)[1], timeout=10) as resp:
+        assert resp.read() == b"\x89PNG fresh" and resp.headers["Content-Type"] == "image/png"
+    forged = fresh.rsplit("/", 1)[1][:-4] + "0000"
+    assert send(urllib.request.Request(server.url + "/charts/" + forged))[0] == 403
 
 
 def test_with_app_credentials_the_chart_is_uploaded_and_shown_as_an_image(tmp_path):
@@ -278,7 +270,7 @@ def test_with_app_credentials_the_chart_is_uploaded_and_shown_as_an_image(tmp_pa
     asyncio.run(scenario())
 
 
-def test_with_app_credentials_the_answer_is_a_reply_to_the_command_message(tmp_path, monkeypatch):
+def test_with_app_credentials_the_answer_is_a_reply_to_the_command_message(tmp_path, monkeypatch, bot_server):
     from tests.fakes.feishu_api import event_request, message_event
 
     monkeypatch.setenv("FEISHU_VERIFICATION_TOKEN", TOKEN)
@@ -288,7 +280,8 @@ def test_with_app_credentials_the_answer_is_a_reply_to_the_command_message(tmp_p
         bot_api = FeishuBot(time.time, app=("cli_msmon", "app-secret"))
         async with bot_api.serving() as base:
             monkeypatch.setenv("FEISHU_WEBHOOK_URL", f"{base}/open-apis/bot/v2/hook/hook-token")
-            bot = await asyncio.to_thread(_commands_bot, tmp_path, {"app_id": "cli_msmon", "api_base": base})
+            bot = await asyncio.to_thread(_commands_bot, bot_server, tmp_path,
+                                          {"app_id": "cli_msmon", "api_base": base})
             try:
                 status, _ = await asyncio.to_thread(_post, bot, *event_request(
                     message_event("status run-42", TOKEN, message_id="om_cmd")))
@@ -309,48 +302,45 @@ def _queued(bot) -> list[str]:
     return [c["text"] if "text" in c else str(c) for c in bot.store.commands.recent()]
 
 
-def _hostile_bot(tmp_path, monkeypatch):
+def _hostile_bot(bot_server, tmp_path, monkeypatch):
     from tests.fakes.records import envelope
 
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("FEISHU_VERIFICATION_TOKEN", TOKEN)
     monkeypatch.setenv("FEISHU_ENCRYPT_KEY", KEY)
     monkeypatch.setenv("FEISHU_WEBHOOK_URL", "http://127.0.0.1:9/open-apis/bot/v2/hook/none")
-    bot = _commands_bot(tmp_path)
+    bot = _commands_bot(bot_server, tmp_path)
     assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
     return bot
 
 
-def test_a_replayed_or_old_signed_event_is_never_applied_twice_even_after_a_restart(tmp_path, monkeypatch):
+def test_a_replayed_or_old_signed_event_is_never_applied_twice_even_after_a_restart(tmp_path, monkeypatch, bot_server):
     from tests.fakes.feishu_api import event_request, message_event
 
-    bot = _hostile_bot(tmp_path, monkeypatch)
-    try:
-        request = event_request(message_event("scale-lr run-42 0.5", TOKEN, event_id="ev-scale"), KEY)
-        assert _post(bot, *request) == (200, {"msg": "success"})
-        assert len(bot.store.commands.recent()) == 1
-        for _ in range(3):  # the same signed request again: taken once
-            assert _post(bot, *request)[0] == 200
-        assert len(bot.store.commands.recent()) == 1
-        old = event_request(message_event("scale-lr run-42 0.5", TOKEN, event_id="ev-old"), KEY,
-                            timestamp=str(int(time.time()) - 7200))  # signed two hours ago
-        assert _post(bot, *old)[0] == 401
-        assert len(bot.store.commands.recent()) == 1
-    finally:
-        bot.stop()
-    bot = _commands_bot(tmp_path)
-    try:  # Feishu re-pushes the event after the restart, freshly signed: its event_id is remembered
-        again = event_request(message_event("scale-lr run-42 0.5", TOKEN, event_id="ev-scale"), KEY)
-        assert _post(bot, *again)[0] == 200
-        assert len(bot.store.commands.recent()) == 1
-        other = event_request(message_event("pause run-42", TOKEN, event_id="ev-other"), KEY)
-        assert _post(bot, *other)[0] == 200
-        assert len(bot.store.commands.recent()) == 2
-    finally:
-        bot.stop()
+    bot = _hostile_bot(bot_server, tmp_path, monkeypatch)
+    request = event_request(message_event("scale-lr run-42 0.5", TOKEN, event_id="ev-scale"), KEY)
+    assert _post(bot, *request) == (200, {"msg": "success"})
+    assert len(bot.store.commands.recent()) == 1
+    for _ in range(3):  # the same signed request again: taken once
+        assert _post(bot, *request)[0] == 200
+    assert len(bot.store.commands.recent()) == 1
+    old = event_request(message_event("scale-lr run-42 0.5", TOKEN, event_id="ev-old"), KEY,
+                        timestamp=str(int(time.time()) - 7200))  # signed two hours ago
+    assert _post(bot, *old)[0] == 401
+    assert len(bot.store.commands.recent()) == 1
+    bot.stop()
+    bot = _commands_bot(bot_server, tmp_path)
+    # Feishu re-pushes the event after the restart, freshly signed: its event_id is remembered
+    again = event_request(message_event("scale-lr run-42 0.5", TOKEN, event_id="ev-scale"), KEY)
+    assert _post(bot, *again)[0] == 200
+    assert len(bot.store.commands.recent()) == 1
+    other = event_request(message_event("pause run-42", TOKEN, event_id="ev-other"), KEY)
+    assert _post(bot, *other)[0] == 200
+    assert len(bot.store.commands.recent()) == 2
 
 
-def test_every_refusal_is_the_same_answer_so_nothing_tells_a_good_padding_from_a_bad_one(tmp_path, monkeypatch):
+def test_every_refusal_is_the_same_answer_so_nothing_tells_a_good_padding_from_a_bad_one(tmp_path, monkeypatch,
+                                                                                         bot_server):
     import base64
     import hashlib
 
@@ -372,7 +362,7 @@ def test_every_refusal_is_the_same_answer_so_nothing_tells_a_good_padding_from_a
         return {"Content-Type": "application/json", "X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": "n",
                 "X-Lark-Signature": signature(ts, "n", KEY, body)}
 
-    bot = _hostile_bot(tmp_path, monkeypatch)
+    bot = _hostile_bot(bot_server, tmp_path, monkeypatch)
     try:
         good_headers, good_body = event_request(message_event("pause run-42", TOKEN, event_id="ev-x"), KEY)
         bad_padding = raw_cipher(b"A" * 31 + b"\x07")
@@ -402,10 +392,10 @@ def test_every_refusal_is_the_same_answer_so_nothing_tells_a_good_padding_from_a
 
 
 @pytest.mark.parametrize("field", ["create_time", "content"])
-def test_odd_create_times_and_huge_or_deep_contents_are_never_a_5xx(tmp_path, monkeypatch, field):
+def test_odd_create_times_and_huge_or_deep_contents_are_never_a_5xx(tmp_path, monkeypatch, field, bot_server):
     from tests.fakes.feishu_api import event_request, message_event
 
-    bot = _hostile_bot(tmp_path, monkeypatch)
+    bot = _hostile_bot(bot_server, tmp_path, monkeypatch)
     odd = {"create_time": ["\u00b2", "9" * 400, "-5", "", "1e99", "\U0001d7d9" * 3],
            "content": ["[" * 100_000, json.dumps({"text": "pause run-42 " + "x" * 600_000}),
                        json.dumps({"text": ["a"]}), "\ud800"]}[field]

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import pytest
 
 from msmon.contract.wire import ActionResult, Envelope, Heartbeat, Poll, PollAnswer, Sample, decode, encode
-from tests.fakes.bot_server import BotServer, send
+from tests.fakes.bot_server import send
 from tests.fakes.slack_signing import SECRET, signed_post
 
 pytest.importorskip("aiohttp")
@@ -41,10 +41,9 @@ def env(monkeypatch):
 
 
 @pytest.fixture
-def bot(tmp_path, slack, env):
-    b = BotServer(config(tmp_path, slack))
+def bot(tmp_path, slack, env, bot_server):
+    b = bot_server(config(tmp_path, slack))
     yield b
-    b.stop()
 
 
 def report(bot, run="run-a", project="llm", token=A, step=100):
@@ -177,18 +176,13 @@ def test_a_replayed_button_click_is_refused(bot):
     assert len(decode(encode(poll(bot)[1]), PollAnswer).commands) == 1
 
 
-def test_a_replay_is_refused_after_a_restart_inside_the_window(tmp_path, slack, env):
-    b = BotServer(config(tmp_path, slack))
+def test_a_replay_is_refused_after_a_restart_inside_the_window(tmp_path, slack, env, bot_server):
+    b = bot_server(config(tmp_path, slack))
     body, ts = _form("help"), int(time.time())
-    try:
-        assert signed_post(b.url + "/slack/commands", body, ts=ts)[0] == 200
-    finally:
-        b.stop()
-    b = BotServer(config(tmp_path, slack))
-    try:
-        assert signed_post(b.url + "/slack/commands", body, ts=ts)[0] == 401
-    finally:
-        b.stop()
+    assert signed_post(b.url + "/slack/commands", body, ts=ts)[0] == 200
+    b.stop()
+    b = bot_server(config(tmp_path, slack))
+    assert signed_post(b.url + "/slack/commands", body, ts=ts)[0] == 401
 
 
 def test_the_replay_memory_is_bounded_and_forgets_outside_the_window():
@@ -204,22 +198,19 @@ def test_the_replay_memory_is_bounded_and_forgets_outside_the_window():
     assert guard.first("v0=new", 1301) and len(guard) == 1
 
 
-def test_a_redelivered_socket_mode_envelope_is_handled_once(tmp_path, slack, env, monkeypatch):
+def test_a_redelivered_socket_mode_envelope_is_handled_once(tmp_path, slack, env, monkeypatch, bot_server):
     monkeypatch.setenv("SLACK_APP_TOKEN", "xapp-1-A0MSMON01-1-abc")
-    b = BotServer(config(tmp_path, slack, socket_mode=True))
-    try:
-        assert slack.wait_for(lambda s: s.socket_connections() == 1, timeout=15)
-        assert report(b)[0] == 202
-        payload = {"command": "/msmon", "text": "scale-lr run-a 0.5", "user_id": "U0ALICE", "user_name": "alice",
-                   "channel_id": "C0CHAT"}
-        eid = slack.push("slash_commands", payload)
-        assert slack.wait_for(lambda s: s.socket_ack(eid) is not None, timeout=10)
-        for _ in range(2):  # Slack redelivers an envelope whose ack it missed, with the same envelope_id
-            slack._send_socket({"envelope_id": eid, "type": "slash_commands", "payload": payload,
-                                "accepts_response_payload": True, "retry_attempt": 1}, 10)
-        assert slack.wait_for(lambda s: len([a for a in s.socket_acks() if a["envelope_id"] == eid]) == 3,
-                              timeout=10)
-        time.sleep(0.2)
-        assert len(decode(encode(poll(b)[1]), PollAnswer).commands) == 1
-    finally:
-        b.stop()
+    b = bot_server(config(tmp_path, slack, socket_mode=True))
+    assert slack.wait_for(lambda s: s.socket_connections() == 1, timeout=15)
+    assert report(b)[0] == 202
+    payload = {"command": "/msmon", "text": "scale-lr run-a 0.5", "user_id": "U0ALICE", "user_name": "alice",
+               "channel_id": "C0CHAT"}
+    eid = slack.push("slash_commands", payload)
+    assert slack.wait_for(lambda s: s.socket_ack(eid) is not None, timeout=10)
+    for _ in range(2):  # Slack redelivers an envelope whose ack it missed, with the same envelope_id
+        slack._send_socket({"envelope_id": eid, "type": "slash_commands", "payload": payload,
+                            "accepts_response_payload": True, "retry_attempt": 1}, 10)
+    assert slack.wait_for(lambda s: len([a for a in s.socket_acks() if a["envelope_id"] == eid]) == 3,
+                          timeout=10)
+    time.sleep(0.2)
+    assert len(decode(encode(poll(b)[1]), PollAnswer).commands) == 1

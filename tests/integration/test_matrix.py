@@ -68,7 +68,7 @@ def job_config(bot: BotServer, tmp_path: Any) -> dict[str, Any]:
 
 
 @pytest.mark.mindspore
-def test_alert_with_chart_and_commands_in_a_real_homeserver(homeserver, tmp_path, monkeypatch):
+def test_alert_with_chart_and_commands_in_a_real_homeserver(homeserver, tmp_path, monkeypatch, bot_server):
     ms = pytest.importorskip("mindspore")
     from notifier.mindspore import MonitorCallback
     from tests.fakes.ms_helpers import dataset, model, regression_data
@@ -79,7 +79,7 @@ def test_alert_with_chart_and_commands_in_a_real_homeserver(homeserver, tmp_path
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("MATRIX_ACCESS_TOKEN", users["msmon"].token)
     before = alice.say(room, "!msmon help")  # typed before the bot started: never answered
-    bot = BotServer({"bot": {
+    bot = bot_server({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "routes": [{"receiver": "matrix", "channel": room}],
@@ -137,7 +137,6 @@ def test_alert_with_chart_and_commands_in_a_real_homeserver(homeserver, tmp_path
         cb.control.request("resume")
         cb.control.request("stop")
         trainer.join(30)
-        bot.stop()
     assert ms is not None
 
 
@@ -277,20 +276,17 @@ def test_which_messages_are_commands_and_where_answers_go():
     assert thread_of("$cmd", {"content": {"m.relates_to": {"rel_type": "m.replace", "event_id": "$x"}}}) == "$cmd"
 
 
-def test_the_bot_starts_while_the_homeserver_is_down(tmp_path, monkeypatch):
+def test_the_bot_starts_while_the_homeserver_is_down(tmp_path, monkeypatch, bot_server):
     """Alerts and the HTTP API do not wait for Matrix: the sync loop retries in the background."""
     monkeypatch.setenv("MATRIX_ACCESS_TOKEN", "t")
-    bot = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"), "matrix": {
+    bot = bot_server({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"), "matrix": {
         "homeserver": "http://127.0.0.1:9", "user_id": "@msmon:localhost", "rooms": ["!r:localhost"]}}})
-    try:
-        code, _ = bot.request("GET", "/healthz", token=None)
-        assert code == 200
-    finally:
-        bot.stop()
+    code, _ = bot.request("GET", "/healthz", token=None)
+    assert code == 200
 
 
 def test_a_command_typed_while_the_homeserver_was_down_at_the_bots_start_is_answered(homeserver, tmp_path,
-                                                                                     monkeypatch):
+                                                                                     monkeypatch, bot_server):
     """The bot starts, the homeserver unreachable from it (its room not joined yet); alice types a command;
     the homeserver comes back: the bot joins, and its first sync's timeline (read back to its start) has
     the command, which is answered. A message typed before the bot started is not."""
@@ -309,7 +305,7 @@ def test_a_command_typed_while_the_homeserver_was_down_at_the_bots_start_is_answ
         nowhere = s.getsockname()[1]
     proxy = TcpProxy("127.0.0.1", nowhere)  # the homeserver as the bot sees it: down until re-aimed
     monkeypatch.setenv("MATRIX_ACCESS_TOKEN", late.token)
-    bot = BotServer({"bot": {
+    bot = bot_server({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"), "console": {"charts": False},
         "routes": [{"receiver": "matrix", "channel": room}],
         "matrix": {"homeserver": f"http://127.0.0.1:{proxy.port}", "user_id": late.user_id, "rooms": [room],

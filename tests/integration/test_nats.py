@@ -123,9 +123,9 @@ def _error_posts(slack) -> list[str]:
 
 
 @needs_shared
-def test_a_monitor_job_over_nats_pages_once_and_a_command_reaches_it_over_nats(tmp_path, slack, names):
+def test_a_monitor_job_over_nats_pages_once_and_a_command_reaches_it_over_nats(tmp_path, slack, names, bot_server):
     prefix, stream = names
-    bot = BotServer(_bot_config(tmp_path, slack, SHARED, prefix, stream))
+    bot = bot_server(_bot_config(tmp_path, slack, SHARED, prefix, stream))
     stop = threading.Event()
     applied: list[str] = []
     try:
@@ -191,10 +191,11 @@ def _consumer_ready(url: str, stream: str, durable: str) -> bool:
 
 @needs_private
 @pytest.mark.slow
-def test_nats_restarted_mid_run_the_job_spools_nothing_is_lost_nothing_is_posted_twice(tmp_path, slack, names):
+def test_nats_restarted_mid_run_the_job_spools_nothing_is_lost_nothing_is_posted_twice(tmp_path, slack, names,
+                                                                                       bot_server):
     prefix, stream = names
     with NatsServer(tmp_path / "nats") as server:
-        bot = BotServer(_bot_config(tmp_path, slack, server.url, prefix, stream))
+        bot_server(_bot_config(tmp_path, slack, server.url, prefix, stream))
         t = nats_transport(server.url, "run-r", "0", "job-token", project="llm", prefix=prefix,
                            spool_dir=str(tmp_path / "spool"), backoff=(0.05, 0.5), probe_interval=0.1,
                            heartbeat_interval=0.5, timeout=2.0)
@@ -223,13 +224,12 @@ def test_nats_restarted_mid_run_the_job_spools_nothing_is_lost_nothing_is_posted
             assert info.num_ack_pending == 0 and info.num_pending == 0
         finally:
             t.close(timeout=3)
-            bot.stop()
 
 
 @needs_shared
-def test_poison_messages_are_refused_once_counted_and_never_redelivered(tmp_path, slack, names):
+def test_poison_messages_are_refused_once_counted_and_never_redelivered(tmp_path, slack, names, bot_server):
     prefix, stream = names
-    bot = BotServer(_bot_config(tmp_path, slack, SHARED, prefix, stream))
+    bot = bot_server(_bot_config(tmp_path, slack, SHARED, prefix, stream))
     good = Envelope(run_id="run-p", device="0", sent_at=time.time(), project="llm", events=[event(run="run-p")])
 
     async def publish() -> dict[str, Any]:
@@ -284,11 +284,11 @@ def test_poison_messages_are_refused_once_counted_and_never_redelivered(tmp_path
 
 
 @needs_shared
-def test_a_rank_s_configured_action_reaches_the_bot_over_nats_as_one_command(tmp_path, slack, names):
+def test_a_rank_s_configured_action_reaches_the_bot_over_nats_as_one_command(tmp_path, slack, names, bot_server):
     from msmon.contract.wire import ActionRequest, Sample, Severity
 
     prefix, stream = names
-    bot = BotServer(_bot_config(tmp_path, slack, SHARED, prefix, stream))
+    bot = bot_server(_bot_config(tmp_path, slack, SHARED, prefix, stream))
     ranks = [nats_transport(SHARED, "run-a", str(d), "job-token", project="llm", prefix=prefix,
                             spool_dir=str(tmp_path / f"spool{d}"), backoff=(0.05, 0.5), heartbeat_interval=0.5)
              for d in range(2)]
@@ -454,7 +454,7 @@ def test_a_batch_sent_again_has_the_same_message_id_and_another_batch_another():
 
 @needs_shared
 def test_an_action_request_for_a_run_not_reported_yet_is_answered_409_with_the_retry_hint_as_over_http(
-        tmp_path, slack, names):
+        tmp_path, slack, names, bot_server):
     """The 'run not reported yet' answer carries Retry-After over NATS as over HTTP, so the rank asks again
     after the hinted second rather than on its own backoff."""
     import urllib.error
@@ -462,7 +462,7 @@ def test_an_action_request_for_a_run_not_reported_yet_is_answered_409_with_the_r
     from msmon.contract.wire import ActionRequest, Severity
 
     prefix, stream = names
-    bot = BotServer(_bot_config(tmp_path, slack, SHARED, prefix, stream))
+    bot = bot_server(_bot_config(tmp_path, slack, SHARED, prefix, stream))
     req = encode(ActionRequest(run_id="run-new", device="0", step=10, time=time.time(), rule="nonfinite",
                                severity=Severity.ERROR, action="pause", rank=0))
 

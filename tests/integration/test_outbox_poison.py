@@ -20,7 +20,7 @@ import pytest
 from bot.pipeline.schedule import Policy
 from bot.receivers.console import ConsoleReceiver
 from msmon.contract.wire import Envelope, Event, Sample, Window, encode
-from tests.fakes.bot_server import BotServer, wait_for
+from tests.fakes.bot_server import wait_for
 from tests.fakes.records import event
 from tests.fakes.slack_api import SlackAPIServer
 
@@ -57,123 +57,109 @@ def posts_for(slack: SlackAPIServer, run: str) -> list[Any]:
     return [c for c in slack.calls_to("chat.postMessage") if f"run {run}," in str(c.params.get("text", ""))]
 
 
-def test_charts_matplotlib_stumbles_on_are_posted_once_and_others_flow(tmp_path, slack, env):
-    bot = BotServer(config(tmp_path, slack))
-    try:
-        mathtext = event(run="run-math")
-        mathtext.message = r"loss $\frac{1}{$ bad"  # matplotlib's mathtext parser raised on it
-        extreme = event(run="run-huge")  # matplotlib cannot draw this window (LinAlgError: Singular matrix)
-        extreme.window = Window(steps=[1, 2, 3], loss=[1e308, -1e308, 1e308], learning_rate=[0.0] * 3,
-                                grad_norm=[1e-320, 1e300, 0.0], tokens_per_s=[1.0, 2.0, 3.0])
-        bot.request("POST", "/v1/ingest", envelope([mathtext]))
-        bot.request("POST", "/v1/ingest", envelope([extreme]))
-        for i in range(3):
-            bot.request("POST", "/v1/ingest", envelope([event(run=f"run-ok{i}")]))
-        assert wait_for(lambda: all(posts_for(slack, f"run-ok{i}") for i in range(3)), timeout=10)
-        time.sleep(2.0)  # the flood was 91 posts in 40 s: two seconds show it
-        for run in ("run-math", "run-huge"):
-            posts = posts_for(slack, run)
-            assert len(posts) == 1, f"the poison alert of {run} was posted {len(posts)} times"
-        huge = posts_for(slack, "run-huge")[0].params["text"]
-        assert "(chart could not be drawn: LinAlgError: Singular matrix)" in huge
-        assert "chart could not be drawn" not in posts_for(slack, "run-math")[0].params["text"]
-        assert len(slack.uploads()) == 4  # every chart but the one that cannot be drawn
-        _, health = bot.request("GET", "/healthz", token=None)
-        assert health["outbox_depth"] == 0 and health["dead_letters"] == 0
-    finally:
-        bot.stop()
+def test_charts_matplotlib_stumbles_on_are_posted_once_and_others_flow(tmp_path, slack, env, bot_server):
+    bot = bot_server(config(tmp_path, slack))
+    mathtext = event(run="run-math")
+    mathtext.message = r"loss $\frac{1}{$ bad"  # matplotlib's mathtext parser raised on it
+    extreme = event(run="run-huge")  # matplotlib cannot draw this window (LinAlgError: Singular matrix)
+    extreme.window = Window(steps=[1, 2, 3], loss=[1e308, -1e308, 1e308], learning_rate=[0.0] * 3,
+                            grad_norm=[1e-320, 1e300, 0.0], tokens_per_s=[1.0, 2.0, 3.0])
+    bot.request("POST", "/v1/ingest", envelope([mathtext]))
+    bot.request("POST", "/v1/ingest", envelope([extreme]))
+    for i in range(3):
+        bot.request("POST", "/v1/ingest", envelope([event(run=f"run-ok{i}")]))
+    assert wait_for(lambda: all(posts_for(slack, f"run-ok{i}") for i in range(3)), timeout=10)
+    time.sleep(2.0)  # the flood was 91 posts in 40 s: two seconds show it
+    for run in ("run-math", "run-huge"):
+        posts = posts_for(slack, run)
+        assert len(posts) == 1, f"the poison alert of {run} was posted {len(posts)} times"
+    huge = posts_for(slack, "run-huge")[0].params["text"]
+    assert "(chart could not be drawn: LinAlgError: Singular matrix)" in huge
+    assert "chart could not be drawn" not in posts_for(slack, "run-math")[0].params["text"]
+    assert len(slack.uploads()) == 4  # every chart but the one that cannot be drawn
+    _, health = bot.request("GET", "/healthz", token=None)
+    assert health["outbox_depth"] == 0 and health["dead_letters"] == 0
 
 
-def test_slacks_html_error_page_is_retried_with_backoff_then_dead_lettered_once(tmp_path, slack, env, caplog):
+def test_slacks_html_error_page_is_retried_with_backoff_then_dead_lettered_once(tmp_path, slack, env, caplog,
+                                                                                bot_server):
     slack.fail("chat.postMessage", status=502, times=10**6, body=HTML_502, retry_after=None,
                when=lambda p: "run-bad" in p["text"])
     cfg = config(tmp_path, slack)  # the same policy as FAST, from bot.yaml's delivery section
     cfg["bot"]["delivery"] = {"backoff_base": 0.05, "backoff_max": 0.2, "max_attempts": 4, "max_error_attempts": 3}
-    bot = BotServer(cfg)
-    try:
-        with caplog.at_level(logging.WARNING, logger="msmon.bot"):
-            bot.request("POST", "/v1/ingest", envelope([event(run="run-bad")]))
-            bot.request("POST", "/v1/ingest", envelope([event(run="run-good")]))
-            assert wait_for(lambda: len(posts_for(slack, "run-good")) == 1, timeout=5)
-            assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1].get("dead_letters") == 1, timeout=10)
-            time.sleep(0.5)
-        tries = [c for c in slack.calls_to("chat.postMessage") if "run-bad" in c.params["text"]]
-        assert len(tries) == FAST.max_attempts and all(c.http_status == 502 for c in tries)
-        gaps = [b.time - a.time for a, b in zip(tries, tries[1:], strict=False)]
-        assert all(g >= FAST.base / 2 * 0.9 for g in gaps), gaps  # backoff, not a hot loop
-        dead_logs = [r for r in caplog.records if "dead letter" in r.getMessage()]
-        assert len(dead_logs) == 1 and "run-bad" in dead_logs[0].getMessage()
-        assert dead_logs[0].levelno == logging.ERROR
-        status, body = bot.request("GET", "/v1/outbox/dead", token="ops-token")
-        assert status == 200 and len(body["dead"]) == 1
-        dead = body["dead"][0]
-        assert dead["run_id"] == "run-bad" and dead["attempts"] == FAST.max_attempts and "502" in dead["error"]
-        assert bot.request("GET", "/v1/outbox/dead")[0] == 403  # a job's token
-        assert bot.request("GET", "/v1/outbox/dead", token=None)[0] == 401
-        _, metrics = bot.request("GET", "/metrics")
-        assert "msmon_outbox_dead_letters 1.0" in metrics
-        assert 'msmon_dead_letters_total{receiver="slack"} 1.0' in metrics
-        assert 'msmon_delivery_errors_total{receiver="slack"} 4.0' in metrics
-        assert len(posts_for(slack, "run-good")) == 1
-    finally:
-        bot.stop()
+    bot = bot_server(cfg)
+    with caplog.at_level(logging.WARNING, logger="msmon.bot"):
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-bad")]))
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-good")]))
+        assert wait_for(lambda: len(posts_for(slack, "run-good")) == 1, timeout=5)
+        assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1].get("dead_letters") == 1, timeout=10)
+        time.sleep(0.5)
+    tries = [c for c in slack.calls_to("chat.postMessage") if "run-bad" in c.params["text"]]
+    assert len(tries) == FAST.max_attempts and all(c.http_status == 502 for c in tries)
+    gaps = [b.time - a.time for a, b in zip(tries, tries[1:], strict=False)]
+    assert all(g >= FAST.base / 2 * 0.9 for g in gaps), gaps  # backoff, not a hot loop
+    dead_logs = [r for r in caplog.records if "dead letter" in r.getMessage()]
+    assert len(dead_logs) == 1 and "run-bad" in dead_logs[0].getMessage()
+    assert dead_logs[0].levelno == logging.ERROR
+    status, body = bot.request("GET", "/v1/outbox/dead", token="ops-token")
+    assert status == 200 and len(body["dead"]) == 1
+    dead = body["dead"][0]
+    assert dead["run_id"] == "run-bad" and dead["attempts"] == FAST.max_attempts and "502" in dead["error"]
+    assert bot.request("GET", "/v1/outbox/dead")[0] == 403  # a job's token
+    assert bot.request("GET", "/v1/outbox/dead", token=None)[0] == 401
+    _, metrics = bot.request("GET", "/metrics")
+    assert "msmon_outbox_dead_letters 1.0" in metrics
+    assert 'msmon_dead_letters_total{receiver="slack"} 1.0' in metrics
+    assert 'msmon_delivery_errors_total{receiver="slack"} 4.0' in metrics
+    assert len(posts_for(slack, "run-good")) == 1
 
 
-def test_a_429_paces_its_own_channel_and_not_the_others(tmp_path, slack, env):
+def test_a_429_paces_its_own_channel_and_not_the_others(tmp_path, slack, env, bot_server):
     routes = [{"receiver": "slack", "channel": "C0A", "project": "llm", "labels": {"team": "a"}},
               {"receiver": "slack", "channel": "C0B"}]
     slack.fail("chat.postMessage", status=429, times=1, retry_after=2, when=lambda p: p["channel"] == "C0A")
-    bot = BotServer(config(tmp_path, slack, routes))
-    try:
-        bot.request("POST", "/v1/ingest", envelope([event(run="run-a1")], {"team": "a"}))
-        assert wait_for(lambda: any(c.failed for c in slack.calls_to("chat.postMessage")), timeout=5)
-        limited = next(c for c in slack.calls_to("chat.postMessage") if c.failed).time
-        bot.request("POST", "/v1/ingest", envelope([event(run="run-a2")], {"team": "a"}))
-        bot.request("POST", "/v1/ingest", envelope([event(run="run-b1")], {"team": "b"}))
-        assert wait_for(lambda: len(slack.messages("C0B")) == 1, timeout=5)
-        b = next(c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "C0B")
-        assert b.time - limited < 1.5, "a 429 on C0A held back C0B"
-        assert wait_for(lambda: len(slack.messages("C0A")) == 2, timeout=10)
-        a_ok = [c.time for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "C0A" and not c.failed]
-        assert min(a_ok) - limited >= 1.9, "C0A was posted to before its Retry-After"
-        assert len(slack.calls_to("chat.postMessage")) == 4  # one 429, three posts
-    finally:
-        bot.stop()
+    bot = bot_server(config(tmp_path, slack, routes))
+    bot.request("POST", "/v1/ingest", envelope([event(run="run-a1")], {"team": "a"}))
+    assert wait_for(lambda: any(c.failed for c in slack.calls_to("chat.postMessage")), timeout=5)
+    limited = next(c for c in slack.calls_to("chat.postMessage") if c.failed).time
+    bot.request("POST", "/v1/ingest", envelope([event(run="run-a2")], {"team": "a"}))
+    bot.request("POST", "/v1/ingest", envelope([event(run="run-b1")], {"team": "b"}))
+    assert wait_for(lambda: len(slack.messages("C0B")) == 1, timeout=5)
+    b = next(c for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "C0B")
+    assert b.time - limited < 1.5, "a 429 on C0A held back C0B"
+    assert wait_for(lambda: len(slack.messages("C0A")) == 2, timeout=10)
+    a_ok = [c.time for c in slack.calls_to("chat.postMessage") if c.params["channel"] == "C0A" and not c.failed]
+    assert min(a_ok) - limited >= 1.9, "C0A was posted to before its Retry-After"
+    assert len(slack.calls_to("chat.postMessage")) == 4  # one 429, three posts
 
 
-def test_a_chart_upload_that_fails_after_the_post_never_posts_the_text_twice(tmp_path, slack, env):
+def test_a_chart_upload_that_fails_after_the_post_never_posts_the_text_twice(tmp_path, slack, env, bot_server):
     slack.fail("files.getUploadURLExternal", status=500, times=2, body="upstream connect error",
                content_type="text/plain")
-    bot = BotServer(config(tmp_path, slack))
-    try:
-        bot.request("POST", "/v1/ingest", envelope([event(run="run-up")]))
-        assert wait_for(lambda: len(slack.uploads()) == 1, timeout=15)
-        time.sleep(0.5)
-        assert len(posts_for(slack, "run-up")) == 1
-        assert slack.uploads()[0]["thread_ts"] == slack.messages()[0]["ts"]
-    finally:
-        bot.stop()
+    bot = bot_server(config(tmp_path, slack))
+    bot.request("POST", "/v1/ingest", envelope([event(run="run-up")]))
+    assert wait_for(lambda: len(slack.uploads()) == 1, timeout=15)
+    time.sleep(0.5)
+    assert len(posts_for(slack, "run-up")) == 1
+    assert slack.uploads()[0]["thread_ts"] == slack.messages()[0]["ts"]
 
 
-def test_job_text_cannot_mention_or_link_in_slack(tmp_path, slack, env):
+def test_job_text_cannot_mention_or_link_in_slack(tmp_path, slack, env, bot_server):
     ev = event(run="run-<!channel>", device="<@U0BOSS>")
     ev.rule = "grad_norm<!here>"
     ev.message = "loss <!here> went <http://evil.example|up> & <@U0CEO> @channel"
     ev.hint = "see <!subteam^S0ALL> *now*"
     ev.phase = "<!everyone>"
-    bot = BotServer(config(tmp_path, slack))
-    try:
-        bot.request("POST", "/v1/ingest", envelope([ev]))
-        assert wait_for(lambda: len(slack.messages()) == 1, timeout=5)
-        msg = slack.messages()[0]
-        texts = [msg["text"]] + _texts(msg["blocks"])
-        everything = "\n".join(texts)
-        for raw in ("<!channel>", "<!here>", "<!everyone>", "<@U0BOSS>", "<@U0CEO>", "<http", "<!subteam"):
-            assert raw not in everything, raw
-        assert "&lt;!here&gt;" in everything and "&amp;" in everything
-        assert "@channel" not in everything.replace("@\u2060channel", "")
-    finally:
-        bot.stop()
+    bot = bot_server(config(tmp_path, slack))
+    bot.request("POST", "/v1/ingest", envelope([ev]))
+    assert wait_for(lambda: len(slack.messages()) == 1, timeout=5)
+    msg = slack.messages()[0]
+    texts = [msg["text"]] + _texts(msg["blocks"])
+    everything = "\n".join(texts)
+    for raw in ("<!channel>", "<!here>", "<!everyone>", "<@U0BOSS>", "<@U0CEO>", "<http", "<!subteam"):
+        assert raw not in everything, raw
+    assert "&lt;!here&gt;" in everything and "&amp;" in everything
+    assert "@channel" not in everything.replace("@\u2060channel", "")
 
 
 def _texts(obj: Any) -> list[str]:
@@ -185,88 +171,77 @@ def _texts(obj: Any) -> list[str]:
     return []
 
 
-def test_console_charts_stay_in_their_folder_and_job_text_cannot_drive_the_terminal(tmp_path, env):
+def test_console_charts_stay_in_their_folder_and_job_text_cannot_drive_the_terminal(tmp_path, env, bot_server):
     charts = tmp_path / "deep" / "charts"
     out = io.StringIO()
     cfg = config(tmp_path, None)
     cfg["bot"]["console"]["charts_dir"] = str(charts)
-    bot = BotServer(cfg, receivers={"console": ConsoleReceiver(str(charts), out=out)})
+    bot = bot_server(cfg, receivers={"console": ConsoleReceiver(str(charts), out=out)})
     runs = ["../../x", "a/b", "nul\x00id", "r" * 250, "run-\x1b[2J\x1b]0;pwned\x07"]
-    try:
-        for run in runs:
-            bot.request("POST", "/v1/ingest", envelope([event(run=run)]))
-        assert wait_for(lambda: out.getvalue().count("chart: ") == len(runs), timeout=15), out.getvalue()
-        time.sleep(1.0)
-        text = out.getvalue()
-        assert text.count("ERROR grad_norm: run") == len(runs)  # each once: no poison loop
-        assert "\x1b" not in text and "\x07" not in text and "\x00" not in text
-        assert sorted(os.listdir(tmp_path)) == ["bot.sqlite", "bot.sqlite-shm", "bot.sqlite-wal", "deep"]
-        assert sorted(os.listdir(tmp_path / "deep")) == ["charts"]
-        pngs = os.listdir(charts)
-        assert len(pngs) == len(runs) and all(p.endswith(".png") and len(p) <= 124 for p in pngs)
-    finally:
-        bot.stop()
+    for run in runs:
+        bot.request("POST", "/v1/ingest", envelope([event(run=run)]))
+    assert wait_for(lambda: out.getvalue().count("chart: ") == len(runs), timeout=15), out.getvalue()
+    time.sleep(1.0)
+    text = out.getvalue()
+    assert text.count("ERROR grad_norm: run") == len(runs)  # each once: no poison loop
+    assert "\x1b" not in text and "\x07" not in text and "\x00" not in text
+    assert sorted(os.listdir(tmp_path)) == ["bot.sqlite", "bot.sqlite-shm", "bot.sqlite-wal", "deep"]
+    assert sorted(os.listdir(tmp_path / "deep")) == ["charts"]
+    pngs = os.listdir(charts)
+    assert len(pngs) == len(runs) and all(p.endswith(".png") and len(p) <= 124 for p in pngs)
 
 
 
-def test_a_commands_result_note_carrying_job_text_cannot_mention_in_slack(tmp_path, slack, env, monkeypatch):
+def test_a_commands_result_note_carrying_job_text_cannot_mention_in_slack(tmp_path, slack, env, monkeypatch,
+                                                                          bot_server):
     from tests.fakes.slack_signing import SECRET, slash
     from tests.integration import test_commands as tc
 
     monkeypatch.setenv("SLACK_SIGNING_SECRET", SECRET)
     monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
-    bot = BotServer(tc.config(tmp_path, slack))
-    try:
-        tc.report(bot)
-        code, _ = slash(bot.url, "save-checkpoint run-42", response_url=slack.response_url("c1"))
-        assert code == 200
-        (cmd,) = tc.poll(bot).commands
-        tc.answer(bot, cmd, detail="written <!channel> to <http://evil.example|here> & @here")  # the job's words
-        assert slack.wait_for(lambda s: len(s.responses("c1")) == 1, timeout=10)
-        text = slack.responses("c1")[0]["text"]
-        assert "<!channel>" not in text and "<http" not in text and "written &lt;!channel&gt;" in text
-        assert "&amp;" in text and "@here" not in text
-    finally:
-        bot.stop()
+    bot = bot_server(tc.config(tmp_path, slack))
+    tc.report(bot)
+    code, _ = slash(bot.url, "save-checkpoint run-42", response_url=slack.response_url("c1"))
+    assert code == 200
+    (cmd,) = tc.poll(bot).commands
+    tc.answer(bot, cmd, detail="written <!channel> to <http://evil.example|here> & @here")  # the job's words
+    assert slack.wait_for(lambda s: len(s.responses("c1")) == 1, timeout=10)
+    text = slack.responses("c1")[0]["text"]
+    assert "<!channel>" not in text and "<http" not in text and "written &lt;!channel&gt;" in text
+    assert "&amp;" in text and "@here" not in text
 
 
-def test_a_row_that_keeps_getting_retry_after_does_not_starve_its_channel(tmp_path, slack, env):
+def test_a_row_that_keeps_getting_retry_after_does_not_starve_its_channel(tmp_path, slack, env, bot_server):
     slack.fail("chat.postMessage", status=503, times=10**6, body="Service Unavailable", content_type="text/plain",
                retry_after=1, when=lambda p: "run-bad" in p["text"])
-    bot = BotServer(config(tmp_path, slack), delivery=FAST)
-    try:
-        bot.request("POST", "/v1/ingest", envelope([event(run="run-bad")]))
-        assert wait_for(lambda: any(c.failed for c in slack.calls_to("chat.postMessage")), timeout=5)
-        time.sleep(0.2)
-        for i in range(3):
-            bot.request("POST", "/v1/ingest", envelope([event(run=f"run-next{i}")]))
-        assert wait_for(lambda: all(posts_for(slack, f"run-next{i}") for i in range(3)), timeout=4)
-        assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1].get("dead_letters") == 1, timeout=10)
-        tries = [c.time for c in slack.calls_to("chat.postMessage") if "run-bad" in c.params["text"]]
-        assert len(tries) == FAST.max_attempts
-        assert all(b - a >= 0.95 for a, b in zip(tries, tries[1:], strict=False))  # its Retry-After honoured
-    finally:
-        bot.stop()
+    bot = bot_server(config(tmp_path, slack), delivery=FAST)
+    bot.request("POST", "/v1/ingest", envelope([event(run="run-bad")]))
+    assert wait_for(lambda: any(c.failed for c in slack.calls_to("chat.postMessage")), timeout=5)
+    time.sleep(0.2)
+    for i in range(3):
+        bot.request("POST", "/v1/ingest", envelope([event(run=f"run-next{i}")]))
+    assert wait_for(lambda: all(posts_for(slack, f"run-next{i}") for i in range(3)), timeout=4)
+    assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1].get("dead_letters") == 1, timeout=10)
+    tries = [c.time for c in slack.calls_to("chat.postMessage") if "run-bad" in c.params["text"]]
+    assert len(tries) == FAST.max_attempts
+    assert all(b - a >= 0.95 for a, b in zip(tries, tries[1:], strict=False))  # its Retry-After honoured
 
 
-def test_a_status_chart_that_cannot_be_drawn_does_not_fail_the_command(tmp_path, slack, env):
-    bot = BotServer(config(tmp_path, slack))
-    try:
-        now = time.time()
-        samples = [Sample(run_id="run-huge", device="0", step=k, time=now - 3 + k, loss=v, learning_rate=0.0,
-                          grad_norm=g, tokens_per_s=1.0)
-                   for k, (v, g) in enumerate([(1e308, 1e-320), (-1e308, 1e300), (1e308, 0.0)])]
-        body = encode(Envelope(run_id="run-huge", device="0", sent_at=now, project="llm", samples=samples))
-        assert bot.request("POST", "/v1/ingest", body)[0] == 202
-        status, answer = bot.request("POST", "/v1/commands", b'{"text": "status run-huge"}', token="ops-token")
-        assert status == 200, answer
-        assert "run-huge" in answer["text"] and answer.get("chart") is None
-    finally:
-        bot.stop()
+def test_a_status_chart_that_cannot_be_drawn_does_not_fail_the_command(tmp_path, slack, env, bot_server):
+    bot = bot_server(config(tmp_path, slack))
+    now = time.time()
+    samples = [Sample(run_id="run-huge", device="0", step=k, time=now - 3 + k, loss=v, learning_rate=0.0,
+                      grad_norm=g, tokens_per_s=1.0)
+               for k, (v, g) in enumerate([(1e308, 1e-320), (-1e308, 1e300), (1e308, 0.0)])]
+    body = encode(Envelope(run_id="run-huge", device="0", sent_at=now, project="llm", samples=samples))
+    assert bot.request("POST", "/v1/ingest", body)[0] == 202
+    status, answer = bot.request("POST", "/v1/commands", b'{"text": "status run-huge"}', token="ops-token")
+    assert status == 200, answer
+    assert "run-huge" in answer["text"] and answer.get("chart") is None
 
 
 @pytest.mark.slow  # 20 s by default (MSMON_POISON_SECONDS); `-s` prints the figures
-def test_figures_posts_per_poison_alert_while_others_flow(tmp_path, slack, env):
+def test_figures_posts_per_poison_alert_while_others_flow(tmp_path, slack, env, bot_server):
     """The issue's figure (one alert posted 91 times in 40 s while the others waited), measured: four
     poison alerts and a fresh alert every 2 s to the same channel; posts per alert, the others' latency,
     dead letters at /metrics."""
@@ -275,65 +250,59 @@ def test_figures_posts_per_poison_alert_while_others_flow(tmp_path, slack, env):
                when=lambda p: "run-html5xx" in p["text"])
     cfg = config(tmp_path, slack)
     cfg["bot"]["rate_limit"] = {}  # the shipped limits: 1 message/s per channel, burst 3
-    bot = BotServer(cfg, delivery=Policy(max_attempts=5))
-    try:
-        mathtext = event(run="run-mathtext")
-        mathtext.message = r"loss $\frac{1}{$ bad"
-        undrawable = event(run="run-undrawable")
-        undrawable.window = Window(steps=[1, 2, 3], loss=[1e308, -1e308, 1e308], learning_rate=[0.0] * 3,
-                                   grad_norm=[1e-320, 1e300, 0.0], tokens_per_s=[1.0, 2.0, 3.0])
-        poisons = {"run-mathtext": mathtext, "run-html5xx": event(run="run-html5xx"),
-                   "run-undrawable": undrawable, "run-a/b": event(run="run-a/b")}
-        for ev in poisons.values():
-            assert bot.request("POST", "/v1/ingest", envelope([ev]))[0] == 202
-        sent: dict[str, float] = {}
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < seconds:
-            run = f"run-ok{len(sent)}"
-            sent[run] = time.monotonic()
-            bot.request("POST", "/v1/ingest", envelope([event(run=run)]))
-            time.sleep(2.0)
-        assert wait_for(lambda: all(posts_for(slack, r) for r in sent), timeout=10)
-        time.sleep(1.0)
-        figures: dict[str, Any] = {"seconds": seconds}
-        for run in poisons:
-            calls = posts_for(slack, run)
-            figures[run] = {"calls": len(calls), "posted": sum(not c.failed for c in calls)}
-        latency = sorted(next(c.time for c in posts_for(slack, r) if not c.failed) - t for r, t in sent.items())
-        figures["others"] = {"sent": len(sent), "posted_once": sum(len(posts_for(slack, r)) == 1 for r in sent),
-                             "p50_s": round(latency[len(latency) // 2], 3), "max_s": round(latency[-1], 3)}
-        _, metrics = bot.request("GET", "/metrics")
-        figures["metrics"] = [line for line in metrics.splitlines() if line.startswith("msmon_outbox_dead_letters")]
-        print("\nposts per poison alert:", figures)
-        assert all(figures[r]["posted"] == 1 for r in ("run-mathtext", "run-undrawable", "run-a/b"))
-        assert figures["run-html5xx"]["posted"] == 0 and figures["run-html5xx"]["calls"] <= 5
-        assert figures["others"]["posted_once"] == len(sent)
-        if seconds >= 20:  # 5 tries at 1, 2, 4, 8 s (at most) apart
-            assert "msmon_outbox_dead_letters 1.0" in figures["metrics"]
-    finally:
-        bot.stop()
+    bot = bot_server(cfg, delivery=Policy(max_attempts=5))
+    mathtext = event(run="run-mathtext")
+    mathtext.message = r"loss $\frac{1}{$ bad"
+    undrawable = event(run="run-undrawable")
+    undrawable.window = Window(steps=[1, 2, 3], loss=[1e308, -1e308, 1e308], learning_rate=[0.0] * 3,
+                               grad_norm=[1e-320, 1e300, 0.0], tokens_per_s=[1.0, 2.0, 3.0])
+    poisons = {"run-mathtext": mathtext, "run-html5xx": event(run="run-html5xx"),
+               "run-undrawable": undrawable, "run-a/b": event(run="run-a/b")}
+    for ev in poisons.values():
+        assert bot.request("POST", "/v1/ingest", envelope([ev]))[0] == 202
+    sent: dict[str, float] = {}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        run = f"run-ok{len(sent)}"
+        sent[run] = time.monotonic()
+        bot.request("POST", "/v1/ingest", envelope([event(run=run)]))
+        time.sleep(2.0)
+    assert wait_for(lambda: all(posts_for(slack, r) for r in sent), timeout=10)
+    time.sleep(1.0)
+    figures: dict[str, Any] = {"seconds": seconds}
+    for run in poisons:
+        calls = posts_for(slack, run)
+        figures[run] = {"calls": len(calls), "posted": sum(not c.failed for c in calls)}
+    latency = sorted(next(c.time for c in posts_for(slack, r) if not c.failed) - t for r, t in sent.items())
+    figures["others"] = {"sent": len(sent), "posted_once": sum(len(posts_for(slack, r)) == 1 for r in sent),
+                         "p50_s": round(latency[len(latency) // 2], 3), "max_s": round(latency[-1], 3)}
+    _, metrics = bot.request("GET", "/metrics")
+    figures["metrics"] = [line for line in metrics.splitlines() if line.startswith("msmon_outbox_dead_letters")]
+    print("\nposts per poison alert:", figures)
+    assert all(figures[r]["posted"] == 1 for r in ("run-mathtext", "run-undrawable", "run-a/b"))
+    assert figures["run-html5xx"]["posted"] == 0 and figures["run-html5xx"]["calls"] <= 5
+    assert figures["others"]["posted_once"] == len(sent)
+    if seconds >= 20:  # 5 tries at 1, 2, 4, 8 s (at most) apart
+        assert "msmon_outbox_dead_letters 1.0" in figures["metrics"]
 
 
-def test_a_slack_outage_longer_than_the_bound_dead_letters_nothing(tmp_path, slack, env):
+def test_a_slack_outage_longer_than_the_bound_dead_letters_nothing(tmp_path, slack, env, bot_server):
     """Every message failing is Slack being down, not a poison row: they wait and all go when it is back."""
     slack.fail("chat.postMessage", status=503, times=10**6, body=HTML_502, retry_after=None)
-    bot = BotServer(config(tmp_path, slack), delivery=FAST)
-    try:
-        for i in range(3):
-            bot.request("POST", "/v1/ingest", envelope([event(run=f"run-out{i}")]))
-        assert wait_for(lambda: len(slack.calls_to("chat.postMessage")) >= 4 * FAST.max_attempts, timeout=15)
-        assert bot.request("GET", "/healthz", token=None)[1]["dead_letters"] == 0
-        slack.reset()  # Slack is back
-        assert wait_for(lambda: len(slack.messages()) == 3, timeout=10)
-        # Slack's OK comes before the row is marked delivered: wait for the worker to record it
-        assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1]["outbox_depth"] == 0, timeout=5)
-        assert bot.request("GET", "/healthz", token=None)[1]["dead_letters"] == 0
-    finally:
-        bot.stop()
+    bot = bot_server(config(tmp_path, slack), delivery=FAST)
+    for i in range(3):
+        bot.request("POST", "/v1/ingest", envelope([event(run=f"run-out{i}")]))
+    assert wait_for(lambda: len(slack.calls_to("chat.postMessage")) >= 4 * FAST.max_attempts, timeout=15)
+    assert bot.request("GET", "/healthz", token=None)[1]["dead_letters"] == 0
+    slack.reset()  # Slack is back
+    assert wait_for(lambda: len(slack.messages()) == 3, timeout=10)
+    # Slack's OK comes before the row is marked delivered: wait for the worker to record it
+    assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1]["outbox_depth"] == 0, timeout=5)
+    assert bot.request("GET", "/healthz", token=None)[1]["dead_letters"] == 0
 
 
-def test_when_sqlite_refuses_to_record_a_post_the_message_is_still_posted_once(tmp_path, slack, env):
-    bot = BotServer(config(tmp_path, slack))
+def test_when_sqlite_refuses_to_record_a_post_the_message_is_still_posted_once(tmp_path, slack, env, bot_server):
+    bot = bot_server(config(tmp_path, slack))
     db = sqlite3.connect(str(tmp_path / "bot.sqlite"), isolation_level=None)
     try:  # real SQLite refusing the writes that follow the post (as a full disk would), for one run only
         db.execute("CREATE TRIGGER no_msg BEFORE INSERT ON messages WHEN NEW.key LIKE 'run-disk|%'"
@@ -352,7 +321,6 @@ def test_when_sqlite_refuses_to_record_a_post_the_message_is_still_posted_once(t
         assert len(posts_for(slack, "run-disk")) == 1
     finally:
         db.close()
-        bot.stop()
 
 
 @pytest.mark.parametrize(("raw", "slack", "console"), [
@@ -374,22 +342,19 @@ def test_one_escape_per_markup(raw, slack, console):
     assert "`" not in escape_slack_code("run`<!here>`")
 
 
-def test_a_groups_chart_is_drawn_once_for_all_its_retries(tmp_path, slack, env, caplog):
+def test_a_groups_chart_is_drawn_once_for_all_its_retries(tmp_path, slack, env, caplog, bot_server):
     slack.fail("chat.postMessage", status=502, times=10**6, body=HTML_502, retry_after=None,
                when=lambda p: "run-huge" in p["text"])
-    bot = BotServer(config(tmp_path, slack), delivery=FAST)
-    try:
-        huge = event(run="run-huge")
-        huge.window = Window(steps=[1, 2, 3], loss=[1e308, -1e308, 1e308], learning_rate=[0.0] * 3,
-                             grad_norm=[1e-320, 1e300, 0.0], tokens_per_s=[1.0, 2.0, 3.0])
-        with caplog.at_level(logging.WARNING, logger="msmon.bot"):
-            bot.request("POST", "/v1/ingest", envelope([huge]))
-            bot.request("POST", "/v1/ingest", envelope([event(run="run-fine")]))  # the channel is not down
-            assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1]["dead_letters"] == 1, timeout=10)
-        assert len([c for c in slack.calls_to("chat.postMessage") if "run-huge" in c.params["text"]]) == 4
-        assert sum("could not be drawn" in r.getMessage() for r in caplog.records) == 1
-    finally:
-        bot.stop()
+    bot = bot_server(config(tmp_path, slack), delivery=FAST)
+    huge = event(run="run-huge")
+    huge.window = Window(steps=[1, 2, 3], loss=[1e308, -1e308, 1e308], learning_rate=[0.0] * 3,
+                         grad_norm=[1e-320, 1e300, 0.0], tokens_per_s=[1.0, 2.0, 3.0])
+    with caplog.at_level(logging.WARNING, logger="msmon.bot"):
+        bot.request("POST", "/v1/ingest", envelope([huge]))
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-fine")]))  # the channel is not down
+        assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1]["dead_letters"] == 1, timeout=10)
+    assert len([c for c in slack.calls_to("chat.postMessage") if "run-huge" in c.params["text"]]) == 4
+    assert sum("could not be drawn" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_slacks_retry_after_is_read_as_the_job_reads_it():

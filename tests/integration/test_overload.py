@@ -40,17 +40,16 @@ def _busy(bot: BotServer, seconds: float, each: float) -> None:
 
 
 @pytest.fixture
-def bot(tmp_path, slack, monkeypatch):
+def bot(tmp_path, slack, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
-    b = BotServer({"bot": {
+    b = bot_server({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "routes": [{"receiver": "slack", "channel": "C0ALERTS"}], "slack": {"base_url": slack.base_url},
         "pipeline": {"group_wait": 0.2}, "console": {"charts_dir": str(tmp_path / "charts")},
         "overload": {"samples_lag": 0.1, "warnings_lag": 0.25, "cool": 2.0}}})
     yield b
-    b.stop()
 
 
 def test_overloaded_the_error_goes_through_samples_and_warnings_are_shed_and_said_once(bot, slack, caplog):

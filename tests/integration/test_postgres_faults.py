@@ -19,7 +19,7 @@ import pytest
 from bot.store.postgres import PostgresStore
 from msmon.contract.wire import Heartbeat, encode
 from tests.fakes import postgres
-from tests.fakes.bot_server import BotServer, wait_for
+from tests.fakes.bot_server import wait_for
 from tests.fakes.peers import TcpProxy
 from tests.fakes.records import envelope, event
 
@@ -45,12 +45,12 @@ def timed(fn: Any) -> tuple[float, Any]:
     return time.monotonic() - t0, out
 
 
-def test_a_blackholed_database_is_a_503_with_retry_after_within_5_s(tmp_path, schema, proxy, monkeypatch):
+def test_a_blackholed_database_is_a_503_with_retry_after_within_5_s(tmp_path, schema, proxy, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
-    bot = BotServer({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),
-                             "store": {"url": via(proxy), "schema": schema},
-                             "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
-                             "console": {"charts": False}}})
+    bot = bot_server({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+                              "store": {"url": via(proxy), "schema": schema},
+                              "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
+                              "console": {"charts": False}}})
     hb = encode(Heartbeat(run_id="run-42", device="0", step=100, time=time.time()))
     try:
         assert bot.request("POST", "/v1/ingest", envelope([event()]))[0] == 202
@@ -69,7 +69,6 @@ def test_a_blackholed_database_is_a_503_with_retry_after_within_5_s(tmp_path, sc
                         timeout=20), "the bot did not take envelopes again once the database was back"
     finally:
         proxy.restore()
-        bot.stop()
 
 
 def test_replicas_opening_one_fresh_schema_at_once_all_start(schema):

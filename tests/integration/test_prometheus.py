@@ -48,47 +48,39 @@ def exported(text: str) -> set[str]:
     return names
 
 
-def test_prometheus_scrapes_msmon_and_promql_returns_a_runs_loss(tmp_path):
-    bot = BotServer(bot_config(tmp_path, []))
-    try:
-        job_post(bot, [], samples=samples("run-42", 2.5))
-        with prometheus(tmp_path / "prom", f"127.0.0.1:{bot.port}", bearer="job-token") as prom:
-            found = query(prom, 'msmon_run_loss{run="run-42"}')
-            assert found, "Prometheus never returned the run's loss"
-            assert found[0]["metric"]["device"] == "0" and float(found[0]["value"][1]) == 2.5
-            assert float(query(prom, 'msmon_run_step{run="run-42"}')[0]["value"][1]) == 10
-    finally:
-        bot.stop()
+def test_prometheus_scrapes_msmon_and_promql_returns_a_runs_loss(tmp_path, bot_server):
+    bot = bot_server(bot_config(tmp_path, []))
+    job_post(bot, [], samples=samples("run-42", 2.5))
+    with prometheus(tmp_path / "prom", f"127.0.0.1:{bot.port}", bearer="job-token") as prom:
+        found = query(prom, 'msmon_run_loss{run="run-42"}')
+        assert found, "Prometheus never returned the run's loss"
+        assert found[0]["metric"]["device"] == "0" and float(found[0]["value"][1]) == 2.5
+        assert float(query(prom, 'msmon_run_step{run="run-42"}')[0]["value"][1]) == 10
 
 
-def test_a_run_leaves_metrics_when_it_leaves_the_windows(tmp_path):
-    bot = BotServer(bot_config(tmp_path, [], max_runs=2))
-    try:
-        job_post(bot, [event(run="run-a")], run="run-a", samples=samples("run-a", 3.0))
-        text = scrape(bot)
-        assert 'msmon_run_loss{device="0",run="run-a"} 3.0' in text
-        assert 'msmon_run_alerts_firing{rule="grad_norm",run="run-a",severity="ERROR"} 1.0' in text
-        for run in ("run-b", "run-c"):
-            job_post(bot, [], run=run, samples=samples(run, 1.0))
-        text = scrape(bot)
-        assert 'run="run-a"' not in text  # forgotten past max_runs: every series of it is gone
-        assert 'run="run-b"' in text and 'run="run-c"' in text
-        assert re.search(r'msmon_outbox_queued\{receiver="console"\} \d', text)
-    finally:
-        bot.stop()
+def test_a_run_leaves_metrics_when_it_leaves_the_windows(tmp_path, bot_server):
+    bot = bot_server(bot_config(tmp_path, [], max_runs=2))
+    job_post(bot, [event(run="run-a")], run="run-a", samples=samples("run-a", 3.0))
+    text = scrape(bot)
+    assert 'msmon_run_loss{device="0",run="run-a"} 3.0' in text
+    assert 'msmon_run_alerts_firing{rule="grad_norm",run="run-a",severity="ERROR"} 1.0' in text
+    for run in ("run-b", "run-c"):
+        job_post(bot, [], run=run, samples=samples(run, 1.0))
+    text = scrape(bot)
+    assert 'run="run-a"' not in text  # forgotten past max_runs: every series of it is gone
+    assert 'run="run-b"' in text and 'run="run-c"' in text
+    assert re.search(r'msmon_outbox_queued\{receiver="console"\} \d', text)
 
 
-def test_the_grafana_dashboard_queries_metrics_msmon_exports(tmp_path):
+def test_the_grafana_dashboard_queries_metrics_msmon_exports(tmp_path, bot_server):
     dash = json.loads(DASHBOARD.read_text())
     assert dash["title"] and dash["uid"] and isinstance(dash["schemaVersion"], int)
     panels = dash["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
-    bot = BotServer(bot_config(tmp_path, []))
-    try:
-        job_post(bot, [event()], samples=samples("run-42", 2.0))
-        names = exported(scrape(bot))
-    finally:
-        bot.stop()
+    bot = bot_server(bot_config(tmp_path, []))
+    job_post(bot, [event()], samples=samples("run-42", 2.0))
+    names = exported(scrape(bot))
+    bot.stop()
     queries = [t["expr"] for p in panels for t in p["targets"]]
     queries += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
     assert queries and all(p["targets"] and set(p["gridPos"]) == {"h", "w", "x", "y"} for p in panels)
@@ -100,7 +92,7 @@ def test_the_grafana_dashboard_queries_metrics_msmon_exports(tmp_path):
         assert words - metrics <= PROMQL_WORDS, f"unknown words in {expr!r}: {words - metrics - PROMQL_WORDS}"
 
 
-def test_metrics_needs_a_token_and_a_projects_token_reads_its_own_runs_only(tmp_path, monkeypatch):
+def test_metrics_needs_a_token_and_a_projects_token_reads_its_own_runs_only(tmp_path, monkeypatch, bot_server):
     """No token: 401. Project llm's token: llm's runs and the bot's own series, never project b's run; the
     scrape token (bot.metrics_token_env) reads every project's; it cannot post an envelope."""
     import urllib.error
@@ -111,24 +103,21 @@ def test_metrics_needs_a_token_and_a_projects_token_reads_its_own_runs_only(tmp_
     monkeypatch.setenv("MSMON_SCRAPE", "scrape-token")
     cfg = bot_config(tmp_path, [], metrics_token_env="MSMON_SCRAPE")
     cfg["bot"]["tokens"].append({"env": "MSMON_B_TOKEN", "project": "b"})
-    bot = BotServer(cfg)
-    try:
-        job_post(bot, [], run="run-a", samples=samples("run-a", 3.0))
-        body = encode(Envelope(run_id="secret-run-b", device="0", sent_at=time.time(), project="b",
-                               samples=samples("secret-run-b", 7.0)))
-        assert bot.request("POST", "/v1/ingest", body, token="b-token")[0] == 202
-        with pytest.raises(urllib.error.HTTPError) as info:
-            urllib.request.urlopen(bot.url + "/metrics", timeout=10)
-        assert info.value.code == 401 and info.value.headers["WWW-Authenticate"].startswith("Bearer")
-        with pytest.raises(urllib.error.HTTPError) as info:
-            scrape(bot, "wrong-token")
-        assert info.value.code == 401
-        llm = scrape(bot)
-        assert 'run="run-a"' in llm and "secret-run-b" not in llm and "msmon_requests_total" in llm
-        b = scrape(bot, "b-token")
-        assert 'msmon_run_loss{device="0",run="secret-run-b"} 7.0' in b and 'run="run-a"' not in b
-        every = scrape(bot, "scrape-token")
-        assert 'run="run-a"' in every and 'run="secret-run-b"' in every
-        assert bot.request("POST", "/v1/ingest", body, token="scrape-token")[0] == 401
-    finally:
-        bot.stop()
+    bot = bot_server(cfg)
+    job_post(bot, [], run="run-a", samples=samples("run-a", 3.0))
+    body = encode(Envelope(run_id="secret-run-b", device="0", sent_at=time.time(), project="b",
+                           samples=samples("secret-run-b", 7.0)))
+    assert bot.request("POST", "/v1/ingest", body, token="b-token")[0] == 202
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(bot.url + "/metrics", timeout=10)
+    assert info.value.code == 401 and info.value.headers["WWW-Authenticate"].startswith("Bearer")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        scrape(bot, "wrong-token")
+    assert info.value.code == 401
+    llm = scrape(bot)
+    assert 'run="run-a"' in llm and "secret-run-b" not in llm and "msmon_requests_total" in llm
+    b = scrape(bot, "b-token")
+    assert 'msmon_run_loss{device="0",run="secret-run-b"} 7.0' in b and 'run="run-a"' not in b
+    every = scrape(bot, "scrape-token")
+    assert 'run="run-a"' in every and 'run="secret-run-b"' in every
+    assert bot.request("POST", "/v1/ingest", body, token="scrape-token")[0] == 401

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("aiohttp")
 
 from msmon.contract.wire import ActionRequest, Envelope, Poll, PollAnswer, Sample, Severity, decode, encode  # noqa: E402
-from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
+from tests.fakes.bot_server import wait_for  # noqa: E402
 from tests.fakes.process import terminate_group  # noqa: E402
 
 JOB = Path(__file__).parents[1] / "fakes" / "jobs" / "data_parallel_job.py"
@@ -45,10 +45,9 @@ def env(monkeypatch):
 
 
 @pytest.fixture
-def bot(tmp_path, env):
-    b = BotServer(config(tmp_path))
+def bot(tmp_path, env, bot_server):
+    b = bot_server(config(tmp_path))
     yield b
-    b.stop()
 
 
 def report(bot, run="dp", step=100, devices=("0", "1")) -> None:
@@ -94,7 +93,7 @@ def test_a_rule_fired_on_one_rank_is_one_command_every_rank_applies_at_one_step(
     assert code == 200 and audit["status"] == "pending"
 
 
-def test_what_the_bot_will_not_queue_is_a_clear_4xx(tmp_path, env, bot):
+def test_what_the_bot_will_not_queue_is_a_clear_4xx(tmp_path, env, bot, bot_server):
     report(bot)
     code, body = ask(bot, "resume")
     assert code == 422 and "not an action a rule may run" in body["error"]
@@ -114,13 +113,10 @@ def test_what_the_bot_will_not_queue_is_a_clear_4xx(tmp_path, env, bot):
     assert ask(bot, token="operator-token")[0] == 403  # not a job's token
     assert bot.request("POST", "/v1/actions/request", b'{"run_id": "dp"}')[0] == 422
     (tmp_path / "off").mkdir()
-    off = BotServer(config(tmp_path / "off", enable=False))
-    try:
-        report(off)
-        code, body = ask(off)
-        assert code == 403 and "commands.enable" in body["error"]
-    finally:
-        off.stop()
+    off = bot_server(config(tmp_path / "off", enable=False))
+    report(off)
+    code, body = ask(off)
+    assert code == 403 and "commands.enable" in body["error"]
 
 
 def test_the_notifier_asks_the_bot_instead_of_pausing_its_rank_alone(bot, tmp_path):
@@ -207,9 +203,9 @@ def _command(bot, text: str) -> dict:
 @pytest.mark.mindspore
 @pytest.mark.slow
 @pytest.mark.timing  # both ranks at the apply step: the bot's lead over the run's pace, on a loaded machine too
-def test_a_pause_fired_on_one_ranks_alert_pauses_every_rank_at_the_same_step(tmp_path, env):
+def test_a_pause_fired_on_one_ranks_alert_pauses_every_rank_at_the_same_step(tmp_path, env, bot_server):
     msrun = _msrun()
-    bot = BotServer(config(tmp_path, project="*", apply_lead=0.5))  # margin for a 2-core CI machine
+    bot = bot_server(config(tmp_path, project="*", apply_lead=0.5))  # margin for a 2-core CI machine
     job = _launch(msrun, tmp_path, bot.url, MSMON_DP_ACTIONS=PAUSE_ON_SPIKE, MSMON_DP_SPIKE="1:300:5",
                   MSMON_DP_CSV=str(tmp_path / "csv"))
     try:
@@ -254,7 +250,6 @@ def test_a_pause_fired_on_one_ranks_alert_pauses_every_rank_at_the_same_step(tmp
         assert n == 1  # one pause for the run, not one per rank
     finally:
         _end(job)
-        bot.stop()
 
 
 @pytest.mark.mindspore

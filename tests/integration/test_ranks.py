@@ -10,7 +10,7 @@ import time
 import pytest
 
 from msmon.contract.wire import Envelope, Event, Heartbeat, Sample, Severity, Status, encode
-from tests.fakes.bot_server import BotServer, wait_for
+from tests.fakes.bot_server import wait_for
 
 pytest.importorskip("aiohttp")
 RUN = "dp-64"
@@ -29,13 +29,12 @@ def config(tmp_path, slack, **ranks):
 
 
 @pytest.fixture
-def bot(tmp_path, slack, monkeypatch, request):
+def bot(tmp_path, slack, monkeypatch, request, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
     monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
-    b = BotServer(config(tmp_path, slack, **getattr(request, "param", {})))
+    b = bot_server(config(tmp_path, slack, **getattr(request, "param", {})))
     yield b
-    b.stop()
 
 
 def post(bot, rank: int, step: int, *, loss: float = 2.0, step_time: float = 0.1, events=(), host: str = "",

@@ -63,10 +63,10 @@ class Job:
 
 
 @pytest.fixture
-def bot(tmp_path: Path, slack: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[BotServer]:
+def bot(tmp_path: Path, slack: Any, monkeypatch: pytest.MonkeyPatch, bot_server) -> Iterator[BotServer]:
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
-    b = BotServer({"bot": {
+    b = bot_server({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"), "tokens": [{"project": "*", "env": "MSMON_TEST_TOKEN"}],
         "routes": [{"receiver": "slack", "channel": "C0RANKS"}],
         "slack": {"base_url": slack.base_url, "max_retries": 3},
@@ -75,7 +75,6 @@ def bot(tmp_path: Path, slack: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator
         "console": {"charts": False},
         "ranks": {"period": 0.5, "missing_after": 5.0, "history": 4, "outlier_checks": 3}}})
     yield b
-    b.stop()
 
 
 def alerts(bot: BotServer, rule: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ import pytest
 
 from msmon.contract.wire import Envelope, Event, Heartbeat, Sample, Severity, Status, encode
 from notifier.transport import BotTransport
-from tests.fakes.bot_server import BotServer, wait_for
+from tests.fakes.bot_server import wait_for
 from tests.fakes.process import terminate
 from tests.fakes.recording_bot import RecordingBot
 from tests.integration.test_isolation import A as TOKEN
@@ -68,99 +68,90 @@ def texts(slack):
 # -- ownership ----------------------------------------------------------------------------------------
 
 
-def test_a_heartbeat_first_job_with_a_token_of_every_project_delivers_every_error(tmp_path, slack):
+def test_a_heartbeat_first_job_with_a_token_of_every_project_delivers_every_error(tmp_path, slack, bot_server):
     """A job compiling its first step heartbeats before its first envelope: its run is its project's (not
     'default'), and every ERROR it then sends is accepted and posted."""
-    bot = BotServer(config(tmp_path, slack, token_project="*"))
-    try:
-        old = Heartbeat(run_id="other", device="0", time=time.time(), step=None)  # an older notifier: no project
-        code, answer = bot.request("POST", "/v1/heartbeat", encode(old))
-        assert code == 202 and answer["recorded"] is False and bot.store.run("other") is None
-        t = job(bot, "compiling", tmp_path, heartbeat_interval=0.05)
-        assert wait_for(lambda: bot.store.run("compiling") is not None, timeout=10)
-        assert bot.store.run("compiling")["project"] == "llm"
-        rules = [f"rule_{i}" for i in range(5)]
-        for i, rule in enumerate(rules):
-            t.event(error("compiling", 10 + i, rule))
-        assert t.flush(10)
-        assert wait_for(lambda: {a["rule"] for a in run_view(bot, "compiling")["firing"]} == set(rules), timeout=10)
-        assert slack.wait_for(lambda s: all(any(r in x for x in texts(s)) for r in rules), timeout=15), texts(slack)
-        t.close(final=True)
-    finally:
-        bot.stop()
+    bot = bot_server(config(tmp_path, slack, token_project="*"))
+    old = Heartbeat(run_id="other", device="0", time=time.time(), step=None)  # an older notifier: no project
+    code, answer = bot.request("POST", "/v1/heartbeat", encode(old))
+    assert code == 202 and answer["recorded"] is False and bot.store.run("other") is None
+    t = job(bot, "compiling", tmp_path, heartbeat_interval=0.05)
+    assert wait_for(lambda: bot.store.run("compiling") is not None, timeout=10)
+    assert bot.store.run("compiling")["project"] == "llm"
+    rules = [f"rule_{i}" for i in range(5)]
+    for i, rule in enumerate(rules):
+        t.event(error("compiling", 10 + i, rule))
+    assert t.flush(10)
+    assert wait_for(lambda: {a["rule"] for a in run_view(bot, "compiling")["firing"]} == set(rules), timeout=10)
+    assert slack.wait_for(lambda s: all(any(r in x for x in texts(s)) for r in rules), timeout=15), texts(slack)
+    t.close(final=True)
 
 
-def test_another_project_cannot_squat_a_run_id_a_job_then_uses(tmp_path, slack):
-    bot = BotServer(config(tmp_path, slack))
-    try:
-        squat = Heartbeat(run_id="llm-7b", device="0", time=time.time(), step=1, project="vision")
-        assert bot.request("POST", "/v1/heartbeat", encode(squat), token=VISION)[0] == 202
-        t = job(bot, "llm-7b", tmp_path)
-        t.event(error("llm-7b", 5))
-        assert t.flush(10)
-        mine = run_view(bot, "llm-7b")
-        assert mine["project"] == "llm" and [a["rule"] for a in mine["firing"]] == ["nonfinite"]
-        assert run_view(bot, "llm-7b", token=VISION)["firing"] == []  # vision's run of that id is its own
-        assert slack.wait_for(lambda s: any("nonfinite" in x for x in texts(s)), timeout=15)
-        t.close(final=True)
-    finally:
-        bot.stop()
+def test_another_project_cannot_squat_a_run_id_a_job_then_uses(tmp_path, slack, bot_server):
+    bot = bot_server(config(tmp_path, slack))
+    squat = Heartbeat(run_id="llm-7b", device="0", time=time.time(), step=1, project="vision")
+    assert bot.request("POST", "/v1/heartbeat", encode(squat), token=VISION)[0] == 202
+    t = job(bot, "llm-7b", tmp_path)
+    t.event(error("llm-7b", 5))
+    assert t.flush(10)
+    mine = run_view(bot, "llm-7b")
+    assert mine["project"] == "llm" and [a["rule"] for a in mine["firing"]] == ["nonfinite"]
+    assert run_view(bot, "llm-7b", token=VISION)["firing"] == []  # vision's run of that id is its own
+    assert slack.wait_for(lambda s: any("nonfinite" in x for x in texts(s)), timeout=15)
+    t.close(final=True)
 
 
 # -- ends and attempts ---------------------------------------------------------------------------------
 
 
-def test_an_ended_run_is_shown_ended_with_its_alerts_closed_and_a_rerun_is_a_new_attempt(tmp_path, slack):
-    bot = BotServer(config(tmp_path, slack))
-    try:
-        first = job(bot, "rerun", tmp_path)
-        for s in range(1, 9):
-            first.sample(Sample(run_id="rerun", device="0", step=s * 100, time=time.time(), loss=2.0))
-        first.event(error("rerun", 800))
-        assert first.flush(10)
-        assert wait_for(lambda: run_view(bot, "rerun")["firing"], timeout=10)
-        first.close(final=True)
-        ended_at = time.time()
-        assert wait_for(lambda: run_view(bot, "rerun")["state"] == "ended", timeout=30)
-        view = run_view(bot, "rerun")
-        assert (view["ended"], view["end_reason"], view["firing"], view["gone"]) == (True, "ended normally", [], False)
-        (alert,) = view["alerts"]
-        assert alert["status"] == "resolved"
-        assert time.time() - ended_at < 30
-        assert slack.wait_for(lambda s: any("run ended" in x for x in texts(s)), timeout=15), texts(slack)
-        _, listed = bot.request("GET", "/v1/runs")
-        assert [(r["run_id"], r["state"], r["gone"]) for r in listed["runs"]] == [("rerun", "ended", False)]
+def test_an_ended_run_is_shown_ended_with_its_alerts_closed_and_a_rerun_is_a_new_attempt(tmp_path, slack, bot_server):
+    bot = bot_server(config(tmp_path, slack))
+    first = job(bot, "rerun", tmp_path)
+    for s in range(1, 9):
+        first.sample(Sample(run_id="rerun", device="0", step=s * 100, time=time.time(), loss=2.0))
+    first.event(error("rerun", 800))
+    assert first.flush(10)
+    assert wait_for(lambda: run_view(bot, "rerun")["firing"], timeout=10)
+    first.close(final=True)
+    ended_at = time.time()
+    assert wait_for(lambda: run_view(bot, "rerun")["state"] == "ended", timeout=30)
+    view = run_view(bot, "rerun")
+    assert (view["ended"], view["end_reason"], view["firing"], view["gone"]) == (True, "ended normally", [], False)
+    (alert,) = view["alerts"]
+    assert alert["status"] == "resolved"
+    assert time.time() - ended_at < 30
+    assert slack.wait_for(lambda s: any("run ended" in x for x in texts(s)), timeout=15), texts(slack)
+    _, listed = bot.request("GET", "/v1/runs")
+    assert [(r["run_id"], r["state"], r["gone"]) for r in listed["runs"]] == [("rerun", "ended", False)]
 
-        second = job(bot, "rerun", tmp_path)  # the same run id again (custom_loop.py run twice; a resume)
-        second.sample(Sample(run_id="rerun", device="0", step=1, time=time.time(), loss=3.0))
-        assert second.flush(10)
-        assert wait_for(lambda: run_view(bot, "rerun")["attempt"] == 2, timeout=10)
-        view = run_view(bot, "rerun")
-        assert (view["state"], view["firing"], view["last_step"]) == ("running", [], 1)  # clean, its own series
-        assert [(a["attempt"], a["end_reason"], a["last_step"]) for a in view["attempts"]] == [
-            (1, "ended normally", 800), (2, None, None)]
-        assert [s["step"] for s in view["latest"].values()] == [1]
-        late = Envelope(run_id="rerun", device="0", sent_at=time.time(), project="llm", proc=first.proc,
-                        samples=[Sample(run_id="rerun", device="0", step=900, time=time.time(), loss=9.0)],
-                        heartbeats=[Heartbeat(run_id="rerun", device="0", time=time.time(), step=900, proc=first.proc,
-                                              seq=10**6, final=True)])
-        assert bot.request("POST", "/v1/ingest", encode(late))[0] == 202  # the first job's, sent late
-        view = run_view(bot, "rerun")
-        assert (view["attempt"], view["state"], view["last_step"]) == (2, "running", 1)  # moves nothing
-        assert [s["step"] for s in view["latest"].values()] == [1]
-        second.event(error("rerun", 2))  # the new attempt's own NaN pages again
-        assert second.flush(10)
-        assert slack.wait_for(lambda s: any(x.startswith("ERROR nonfinite") and "step 2" in x for x in texts(s)),
-                              timeout=15), texts(slack)
-        second.close(final=True)
-        assert wait_for(lambda: run_view(bot, "rerun")["state"] == "ended", timeout=30)
-    finally:
-        bot.stop()
+    second = job(bot, "rerun", tmp_path)  # the same run id again (custom_loop.py run twice; a resume)
+    second.sample(Sample(run_id="rerun", device="0", step=1, time=time.time(), loss=3.0))
+    assert second.flush(10)
+    assert wait_for(lambda: run_view(bot, "rerun")["attempt"] == 2, timeout=10)
+    view = run_view(bot, "rerun")
+    assert (view["state"], view["firing"], view["last_step"]) == ("running", [], 1)  # clean, its own series
+    assert [(a["attempt"], a["end_reason"], a["last_step"]) for a in view["attempts"]] == [
+        (1, "ended normally", 800), (2, None, None)]
+    assert [s["step"] for s in view["latest"].values()] == [1]
+    late = Envelope(run_id="rerun", device="0", sent_at=time.time(), project="llm", proc=first.proc,
+                    samples=[Sample(run_id="rerun", device="0", step=900, time=time.time(), loss=9.0)],
+                    heartbeats=[Heartbeat(run_id="rerun", device="0", time=time.time(), step=900, proc=first.proc,
+                                          seq=10**6, final=True)])
+    assert bot.request("POST", "/v1/ingest", encode(late))[0] == 202  # the first job's, sent late
+    view = run_view(bot, "rerun")
+    assert (view["attempt"], view["state"], view["last_step"]) == (2, "running", 1)  # moves nothing
+    assert [s["step"] for s in view["latest"].values()] == [1]
+    second.event(error("rerun", 2))  # the new attempt's own NaN pages again
+    assert second.flush(10)
+    assert slack.wait_for(lambda s: any(x.startswith("ERROR nonfinite") and "step 2" in x for x in texts(s)),
+                          timeout=15), texts(slack)
+    second.close(final=True)
+    assert wait_for(lambda: run_view(bot, "rerun")["state"] == "ended", timeout=30)
 
 
-def test_32_ranks_closing_together_page_no_missing_rank_and_end_the_run_once(tmp_path, slack, caplog):
+def test_32_ranks_closing_together_page_no_missing_rank_and_end_the_run_once(tmp_path, slack, caplog, bot_server):
     caplog.set_level(logging.INFO, "msmon.bot")
-    bot = BotServer(config(tmp_path, slack, missing_after=1.0))
+    bot = bot_server(config(tmp_path, slack, missing_after=1.0))
     ranks = [job(bot, "dp-32", tmp_path, rank=r, world=32, device=str(r), heartbeat_interval=0.05) for r in range(32)]
     try:
         for step in range(1, 4):
@@ -182,7 +173,6 @@ def test_32_ranks_closing_together_page_no_missing_rank_and_end_the_run_once(tmp
     finally:
         for t in ranks:
             t.close()
-        bot.stop()
 
 
 RANK_JOB = """
@@ -201,8 +191,8 @@ t.close(final=True)
 """
 
 
-def test_a_killed_rank_stays_missing_when_the_others_finish(tmp_path, slack):
-    bot = BotServer(config(tmp_path, slack))
+def test_a_killed_rank_stays_missing_when_the_others_finish(tmp_path, slack, bot_server):
+    bot = bot_server(config(tmp_path, slack))
     stop = tmp_path / "stop"
     procs = [subprocess.Popen([sys.executable, "-c", RANK_JOB, bot.url, "dp-4", str(r), "4", str(stop)],
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}, start_new_session=True)
@@ -228,7 +218,6 @@ def test_a_killed_rank_stays_missing_when_the_others_finish(tmp_path, slack):
         stop.write_text("")
         for p in procs:
             terminate(p, 10)
-        bot.stop()
 
 
 # -- the job side ------------------------------------------------------------------------------------
@@ -250,48 +239,42 @@ def test_close_ends_the_heartbeats_before_the_final_one(tmp_path):
         bot.stop()
 
 
-def test_a_refused_job_does_not_flood_the_bot_on_close(tmp_path, slack, caplog):
+def test_a_refused_job_does_not_flood_the_bot_on_close(tmp_path, slack, caplog, bot_server):
     """Envelopes the bot refuses (a token of project vision for a job saying llm): close() keeps the backoff."""
-    bot = BotServer(config(tmp_path, slack))
+    bot = bot_server(config(tmp_path, slack))
     caplog.set_level(logging.WARNING, "msmon")
-    try:
-        t = job(bot, "refused", tmp_path, token=VISION, heartbeat_interval=60.0, backoff=(0.5, 30.0))
-        for i in range(300):
-            t.event(error("refused", i, rule=f"r{i % 7}"))
-        t.close(timeout=5.0)
-        refused = [r for r in caplog.records if "REFUSED" in r.getMessage()]
-        assert 1 <= len(refused) <= 12, len(refused)  # backoff 0.5 s doubling over 5 s: a handful, not hundreds
-    finally:
-        bot.stop()
+    t = job(bot, "refused", tmp_path, token=VISION, heartbeat_interval=60.0, backoff=(0.5, 30.0))
+    for i in range(300):
+        t.event(error("refused", i, rule=f"r{i % 7}"))
+    t.close(timeout=5.0)
+    refused = [r for r in caplog.records if "REFUSED" in r.getMessage()]
+    assert 1 <= len(refused) <= 12, len(refused)  # backoff 0.5 s doubling over 5 s: a handful, not hundreds
 
 
-def test_a_custom_loop_under_rank_id_3_reports_rank_3(tmp_path, slack, monkeypatch):
+def test_a_custom_loop_under_rank_id_3_reports_rank_3(tmp_path, slack, monkeypatch, bot_server):
     from notifier.monitor import Monitor
 
     monkeypatch.setenv("RANK_ID", "3")
     monkeypatch.setenv("RANK_SIZE", "4")
     monkeypatch.setenv("DEVICE_ID", "3")
-    bot = BotServer(config(tmp_path, slack))
-    try:
-        mon = Monitor.from_config({"monitor_on": True, "step_interval": 1,
-                                   "bot": {"url": bot.url, "token_env": "MSMON_TEST_TOKEN", "project": "llm",
-                                           "spool_dir": str(tmp_path / "spool"), "heartbeat_interval": 0.1}},
-                                  "custom-3")
-        for step in range(1, 6):
-            mon.step(step, loss=2.0)
-        assert mon.transport is not None and mon.transport.flush(10)
-        assert wait_for(lambda: (v := run_view(bot, "custom-3")) is not None and v["devices"] == ["3"], timeout=10)
-        from bot.app import STATE
+    bot = bot_server(config(tmp_path, slack))
+    mon = Monitor.from_config({"monitor_on": True, "step_interval": 1,
+                               "bot": {"url": bot.url, "token_env": "MSMON_TEST_TOKEN", "project": "llm",
+                                       "spool_dir": str(tmp_path / "spool"), "heartbeat_interval": 0.1}},
+                              "custom-3")
+    for step in range(1, 6):
+        mon.step(step, loss=2.0)
+    assert mon.transport is not None and mon.transport.flush(10)
+    assert wait_for(lambda: (v := run_view(bot, "custom-3")) is not None and v["devices"] == ["3"], timeout=10)
+    from bot.app import STATE
 
-        ranks = bot.app[STATE].ranks.run("custom-3")
-        assert ranks is not None and list(ranks.members) == ["3"] and ranks.members["3"].rank == 3
-        assert wait_for(lambda: ranks.world == 4 and ranks.members["3"].life.seq is not None, timeout=10)
-        mon.close()
-    finally:
-        bot.stop()
+    ranks = bot.app[STATE].ranks.run("custom-3")
+    assert ranks is not None and list(ranks.members) == ["3"] and ranks.members["3"].rank == 3
+    assert wait_for(lambda: ranks.world == 4 and ranks.members["3"].life.seq is not None, timeout=10)
+    mon.close()
 
 
-def test_save_checkpoint_while_paused_is_written_at_the_paused_step_within_10_s(tmp_path, slack):
+def test_save_checkpoint_while_paused_is_written_at_the_paused_step_within_10_s(tmp_path, slack, bot_server):
     """pause, then save-checkpoint (the natural thing while a run diverges): written at once at the paused step,
     not after the resume; status says what is queued meanwhile."""
     ms = pytest.importorskip("mindspore")
@@ -300,7 +283,7 @@ def test_save_checkpoint_while_paused_is_written_at_the_paused_step_within_10_s(
     from notifier.mindspore import MindSporeBackend
     from tests.fakes.ms_helpers import MLP
 
-    bot = BotServer(config(tmp_path, slack))
+    bot = bot_server(config(tmp_path, slack))
     net = MLP()
     backend = MindSporeBackend(str(tmp_path / "ckpt"))
     backend.bind(net, ms.nn.SGD(net.trainable_params(), 0.01))
@@ -357,10 +340,9 @@ def test_save_checkpoint_while_paused_is_written_at_the_paused_step_within_10_s(
         control.request("resume")
         loop.join(10)
         mon.close()
-        bot.stop()
 
 
-def test_a_bot_outage_pages_nothing_for_the_runs_that_went_on(tmp_path, slack):
+def test_a_bot_outage_pages_nothing_for_the_runs_that_went_on(tmp_path, slack, bot_server):
     """The bot is down for longer than heartbeat_timeout while a healthy job goes on: on its start it judges
     the run's silence from its own start (the lifecycle's bot restart), so no job_gone."""
     from tests.fakes.serve_process import free_port
@@ -368,7 +350,7 @@ def test_a_bot_outage_pages_nothing_for_the_runs_that_went_on(tmp_path, slack):
     cfg = config(tmp_path, slack)
     cfg["bot"]["port"] = free_port()
     cfg["bot"]["pipeline"]["heartbeat_timeout"] = 1.5
-    bot = BotServer(cfg)
+    bot = bot_server(cfg)
     t = job(bot, "healthy", tmp_path, heartbeat_interval=0.1, backoff=(0.05, 0.2))
     try:
         t.sample(Sample(run_id="healthy", device="0", step=1, time=time.time(), loss=2.0))
@@ -376,19 +358,18 @@ def test_a_bot_outage_pages_nothing_for_the_runs_that_went_on(tmp_path, slack):
         assert wait_for(lambda: (r := bot.store.run("healthy")) is not None and r["last_heartbeat"], timeout=10)
         bot.stop()
         time.sleep(3.0)  # twice heartbeat_timeout: the store's last heartbeat is old
-        bot = BotServer(cfg)
+        bot = bot_server(cfg)
         time.sleep(3.0)  # the watchdog checks at once, then every 2 s
         assert [a["rule"] for a in run_view(bot, "healthy")["alerts"]] == []
         assert not any("job_gone" in x for x in texts(slack))
     finally:
         t.close(final=True)
-        bot.stop()
 
 
-def test_a_job_resumed_after_it_was_gone_is_a_new_attempt_whose_gone_alert_closes_once(tmp_path, slack):
+def test_a_job_resumed_after_it_was_gone_is_a_new_attempt_whose_gone_alert_closes_once(tmp_path, slack, bot_server):
     cfg = config(tmp_path, slack)
     cfg["bot"]["pipeline"]["heartbeat_timeout"] = 1.5
-    bot = BotServer(cfg)
+    bot = bot_server(cfg)
     stop = tmp_path / "stop"
 
     def start() -> subprocess.Popen:
@@ -417,7 +398,6 @@ def test_a_job_resumed_after_it_was_gone_is_a_new_attempt_whose_gone_alert_close
         stop.write_text("")
         for p in procs:
             terminate(p, 10)
-        bot.stop()
 
 
 def test_msmon_serve_a_heartbeat_first_job_then_another_projects_squat_then_its_end(tmp_path, slack):
@@ -446,17 +426,14 @@ def test_msmon_serve_a_heartbeat_first_job_then_another_projects_squat_then_its_
         serve.stop()
 
 
-def test_processes_without_a_rank_on_two_hosts_are_not_restarts_of_each_other(tmp_path, slack):
+def test_processes_without_a_rank_on_two_hosts_are_not_restarts_of_each_other(tmp_path, slack, bot_server):
     """A launcher msmon does not know (no RANK_ID): two hosts' processes both say device 0, no rank. They
     are one attempt, not a new attempt at every message."""
-    bot = BotServer(config(tmp_path, slack))
-    try:
-        for k in range(1, 6):
-            for host in ("node-a", "node-b"):
-                env = Envelope(run_id="no-rank", device="0", sent_at=time.time(), project="llm", host=host,
-                               proc=f"{host}-proc", samples=[Sample(run_id="no-rank", device="0", step=k,
-                                                                    time=time.time(), loss=2.0)])
-                assert bot.request("POST", "/v1/ingest", encode(env))[0] == 202
-        assert run_view(bot, "no-rank")["attempt"] == 1
-    finally:
-        bot.stop()
+    bot = bot_server(config(tmp_path, slack))
+    for k in range(1, 6):
+        for host in ("node-a", "node-b"):
+            sent = Envelope(run_id="no-rank", device="0", sent_at=time.time(), project="llm", host=host,
+                            proc=f"{host}-proc", samples=[Sample(run_id="no-rank", device="0", step=k,
+                                                                 time=time.time(), loss=2.0)])
+            assert bot.request("POST", "/v1/ingest", encode(sent))[0] == 202
+    assert run_view(bot, "no-rank")["attempt"] == 1

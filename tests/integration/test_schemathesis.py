@@ -94,7 +94,7 @@ def test_the_live_bot_matches_its_openapi_spec(bot, capsys):
     assert ran[0] >= 200  # the run really covered the API
 
 
-def test_a_store_that_fails_answers_the_job_routes_with_the_spec_s_503_and_its_retry_after(monkeypatch):
+def test_a_store_that_fails_answers_the_job_routes_with_the_spec_s_503_and_its_retry_after(monkeypatch, bot_server):
     """The database away (PostgreSQL behind a proxy that is cut): each job-facing route answers 503 with
     Retry-After, and that answer is one docs/openapi.yaml lists (status, body and headers)."""
     import json
@@ -125,9 +125,9 @@ def test_a_store_that_fails_answers_the_job_routes_with_the_spec_s_503_and_its_r
     proxy = CutProxy(pg.hostname or "127.0.0.1", pg.port or 5432)
     url = postgres.PG_URL.replace(f"{pg.hostname}:{pg.port}", f"127.0.0.1:{proxy.port}")
     with postgres.fresh_schema() as store_schema:
-        bot = BotServer({"bot": {"port": 0, "tokens": [{"project": "default", "env": "MSMON_ST_JOB"}],
-                                 "store": {"url": url, "schema": store_schema},
-                                 "commands": {"long_poll": 0.01}}})
+        bot = bot_server({"bot": {"port": 0, "tokens": [{"project": "default", "env": "MSMON_ST_JOB"}],
+                                  "store": {"url": url, "schema": store_schema},
+                                  "commands": {"long_poll": 0.01}}})
         try:
             assert bot.request("POST", "/v1/ingest", envelope([event()], project="default"))[0] == 202
             proxy.cut()  # the database is away: every call fails, a reconnection too

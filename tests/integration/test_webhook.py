@@ -12,7 +12,7 @@ import pytest
 
 from bot.receivers.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign, verify
 from msmon.contract.wire import Status
-from tests.fakes.bot_server import BotServer, wait_for
+from tests.fakes.bot_server import wait_for
 from tests.fakes.prom import Recorder, bot_config, job_post
 from tests.fakes.records import event
 
@@ -31,15 +31,13 @@ def recorder() -> Iterator[Recorder]:
         yield r
 
 
-def test_each_alert_is_one_signed_json_document(tmp_path, recorder):
-    bot = BotServer(bot_config(tmp_path, [{"receiver": "webhook"}], webhook={"url": recorder.url + "/in"}))
-    try:
-        job_post(bot, [event(device="1"), event(device="2")])
-        assert wait_for(lambda: recorder.posts, 20)
-        job_post(bot, [event(device="1", status=Status.RESOLVED, step=130)])
-        assert wait_for(lambda: len(recorder.posts) >= 2, 20)
-    finally:
-        bot.stop()
+def test_each_alert_is_one_signed_json_document(tmp_path, recorder, bot_server):
+    bot = bot_server(bot_config(tmp_path, [{"receiver": "webhook"}], webhook={"url": recorder.url + "/in"}))
+    job_post(bot, [event(device="1"), event(device="2")])
+    assert wait_for(lambda: recorder.posts, 20)
+    job_post(bot, [event(device="1", status=Status.RESOLVED, step=130)])
+    assert wait_for(lambda: len(recorder.posts) >= 2, 20)
+    bot.stop()
     path, headers, body = recorder.posts[0]
     assert path == "/in" and headers["Content-Type"] == "application/json"
     stamp = int(headers[TIMESTAMP_HEADER])
@@ -62,7 +60,7 @@ def test_the_signature_check_refuses_a_changed_body_a_stale_timestamp_and_anothe
     assert "missing" in str(verify(SECRET.encode(), {}, body, 1700000000.0))
 
 
-def test_a_consumer_that_answers_503_gets_the_alert_again(tmp_path, recorder):
+def test_a_consumer_that_answers_503_gets_the_alert_again(tmp_path, recorder, bot_server):
     refusals = [503]
     original = recorder.server.RequestHandlerClass.do_POST
 
@@ -77,11 +75,9 @@ def test_a_consumer_that_answers_503_gets_the_alert_again(tmp_path, recorder):
         original(handler)
 
     recorder.server.RequestHandlerClass.do_POST = flaky
-    bot = BotServer(bot_config(tmp_path, [{"receiver": "webhook"}], webhook={"url": recorder.url},
-                               delivery={"backoff_base": 0.05}))
-    try:
-        job_post(bot, [event()])
-        assert wait_for(lambda: recorder.posts, 20), "the alert was not sent again after the 503"
-    finally:
-        bot.stop()
+    bot = bot_server(bot_config(tmp_path, [{"receiver": "webhook"}], webhook={"url": recorder.url},
+                                delivery={"backoff_base": 0.05}))
+    job_post(bot, [event()])
+    assert wait_for(lambda: recorder.posts, 20), "the alert was not sent again after the 503"
+    bot.stop()
     assert not refusals

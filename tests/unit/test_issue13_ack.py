@@ -69,32 +69,28 @@ def test_acknowledge_of_a_rule_that_holds_nothing_says_so_and_of_an_unknown_rule
         mon.acknowledge("loss_spik")
 
 
-def test_the_bot_sends_an_ack_on_to_the_job(tmp_path, monkeypatch):
+def test_the_bot_sends_an_ack_on_to_the_job(tmp_path, monkeypatch, bot_server):
     """The real bot on loopback: `ack run-42/loss_spike` from `msmon cmd` acks the alert and queues `acknowledge`
     for the job, which its poll gets (with the rule) and answers."""
     pytest.importorskip("aiohttp")
-    from tests.fakes.bot_server import BotServer
 
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
-    b = BotServer({"bot": {
+    b = bot_server({"bot": {
         "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
         "routes": [{"receiver": "console"}], "console": {"charts_dir": str(tmp_path / "charts")},
         "commands": {"operators": [{"user": "cli:carol", "env": "MSMON_OPERATOR"}]}}})
-    try:
-        now = time.time()
-        samples = [Sample(run_id="run-42", device="0", step=100 - 10 * k, time=now - k, loss=2.0)
-                   for k in range(20, -1, -1)]
-        assert b.request("POST", "/v1/ingest", encode(Envelope(run_id="run-42", device="0", sent_at=now,
-                                                              project="llm", samples=samples)))[0] == 202
-        assert b.request("POST", "/v1/ingest", envelope([event(rule="loss_spike", sev=Severity.WARNING)]))[0] == 202
-        code, body = b.request("POST", "/v1/commands", b'{"text": "ack run-42/loss_spike"}', token="operator-token")
-        assert code == 200 and "cli:carol acknowledged loss_spike" in body["text"], body
-        assert "The job takes the level it holds now as the new normal" in body["text"]
-        code, got = b.request("POST", "/v1/commands/poll", encode(Poll(run_id="run-42", device="0", after=0)))
-        assert code == 200
-        (cmd,) = decode(encode(got), PollAnswer).commands
-        assert (cmd.action, cmd.params, cmd.issued_by) == ("acknowledge", {"rule": "loss_spike"}, "cli:carol")
-    finally:
-        b.stop()
+    now = time.time()
+    samples = [Sample(run_id="run-42", device="0", step=100 - 10 * k, time=now - k, loss=2.0)
+               for k in range(20, -1, -1)]
+    assert b.request("POST", "/v1/ingest", encode(Envelope(run_id="run-42", device="0", sent_at=now,
+                                                          project="llm", samples=samples)))[0] == 202
+    assert b.request("POST", "/v1/ingest", envelope([event(rule="loss_spike", sev=Severity.WARNING)]))[0] == 202
+    code, body = b.request("POST", "/v1/commands", b'{"text": "ack run-42/loss_spike"}', token="operator-token")
+    assert code == 200 and "cli:carol acknowledged loss_spike" in body["text"], body
+    assert "The job takes the level it holds now as the new normal" in body["text"]
+    code, got = b.request("POST", "/v1/commands/poll", encode(Poll(run_id="run-42", device="0", after=0)))
+    assert code == 200
+    (cmd,) = decode(encode(got), PollAnswer).commands
+    assert (cmd.action, cmd.params, cmd.issued_by) == ("acknowledge", {"rule": "loss_spike"}, "cli:carol")
