@@ -176,7 +176,7 @@ class CommandOrder:
     - a command id is taken once (delivery is at-least-once, from two threads).
 
     Every request is answered exactly once, applied or skipped with the reason, whatever the order and
-    the number of its deliveries (tests/integration/test_command_order.py checks this with hypothesis)."""
+    the number of its deliveries (tests/notifier/test_command_order.py checks this with hypothesis)."""
 
     def __init__(self, pause_timeout: float | None = None, remember: int = 10_000) -> None:
         self.pause_timeout = pause_timeout
