@@ -30,10 +30,12 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
 from bot.delivery.payload import Payload
+from bot.delivery.plan import Known, Op, Step, step
 from bot.metrics import BotMetrics
 from bot.pipeline import DELIVERY, flow
 from bot.pipeline.group import firing_key
@@ -398,17 +400,10 @@ class Outbox:
                     mail.to = [to for to in mail.to if to in exc.refused] or mail.to
                     self.store.set_payload(row.id, msgspec.json.encode(mail).decode())
                     raise
-        elif kind == "alert":
-            await self._alert(t)
-        elif kind == "repeat":
-            ref = self.store.message(t.head.key)
-            msg = self._message(t.head.key, t.payloads, repeat=True)
-            if not t.plan.post or ref is None:
-                await self._post(t, msg)
-            else:
-                await t.receiver.reply(t.head.channel, ref["ts"], msg)
-        else:
-            await self._resolve(t)
+        else:  # alert, repeat, resolve: what the store knows, the pure step (bot/delivery/plan.py), carried out
+            msg = self._message(t.head.key, t.payloads, repeat=kind == "repeat")
+            known, seen = self._known(t, msg)
+            await self._carry_out(t, msg, step(kind, known), seen)
 
     async def _chart(self, t: _Try, msg: Message) -> None:
         """Draw the firing ERROR's chart into `msg`; a chart that cannot be drawn only says so. Drawn once
@@ -458,27 +453,6 @@ class Outbox:
         await drawing
         await t.receiver.attach(channel, ref, msg)
 
-    async def _alert(self, t: _Try) -> None:
-        channel, key, name = t.head.channel, t.head.key, t.receiver.name
-        msg = self._message(key, t.payloads)
-        if not t.plan.post:  # posted before; its chart is what is left
-            await self._post(t, msg)
-            return
-        ref = self.store.message(key)
-        if ref is None:
-            root_key = f"{msg.run_id}|root|{name}|{channel}"
-            root = self.store.message(root_key)
-            if t.payloads[0].thread and root is not None:
-                # A WARNING goes in the thread of the run's first message in this channel.
-                await t.receiver.reply(channel, root["ts"], msg)
-                self.store.save_message(key, name, channel, root["ts"], self.clock())
-                return
-            await self._post(t, msg, root_key if root is None else None)
-            return
-        # More devices joined the group: rewrite the message with all of them.
-        earlier = self._payloads(self.store.delivered_since(name, channel, key, "alert", ref["created_at"]))
-        await t.receiver.update(channel, ref["ts"], self._message(key, earlier + t.payloads))
-
     def _payloads(self, rows: list[OutboxRow]) -> list[Payload]:
         """Payloads of rows delivered before (a row that does not decode is left out)."""
         out = []
@@ -489,27 +463,61 @@ class Outbox:
                 log.warning("msmon bot: outbox row %d does not decode; left out of the message", r.id)
         return out
 
-    async def _resolve(self, t: _Try) -> None:
+    def _known(self, t: _Try, msg: Message) -> tuple[Known, _Seen]:
+        """What the store knows about the group, for `step`; and what carrying the step out needs again."""
+        kind, channel, key, name = t.head.kind, t.head.channel, t.head.key, t.receiver.name
+        posted = None if t.plan.post else t.plan.ref
+        if kind == "resolve":
+            fkey = firing_key(msg.lead)
+            ref = self.store.message(fkey)
+            if ref is None:
+                return Known(posted=posted), _Seen()
+            fired = self._payloads(self.store.delivered_since(name, channel, fkey, "alert", ref["created_at"]))
+            firing_devices = {e.device for e in _events(fired)} if fired else set(msg.devices)
+            before = self._payloads(self.store.delivered_since(name, channel, key, "resolve", ref["created_at"]))
+            resolved = {e.device for e in _events(before + t.payloads)}
+            return (Known(posted=posted, firing=ref["ts"], all_resolved=firing_devices <= resolved),
+                    _Seen(fkey=fkey, fired=fired))
+        if posted is not None:
+            return Known(posted=posted), _Seen()
+        own = self.store.message(key)
+        root_key = f"{msg.run_id}|root|{name}|{channel}"
+        root = self.store.message(root_key) if kind == "alert" and own is None else None
+        return (Known(own=None if own is None else own["ts"], root=None if root is None else root["ts"],
+                      thread=t.payloads[0].thread), _Seen(own=own, root_key=root_key))
+
+    async def _carry_out(self, t: _Try, msg: Message, s: Step, seen: _Seen) -> None:
         channel, key, name = t.head.channel, t.head.key, t.receiver.name
-        msg = self._message(key, t.payloads)
-        fkey = firing_key(msg.lead)
-        ref = self.store.message(fkey)
-        if ref is None:
-            return  # nothing was posted for this episode: nothing to resolve
-        fired = self._payloads(self.store.delivered_since(name, channel, fkey, "alert", ref["created_at"]))
-        firing_devices = {e.device for e in _events(fired)} if fired else set(msg.devices)
-        resolved_before = self._payloads(self.store.delivered_since(name, channel, key, "resolve", ref["created_at"]))
-        resolved = {e.device for e in _events(resolved_before + t.payloads)}
-        if t.plan.post:
-            await t.receiver.reply(channel, ref["ts"], msg)
-            t.posted = ref["ts"]
-            self._posted.update(dict.fromkeys(t.ids, t.posted))
-            self.store.mark_posted(t.ids, ref["ts"])
-        if firing_devices <= resolved:
-            view = self._message(fkey, fired or t.payloads)
+        if s.op in (Op.POST, Op.ATTACH):  # _post attaches only, to t.plan.ref, when the text went out before
+            await self._post(t, msg, seen.root_key if s.as_root else None)
+        elif s.op is Op.REPLY:
+            assert s.ref is not None
+            await t.receiver.reply(channel, s.ref, msg)
+            if s.keep_reply:  # a WARNING in the run's thread: the thread stands for it from now on
+                self.store.save_message(key, name, channel, s.ref, self.clock())
+            if t.head.kind == "resolve":
+                t.posted = s.ref
+                self._posted.update(dict.fromkeys(t.ids, t.posted))
+                self.store.mark_posted(t.ids, s.ref)
+        elif s.op is Op.UPDATE:  # more devices joined the group: rewrite the message with all of them
+            assert s.ref is not None and seen.own is not None
+            earlier = self._payloads(self.store.delivered_since(name, channel, key, "alert", seen.own["created_at"]))
+            await t.receiver.update(channel, s.ref, self._message(key, earlier + t.payloads))
+        if s.close is not None:
+            view = self._message(seen.fkey, seen.fired or t.payloads)
             view.status, view.resolution = Status.RESOLVED, msg.lead.message  # the post says why it closed
-            await t.receiver.update(channel, ref["ts"], view)
-            self.store.retire_message(fkey, self.clock())
+            await t.receiver.update(channel, s.close, view)
+            self.store.retire_message(seen.fkey, self.clock())
+
+
+@dataclasses.dataclass
+class _Seen:
+    """What `_known` read that carrying out a step needs again."""
+
+    own: dict[str, Any] | None = None  # the group's stored message
+    root_key: str = ""  # where the run's root message in this channel is stored
+    fkey: str = ""  # resolves: the episode's firing key ...
+    fired: list[Payload] = dataclasses.field(default_factory=list)  # ... and what was delivered for it
 
 
 def _kind(outcome: Outcome) -> FailureKind:
