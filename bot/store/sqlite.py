@@ -14,6 +14,7 @@ import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import msgspec
@@ -40,6 +41,16 @@ class AlertRow(msgspec.Struct, frozen=True):
     at: float
     event: str | None = None  # None: the row keeps its last event
     sent: NotifyState | None = None  # None: what was sent is unchanged (the notification was dropped)
+
+
+@dataclass(slots=True)
+class _RunSeen:
+    """What a run's row holds, as the last write left it (SQLiteStore's cache in front of touch_run)."""
+
+    devices: list[str]
+    members: set[str]
+    labels: str
+    last_step: int | None
 
 
 class OutboxEntry(msgspec.Struct, frozen=True):
@@ -81,7 +92,8 @@ class Store:
         self.attempts = AttemptLog(self.db)
         # Read-through copies of what ingest reads on every envelope. This Store is their only writer;
         # a rolled-back transaction drops them (they are read again).
-        self._run_cache: OrderedDict[str, tuple[list[str], int | None]] = OrderedDict()
+        # run -> what its row holds (devices, their set, labels' JSON, last step): an envelope writes only what changed
+        self._run_cache: OrderedDict[str, _RunSeen] = OrderedDict()
         self._silence_cache: list[Silence] | None = None
 
     def close(self) -> None:
@@ -139,34 +151,48 @@ class Store:
 
     def touch_run(self, run_id: str, project: str, labels: dict[str, str], device: str, step: int | None,
                   now: float, heartbeat: bool = False, paused: bool | None = None) -> None:
-        cached = self._run_cache.get(run_id)
-        if cached is None:
-            row = self.db.execute("SELECT devices, last_step FROM runs WHERE run_id=?", (run_id,)).fetchone()
-            cached = None if row is None else (json.loads(row["devices"]), row["last_step"])
-        if cached is None:
+        """The run's liveness, last step and devices. The devices' and labels' JSON are written only when they
+        changed: a run of thousands of ranks does not rewrite (or even encode) its list of devices per envelope."""
+        seen = self._run_cache.get(run_id)
+        labels_json = json.dumps(labels) if labels else "{}"
+        if seen is None:
+            row = self.db.execute("SELECT devices, labels, last_step FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is not None:
+                devices = json.loads(row["devices"])
+                seen = _RunSeen(devices, set(devices), row["labels"], row["last_step"])
+        if seen is None:
             self.db.execute(
                 "INSERT INTO runs(run_id, project, labels, devices, first_seen, last_seen, last_step, last_heartbeat,"
                 " last_progress, paused) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                (run_id, project, json.dumps(labels), json.dumps([device]), now, now, step,
+                (run_id, project, labels_json, json.dumps([device]), now, now, step,
                  now if heartbeat else None, now, int(bool(paused))))
-            self._remember_run(run_id, [device], step)
+            self._remember_run(run_id, _RunSeen([device], {device}, labels_json, step))
             return
-        devices, last_step = cached
-        if device not in devices:
-            devices = [*devices, device]
-        progressed = step is not None and (last_step is None or step > last_step)
-        self.db.execute(
-            "UPDATE runs SET labels=?, devices=?, last_seen=?, gone=0,"  # the project stays its creator's
-            " last_step=CASE WHEN ? THEN ? ELSE last_step END,"
-            " last_progress=CASE WHEN ? THEN ? ELSE last_progress END,"
-            " last_heartbeat=CASE WHEN ? THEN ? ELSE last_heartbeat END,"
-            " paused=COALESCE(?, paused) WHERE run_id=?",
-            (json.dumps(labels), json.dumps(devices), now, progressed, step, progressed, now,
-             heartbeat, now, None if paused is None else int(paused), run_id))
-        self._remember_run(run_id, devices, step if progressed else last_step)
+        sets, args = ["last_seen=?, gone=0"], list[Any]([now])  # the project stays its creator's
+        if device not in seen.members:
+            seen.devices = [*seen.devices, device]
+            seen.members.add(device)
+            sets.append("devices=?")
+            args.append(json.dumps(seen.devices))
+        if labels_json != seen.labels:
+            seen.labels = labels_json
+            sets.append("labels=?")
+            args.append(labels_json)
+        if step is not None and (seen.last_step is None or step > seen.last_step):
+            seen.last_step = step
+            sets.append("last_step=?, last_progress=?")
+            args += [step, now]
+        if heartbeat:
+            sets.append("last_heartbeat=?")
+            args.append(now)
+        if paused is not None:
+            sets.append("paused=?")
+            args.append(int(paused))
+        self.db.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id=?", (*args, run_id))  # noqa: S608 - fixed parts
+        self._remember_run(run_id, seen)
 
-    def _remember_run(self, run_id: str, devices: list[str], last_step: int | None) -> None:
-        self._run_cache[run_id] = (devices, last_step)
+    def _remember_run(self, run_id: str, seen: _RunSeen) -> None:
+        self._run_cache[run_id] = seen
         self._run_cache.move_to_end(run_id)
         while len(self._run_cache) > 10_000:
             self._run_cache.popitem(last=False)
