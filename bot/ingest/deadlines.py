@@ -18,6 +18,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_timeout: Any = getattr(asyncio, "timeout", None)  # Python 3.11's asyncio.timeout
 
 
 def runner_args(read_timeout: float) -> dict[str, Any]:
@@ -30,7 +31,11 @@ def read_body(read_timeout: float) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.body_exists and not request.content_type.startswith("multipart/"):
             try:
-                await asyncio.wait_for(request.read(), read_timeout)
+                if _timeout is not None:
+                    async with _timeout(read_timeout):  # a timer, not wait_for's task per request
+                        await request.read()
+                else:  # pragma: no cover - Python 3.10
+                    await asyncio.wait_for(request.read(), read_timeout)
             except asyncio.TimeoutError:
                 raise web.HTTPRequestTimeout(reason=f"the request body did not arrive within {read_timeout:g} s "
                                                     "(bot.read_timeout)") from None
