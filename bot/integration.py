@@ -1,6 +1,7 @@
 """What a chat platform gives the app: one object per platform, and the app assembles a list of them
 (bot/integrations.py). Each platform lives in its own folder under bot/chat/ and imports no other one.
 
+    name, section   the receiver's name in routes, and its bot.yaml section
     receiver(ctx)   the receiver alerts go out through, when routes use it (None: not used here)
     routes(app, ctx) its way in: the HTTP routes its platform calls (signed requests become commands)
     task(ctx)       a background task it runs while the bot runs (Slack's Socket Mode, Matrix's /sync loop),
@@ -55,6 +56,7 @@ class Integration(Protocol):
     """One chat platform, as the app assembles it."""
 
     name: str  # the receiver's name in routes (`receiver: slack`), and the platform's folder
+    section: str  # its section of bot.yaml (a field of BotConfig): `bot.slack`
 
     def receiver(self, ctx: Context) -> Receiver | None: ...
 

@@ -16,6 +16,7 @@ from bot.receivers import Receiver
 
 class DingTalk:
     name = "dingtalk"
+    section = "dingtalk"  # its bot.yaml section, bot.dingtalk (bot/config.py)
 
     def receiver(self, ctx: Context) -> Receiver | None:
         if not ctx.uses(self.name):

@@ -16,6 +16,7 @@ from bot.receivers import Receiver
 
 class Feishu:
     name = "feishu"
+    section = "feishu"  # its bot.yaml section, bot.feishu (bot/config.py)
 
     def receiver(self, ctx: Context) -> Receiver | None:
         if not ctx.uses(self.name):

@@ -13,6 +13,7 @@ from bot.receivers import Receiver
 
 class Matrix:
     name = "matrix"
+    section = "matrix"  # its bot.yaml section, bot.matrix (bot/config.py)
 
     def receiver(self, ctx: Context) -> Receiver | None:
         mx = ctx.cfg.matrix

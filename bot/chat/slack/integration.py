@@ -21,6 +21,7 @@ log = logging.getLogger("msmon.bot")
 
 class Slack:
     name = "slack"
+    section = "slack"  # its bot.yaml section, bot.slack (bot/config.py)
 
     def __init__(self) -> None:
         self.inbound: SlackInbound | None = None

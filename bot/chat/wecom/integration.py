@@ -12,6 +12,7 @@ from bot.receivers import Receiver
 
 class WeCom:
     name = "wecom"
+    section = "wecom"  # its bot.yaml section, bot.wecom (bot/config.py)
 
     def receiver(self, ctx: Context) -> Receiver | None:
         if not ctx.uses(self.name):
