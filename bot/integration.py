@@ -63,3 +63,19 @@ class Integration(Protocol):
     def routes(self, app: web.Application, ctx: Context) -> None: ...
 
     def task(self, ctx: Context) -> Task | None: ...
+
+
+class Platform:
+    """An integration's defaults: no receiver, no way in, no background task; a platform overrides what it has."""
+
+    name = ""
+    section = ""
+
+    def receiver(self, ctx: Context) -> Receiver | None:
+        return None
+
+    def routes(self, app: web.Application, ctx: Context) -> None:
+        return None
+
+    def task(self, ctx: Context) -> Task | None:
+        return None

@@ -10,11 +10,11 @@ from aiohttp import web
 from bot.charts.links import chart_links
 from bot.chat.dingtalk.inbound import add_dingtalk_routes
 from bot.chat.robot import webhook_url
-from bot.integration import Context, Task
+from bot.integration import Context, Platform
 from bot.receivers import Receiver
 
 
-class DingTalk:
+class DingTalk(Platform):
     name = "dingtalk"
     section = "dingtalk"  # its bot.yaml section, bot.dingtalk (bot/config.py)
 
@@ -29,6 +29,3 @@ class DingTalk:
 
     def routes(self, app: web.Application, ctx: Context) -> None:
         add_dingtalk_routes(app, ctx.cfg, ctx.svc, ctx.clock)
-
-    def task(self, ctx: Context) -> Task | None:
-        return None

@@ -10,11 +10,11 @@ from aiohttp import web
 from bot.charts.links import chart_links
 from bot.chat.feishu.inbound import add_feishu_routes
 from bot.chat.robot import webhook_url
-from bot.integration import Context, Task
+from bot.integration import Context, Platform
 from bot.receivers import Receiver
 
 
-class Feishu:
+class Feishu(Platform):
     name = "feishu"
     section = "feishu"  # its bot.yaml section, bot.feishu (bot/config.py)
 
@@ -31,6 +31,3 @@ class Feishu:
 
     def routes(self, app: web.Application, ctx: Context) -> None:
         add_feishu_routes(app, ctx.cfg, ctx.svc, ctx.clock)
-
-    def task(self, ctx: Context) -> Task | None:
-        return None

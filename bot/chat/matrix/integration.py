@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 
-from aiohttp import web
-
-from bot.integration import Context, Task
+from bot.integration import Context, Platform, Task
 from bot.receivers import Receiver
 
 
-class Matrix:
+class Matrix(Platform):
     name = "matrix"
     section = "matrix"  # its bot.yaml section, bot.matrix (bot/config.py)
 
@@ -24,8 +22,6 @@ class Matrix:
         return MatrixReceiver(mx.homeserver, mx.user_id, os.environ.get(mx.token_env, ""), mx.timeout,
                               ctx.cfg.console.charts)
 
-    def routes(self, app: web.Application, ctx: Context) -> None:
-        """None: Matrix is read by the bot's own /sync loop (`task`)."""
 
     def task(self, ctx: Context) -> Task | None:
         mx = ctx.cfg.matrix

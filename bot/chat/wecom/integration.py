@@ -3,14 +3,12 @@ robots take no commands, so it has no way in."""
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from bot.chat.robot import webhook_url
-from bot.integration import Context, Task
+from bot.integration import Context, Platform
 from bot.receivers import Receiver
 
 
-class WeCom:
+class WeCom(Platform):
     name = "wecom"
     section = "wecom"  # its bot.yaml section, bot.wecom (bot/config.py)
 
@@ -20,9 +18,3 @@ class WeCom:
         from bot.chat.wecom.receiver import WeComReceiver
 
         return WeComReceiver(webhook_url(self.name, ctx.cfg.wecom.webhook_env), ctx.clock, ctx.cfg.wecom.timeout)
-
-    def routes(self, app: web.Application, ctx: Context) -> None:
-        """None: a WeCom group robot only posts."""
-
-    def task(self, ctx: Context) -> Task | None:
-        return None
