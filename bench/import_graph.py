@@ -5,7 +5,7 @@
 Prints the module count of msmon, notifier and bot, each `[tool.importlinter]` contract of pyproject.toml
 with KEPT or BROKEN, and every import cycle (a strongly connected component of more than one module in
 grimp's graph, TYPE_CHECKING imports included, as lint-imports sees them). Exits 1 if a contract is broken
-or a cycle exists. tests/unit/test_layout.py asserts the cycle count with `import_cycles` from here.
+or a cycle exists. tests/project/test_layout.py asserts the cycle count with `import_cycles` from here.
 """
 
 from __future__ import annotations

@@ -14,5 +14,5 @@ both share and what runs offline:
 
 Imports go down this list of layers only: cli, demo, offline, then bot and notifier (apart from each
 other), config, then common and core (apart from each other), contract. pyproject.toml's import-linter
-contracts check it (`make lint`); tests/unit/test_layout.py checks what importing each part actually loads.
+contracts check it (`make lint`); tests/project/test_layout.py checks what importing each part actually loads.
 """

@@ -94,6 +94,37 @@ def bot_server() -> Iterator[Any]:
 
 
 @pytest.fixture
+def slack() -> Iterator[Any]:
+    """The local Slack-API-compatible server (tests/fakes/slack_api.py) on loopback."""
+    from tests.fakes.slack_api import SlackAPIServer
+
+    with SlackAPIServer() as s:
+        yield s
+
+
+@pytest.fixture
+def smtp() -> Iterator[Any]:
+    """aiosmtpd on loopback (tests/fakes/smtp.py); imported here, so a module without email tests needs no aiosmtpd."""
+    from tests.fakes.smtp import SMTPServer
+
+    with SMTPServer() as s:
+        yield s
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    """A fresh schema on the real PostgreSQL (tests/fakes/postgres.py), dropped afterwards; skipped with the reason
+    when PostgreSQL does not answer."""
+    from tests.fakes import postgres
+
+    reason = postgres.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with postgres.fresh_schema() as name:
+        yield name
+
+
+@pytest.fixture
 def traces() -> Path:
     if not TRACES.is_dir():
         pytest.skip(f"real traces not found at {TRACES} (they live in ../shared beside the checkout; where they "

@@ -3,7 +3,7 @@
 
 Every key, with its type, default, bounds and meaning, is read from the dataclasses the validator builds configs
 with (their `setting(default, doc, ge=, gt=, le=)` fields and the bounds added with `add_bounds`), so the
-reference says what the code accepts. tests/unit/test_config_reference.py fails when the committed pages and
+reference says what the code accepts. tests/project/test_config_reference.py fails when the committed pages and
 the code differ; after changing a setting, run:
 
     .venv/bin/python tools/config_reference.py          # rewrite the two pages

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _start(tmp_path: Path, env: dict[str, str], commands: str = "") -> tuple[subprocess.Popen[str], str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from bench import backtest_before_after as ba
-from tests.unit.test_backtest import ADAPTIVE, FIXED, MS_TRACES, backtest_json
+from tests.msmon.offline.test_backtest import ADAPTIVE, FIXED, MS_TRACES, backtest_json
 
 KEPT = MS_TRACES / "issue13" / "closing"
 

@@ -129,7 +129,7 @@ def test_the_locks_pin_every_package_with_hashes_and_per_platform_extras() -> No
 
 
 def test_the_checks_above_can_fail(tmp_path: Path) -> None:
-    assert not in_context("tests/unit/test_image.py") and in_context("bot/app.py")
+    assert not in_context("tests/project/test_image.py") and in_context("bot/app.py")
     bad = tmp_path / "x.lock.txt"
     bad.write_text("aiohttp>=3\n")
     assert re.match(r"^([A-Za-z0-9_.\-]+)==\S+", bad.read_text()) is None

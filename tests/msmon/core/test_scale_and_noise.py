@@ -15,7 +15,7 @@ from msmon.offline.readers import Row
 from msmon.offline.replay import replay, replay_monitor
 from notifier import Monitor
 from tests.fakes.helpers import FakeClock, config
-from tests.unit.test_detectors import mk
+from tests.msmon.core.test_detectors import mk
 
 
 def firing(events, rule):

@@ -97,7 +97,7 @@ def test_the_shipped_bot_configs_listen_on_loopback(name: str, monkeypatch: pyte
 def test_git_and_docker_ignore_what_they_should() -> None:
     gitignore = (ROOT / ".gitignore").read_text().split()
     assert "msmon-bot.sqlite*" in gitignore and "*.sqlite-wal" in gitignore and "*.sqlite-shm" in gitignore
-    from tests.unit.test_image import in_context  # .dockerignore's allow-list, read as Docker reads it
+    from tests.project.test_image import in_context  # .dockerignore's allow-list, read as Docker reads it
 
     assert not any(in_context(p) for p in (".venv/bin/python", ".git/HEAD", "demo-out/charts/a.png"))
     dockerfile = (ROOT / "Dockerfile").read_text()
