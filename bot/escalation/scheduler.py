@@ -106,6 +106,9 @@ class Escalator:
         # (run, rule, who, now) after an email link acknowledged a firing alert: bot/app.py tells the job
         # through the command service, as for an ack typed in chat
         self.on_ack: Callable[[str, str, str, float], object] | None = None
+        # esc id -> (its row's state, its alert's, when its next step falls due) as the last pass left them: a pass
+        # passes over an escalation that nothing changed for and nothing fell due (no claim, no read of its event)
+        self._settled: dict[int, tuple[Any, ...]] = {}
         self.steps = Counter("msmon_escalation_steps_total", "escalation steps taken, by receiver (and the acks and "
                              "resolutions that closed one)", ["how"], registry=state.metrics.registry)
 
@@ -177,11 +180,23 @@ class Escalator:
                 return 0  # nothing open and no route escalates: the firing alerts are not read at all
             groups = self._groups()
             self._start_new(groups, now)
+            quiet = not self.store.silences(now)  # a silence can pause or resume any escalation as time passes
+            settled, self._settled = self._settled, {}
             for row in self.store.escalations.open():
+                g = groups.get((row["run_id"], row["rule"]))
+                mark = (row["next_step"], row["paused_at"], row["shift"], g.severity if g else None,
+                        g.acked_by if g else None)
+                last = settled.get(row["id"])
+                if quiet and last is not None and last[:-1] == mark and (last[-1] is None or last[-1] > now):
+                    self._settled[row["id"]] = last
+                    continue
                 policy = self.cfg.escalations.get(row["policy"])
                 if policy is None or not self.store.escalations.claim(row["id"], self.owner, now, LEASE):
                     continue
-                taken += self._act(row, policy, groups.get((row["run_id"], row["rule"])), now)
+                acted = self._act(row, policy, g, now)
+                taken += acted[0]
+                if quiet and acted[1] is not None:
+                    self._settled[row["id"]] = (*acted[1], acted[2])
         if taken:
             self.state.wake_outbox()
         return taken
@@ -240,17 +255,21 @@ class Escalator:
             log.info("msmon bot: escalation %d started for %s of run %s (policy %s)", esc_id, g.rule, g.run_id,
                      route.escalation)
 
-    def _act(self, row: dict[str, Any], policy: EscalationPolicy, g: Group | None, now: float) -> int:
+    def _act(self, row: dict[str, Any], policy: EscalationPolicy, g: Group | None, now: float
+             ) -> tuple[int, tuple[Any, ...] | None, float | None]:
+        """(steps taken, the escalation's row and alert as this leaves them, when its next step falls due): the
+        second None when the next pass must look at it again."""
         esc = _escalation(row)
         firing = g is not None and g.severity in policy.severities
         ev = self._lead(esc.run_id, esc.rule) if firing else None
         if firing and ev is None:
-            return 0  # its event does not decode (logged): no step is taken, none is skipped
+            return 0, None, None  # its event does not decode (logged): no step is taken, none is skipped
         silenced = ev is not None and any(s.matches(ev, now) for s in self.store.silences(now))
         d = decide(esc, policy, AlertNow(firing, g.acked_by if g else None, silenced), now)
         new = d.escalation
+        alert = (g.severity if g else None, g.acked_by if g else None)
         if not d.changed and new == esc:
-            return 0
+            return 0, (row["next_step"], row["paused_at"], row["shift"], *alert), d.next_at
         if new.state != "active":
             who = [g.acked_by] if new.state == "acked" and g and g.acked_by else []
             self.store.escalations.record_step(esc.id, new.next_step, -1, -1, now, new.state, who,
@@ -265,7 +284,8 @@ class Escalator:
                                     shift=new.shift, acked_by=g.acked_by if g and new.state == "acked" else None,
                                     closed_at=now if new.state != "active" else None)
         self._plan(esc.id, d.next_at)
-        return len(d.steps)
+        kept = (new.next_step, new.paused_at, new.shift, *alert) if new.state == "active" else None
+        return len(d.steps), kept, d.next_at
 
     # -- a step's messages ---------------------------------------------------------------------------
 
