@@ -15,7 +15,7 @@ Items and their classes (the names the envelope's `dropped` counts use):
 | WARNING event, resolved       | `resolutions` | mid  | same, dropped only after every firing   |
 | metric sample                 | `samples`     | low  | same, dropped first                     |
 
-Guarantees (tests/unit/test_sendq.py checks them for any sequence of inputs):
+Guarantees (tests/notifier/transport/test_sendq.py checks them for any sequence of inputs):
 
 * an item leaves the queue only when the bot accepted it (`accepted`), or as a counted drop, or as a
   dead letter the bot refused on its own (never for a fault of the network or of the answer);
