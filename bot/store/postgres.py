@@ -264,6 +264,7 @@ class PostgresStore(Store):
         self.escalations = EscalationLog(self.db)
         self.attempts = AttemptLog(self.db)
         self._run_cache = OrderedDict()  # not used: touch_run reads nothing
+        self._projects = OrderedDict()  # not used: project_of reads each time (another replica may prune a run)
         self._silence_cache = None
 
     @staticmethod

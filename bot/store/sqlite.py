@@ -94,6 +94,9 @@ class Store:
         # a rolled-back transaction drops them (they are read again).
         # run -> what its row holds (devices, their set, labels' JSON, last step): an envelope writes only what changed
         self._run_cache: OrderedDict[str, _RunSeen] = OrderedDict()
+        # run -> its project, which never changes while the row lives (the project stays its creator's): every job
+        # request asks it (project_of), so a known run's costs no read
+        self._projects: OrderedDict[str, str] = OrderedDict()
         self._silence_cache: list[Silence] | None = None
 
     def close(self) -> None:
@@ -145,6 +148,7 @@ class Store:
 
     def _forget(self) -> None:
         self._run_cache.clear()
+        self._projects = OrderedDict()
         self._silence_cache = None
 
     # -- runs -----------------------------------------------------------------------------------
@@ -216,9 +220,21 @@ class Store:
         return [self._run(r, self.attempts.latest(r["run_id"])) for r in rows]
 
     def project_of(self, run_id: str) -> str | None:
-        """The project of a run (None: no such run): what every job request checks, in one read."""
+        """The project of a run (None: no such run): what every job request checks, in one read (none for a run
+        this store has read or written lately)."""
+        known = None if self.shared else self._projects.get(run_id)  # replicas: another may have pruned it
+        if known is not None:
+            return known
         r = self.db.execute("SELECT project FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        return None if r is None else str(r["project"])
+        if r is None:
+            return None
+        project = str(r["project"])
+        if self.shared:
+            return project
+        self._projects[run_id] = project
+        while len(self._projects) > 10_000:
+            self._projects.popitem(last=False)
+        return project
 
     def run(self, run_id: str) -> RunRow | None:
         r = self.db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
@@ -272,6 +288,7 @@ class Store:
                 self.db.execute("DELETE FROM messages WHERE substr(key, 1, length(?) + 1) = ? || '|'",
                                 (run_id, run_id))
                 self._run_cache.pop(run_id, None)
+                self._projects.pop(run_id, None)
         return ids
 
     # -- alerts and what was sent for them (the notification log) -------------------------------
