@@ -38,12 +38,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bot.config import RanksConfig  # noqa: E402
 from bot.ranks import check  # noqa: E402
 from bot.ranks.view import RankViews  # noqa: E402
-from msmon.contract.wire import Envelope, Heartbeat, Sample, encode  # noqa: E402
+from msmon.contract.wire import Envelope, Heartbeat, Poll, Sample, encode  # noqa: E402
 
 TOKEN = "bench-token"
 RUN = "bench-ranks"
 SLOW_RANK = 17
 HISTORY, CHECKS = 4, 2
+POLL_WAIT = 20.0  # BotTransport's poll_wait
 
 
 def _free_port() -> int:
@@ -52,55 +53,112 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _envelope(rank: int, step: int, step_time: float) -> bytes:
+def _envelope(rank: int, step: int, step_time: float, heartbeat: bool = True) -> bytes:
     now = time.time()
     return encode(Envelope(run_id=RUN, device=str(rank), sent_at=now, rank=rank, host=f"node-{rank // 8}",
                            samples=[Sample(run_id=RUN, device=str(rank), step=step, time=now,
                                            loss=2.0 + 0.001 * (rank % 7), grad_norm=1.0, local_grad_norm=1.0,
                                            step_time=step_time, samples_per_s=32 / step_time)],
-                           heartbeats=[Heartbeat(run_id=RUN, device=str(rank), time=now, step=step)]))
+                           heartbeats=[Heartbeat(run_id=RUN, device=str(rank), time=now, step=step)] if heartbeat
+                           else []))
 
 
-def _client(url: str, ranks: range, seconds: float, slow_at: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    """Ranks `ranks`, each posting once a round; a round starts every second, or when the last one ended if it
-    took longer (no catch-up burst)."""
+def _heartbeat(rank: int, step: int) -> bytes:
+    return encode(Heartbeat(run_id=RUN, device=str(rank), time=time.time(), step=step, rank=rank,
+                            host=f"node-{rank // 8}"))
+
+
+def _poll(rank: int) -> bytes:
+    return encode(Poll(run_id=RUN, device=str(rank), wait=POLL_WAIT))
+
+
+# What a rank's BotTransport sends (notifier/transport.py), per pattern:
+#   transport - now: kept-alive connections (one per thread: sender, heartbeat, poll), an envelope a second, a
+#               heartbeat in every third envelope (due within two flushes of its 5 s), a long poll held open
+#   old       - before: the same with a new connection per request and every heartbeat a request of its own
+#   bench     - what this bench did before: kept-alive, a heartbeat in every envelope, no long polls, 32 in flight
+PATTERNS = ("transport", "old", "bench")
+
+
+def _client(url: str, ranks: range, seconds: float, slow_at: float, out: multiprocessing.Queue,  # type: ignore[type-arg]
+            pattern: str = "transport") -> None:
+    """Ranks `ranks`, each as its own job would: an envelope a second on its own timer (a late one goes at once, no
+    catch-up burst), heartbeats and long polls as `pattern` says."""
     import resource
 
     import aiohttp
 
+    base = url.rsplit("/v1/", 1)[0]
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
     async def run() -> None:
-        sent = ok = 0
+        sent = ok = beats = polls = 0
         slow_sends: list[float] = []
+        rtts: list[float] = []
         rounds: list[float] = []
-        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-        sem = asyncio.Semaphore(32)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as http:
-            async def one(rank: int, step: int, st: float) -> None:
-                nonlocal ok
-                async with sem:
-                    try:
-                        async with http.post(url, data=_envelope(rank, step, st), headers=headers) as r:
-                            await r.read()
-                            ok += r.status == 202
-                    except aiohttp.ClientError:
-                        pass
+        stop = time.time() + seconds
+        fresh = pattern == "old"  # a new connection per request
+        sem = asyncio.Semaphore(32 if pattern == "bench" else 1 << 30)
+        conn = aiohttp.TCPConnector(limit=0, force_close=fresh)
+        async with aiohttp.ClientSession(connector=conn) as http:
+            async def post(path: str, body: bytes, timeout: float = 30.0) -> int:
+                try:
+                    async with http.post(base + path, data=body, headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                        await r.read()
+                        return r.status
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    return 0
+
+            async def sender(rank: int) -> None:
+                nonlocal sent, ok
+                k = 0
+                t0 = time.time() + (rank % 1000) / 1000  # the ranks' clocks are not in step
+                await asyncio.sleep(max(t0 - time.time(), 0))
+                while time.time() < stop:
+                    start = time.time()
+                    slow = start - (stop - seconds) >= slow_at
+                    st = 0.5 if slow and rank == SLOW_RANK else 0.1
+                    folded = pattern == "bench" or (pattern == "transport" and k % 3 == 2)
+                    async with sem:
+                        status = await post("/v1/ingest", _envelope(rank, 10 * k, st, heartbeat=folded))
+                    rtts.append(time.time() - start)
+                    sent += 1
+                    ok += status == 202
                     if st > 0.2:
                         slow_sends.append(time.time())
-            t0 = time.time()
-            k = 0
-            while time.time() - t0 < seconds:
-                start = time.time()
-                slow = start - t0 >= slow_at
-                await asyncio.gather(*(one(r, 10 * k, 0.5 if slow and r == SLOW_RANK else 0.1) for r in ranks))
-                sent += len(ranks)
-                rounds.append(time.time() - start)
-                k += 1
-                wait = start + 1.0 - time.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
+                    k += 1
+                    await asyncio.sleep(max(t0 + k - time.time(), 0))
+
+            async def beater(rank: int) -> None:
+                nonlocal beats
+                await asyncio.sleep(5.0 + (rank % 1000) / 200)
+                while time.time() < stop:
+                    await post("/v1/heartbeat", _heartbeat(rank, 0))
+                    beats += 1
+                    await asyncio.sleep(5.0)
+
+            async def poller(rank: int) -> None:
+                nonlocal polls
+                while time.time() < stop:
+                    polls += 1
+                    status = await post("/v1/commands/poll", _poll(rank), POLL_WAIT + 10)
+                    if status != 200:
+                        await asyncio.sleep(1.0)
+
+            tasks = [asyncio.ensure_future(sender(r)) for r in ranks]
+            if pattern == "old":
+                tasks += [asyncio.ensure_future(beater(r)) for r in ranks]
+            side = [asyncio.ensure_future(poller(r)) for r in ranks] if pattern != "bench" else []
+            t_start = time.time()
+            await asyncio.gather(*tasks)
+            for t in side:
+                t.cancel()
+            await asyncio.gather(*side, return_exceptions=True)
             ru = resource.getrusage(resource.RUSAGE_SELF)
-            out.put({"sent": sent, "ok": ok, "elapsed": time.time() - t0, "slow_sends": slow_sends,
-                     "rounds": rounds, "cpu": ru.ru_utime + ru.ru_stime})
+            rounds.append(time.time() - t_start)
+            out.put({"sent": sent, "ok": ok, "elapsed": seconds, "slow_sends": slow_sends, "rtts": rtts,
+                     "rounds": rounds, "beats": beats, "polls": polls, "cpu": ru.ru_utime + ru.ru_stime})
 
     asyncio.run(run())
 
@@ -109,6 +167,20 @@ def _proc_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _sched(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of every thread of `pid`, from
+    /proc/<pid>/task/*/schedstat: where a process that is not busy spends the time it is not idle."""
+    run = wait = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                ran, waited, _ = (int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            continue
+        run, wait = run + ran, wait + waited
+    return run / 1e9, wait / 1e9
 
 
 def _proc_rss_mb(pid: int) -> float:
@@ -151,6 +223,10 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=float(os.environ.get("MSMON_BENCH_SECONDS", "180")))
     ap.add_argument("--clients", type=int, default=2, help="client processes the ranks are spread over")
+    ap.add_argument("--profile", metavar="FILE", help="run the bot under cProfile, its stats written to FILE")
+    ap.add_argument("--pattern", choices=PATTERNS, default="transport",
+                    help="what each rank sends: as the transport does now (default), as it did before (old), or as "
+                         "this bench did before (bench)")
     args = ap.parse_args()
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,8 +238,11 @@ def main() -> None:
                     f"  ranks: {{period: 1.0, history: {HISTORY}, straggler_checks: {CHECKS}, max_ranks: 100000}}\n")
         env = {**os.environ, "BENCH_TOKEN": TOKEN, "PYTHONPATH": os.path.dirname(os.path.dirname(
             os.path.abspath(__file__)))}
-        bot = subprocess.Popen([sys.executable, "-c", f"import sys; from bot.server import serve; "
-                                f"sys.exit(serve({cfg_path!r}))"], env=env, stdout=subprocess.PIPE,
+        code = f"import sys; from bot.server import serve; sys.exit(serve({cfg_path!r}))"
+        if args.profile:
+            code = (f"import cProfile, sys; from bot.server import serve; p = cProfile.Profile(); p.enable(); "
+                    f"serve({cfg_path!r}); p.disable(); p.dump_stats({os.path.abspath(args.profile)!r})")
+        bot = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
         decided: list[float] = []
 
@@ -182,19 +261,23 @@ def main() -> None:
             except OSError:
                 time.sleep(0.1)
         cpu0, t0 = _proc_cpu(bot.pid), time.time()
+        sched0 = _sched(bot.pid)
         q: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
         parts = [range(i, args.ranks, args.clients) for i in range(args.clients)]
-        clients = [multiprocessing.Process(target=_client, args=(url, part, args.seconds, args.seconds / 2, q))
-                   for part in parts]
+        clients = [multiprocessing.Process(target=_client, args=(url, part, args.seconds, args.seconds / 2, q,
+                                                                 args.pattern)) for part in parts]
         for c in clients:
             c.start()
         got = [q.get(timeout=args.seconds + 900) for _ in clients]
         for c in clients:
             c.join()
+        bot_cpu_s = _proc_cpu(bot.pid) - cpu0
+        bot_wall = time.time() - t0
+        ran, waited = (b - a for a, b in zip(sched0, _sched(bot.pid), strict=True))
         res = {"sent": sum(g["sent"] for g in got), "ok": sum(g["ok"] for g in got),
                "elapsed": max(g["elapsed"] for g in got), "slow_sends": sum((g["slow_sends"] for g in got), []),
-               "rounds": sorted(r for g in got for r in g["rounds"]), "cpu": sum(g["cpu"] for g in got)}
-        bot_cpu_s = _proc_cpu(bot.pid) - cpu0
+               "rtts": sorted(r for g in got for r in g["rtts"]), "beats": sum(g["beats"] for g in got),
+               "polls": sum(g["polls"] for g in got), "cpu": sum(g["cpu"] for g in got)}
         time.sleep(3 * 1.0 + 1)  # the last checks
         cpu = (_proc_cpu(bot.pid) - cpu0) / (time.time() - t0) * 100
         rss = _proc_rss_mb(bot.pid)
@@ -202,17 +285,24 @@ def main() -> None:
         bot.wait(30)
     offered = args.ranks
     rate = res["ok"] / res["elapsed"]
-    rounds = res["rounds"]
-    late = sum(1 for r in rounds if r > 1.0)
-    print(f"ranks {args.ranks} in {args.clients} client processes, {res['elapsed']:.0f} s (offered {offered:,}/s); "
-          f"accepted {res['ok']:,} of {res['sent']:,} envelopes = {rate:,.0f}/s "
-          f"({'keeps up' if rate >= 0.98 * offered else 'falls behind'})")
-    print(f"a round (each client's ranks post once) took median {rounds[len(rounds) // 2]:.2f} s, p99 "
-          f"{rounds[min(len(rounds) - 1, int(0.99 * len(rounds)))]:.2f} s; {late} of {len(rounds)} over their 1 s")
-    print(f"bot process: CPU {cpu:.0f}% of one core ({bot_cpu_s / max(res['ok'], 1) * 1e6:.0f} us a envelope: "
-          f"one core would take about {res['ok'] / max(bot_cpu_s, 1e-9):,.0f} envelopes/s), RSS {rss:.0f} MB at the "
-          f"end; the clients used {res['cpu'] / res['elapsed'] * 100:.0f}% of a core; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    rtts = res["rtts"]
+    per_env = bot_cpu_s / max(res["ok"], 1)
+    print(f"pattern {args.pattern}: ranks {args.ranks} in {args.clients} client processes, {res['elapsed']:.0f} s "
+          f"(offered {offered:,} envelopes/s); accepted {res['ok']:,} of {res['sent']:,} = {rate:,.0f}/s "
+          f"({'keeps up' if rate >= 0.98 * offered else 'falls behind'}); besides: {res['beats']:,} heartbeat "
+          f"requests, {res['polls']:,} long polls")
+    print(f"an envelope's POST -> 202: median {rtts[len(rtts) // 2] * 1e3:.0f} ms, p99 "
+          f"{rtts[min(len(rtts) - 1, int(0.99 * len(rtts)))] * 1e3:.0f} ms")
+    print(f"bot process: CPU {cpu:.0f}% of one core; {per_env * 1e6:.0f} us of bot CPU per envelope (everything the "
+          f"ranks sent, heartbeats and polls included, over the envelopes: one core would take about "
+          f"{1 / max(per_env, 1e-9):,.0f} envelopes/s with this pattern), "
+          f"{bot_cpu_s / bot_wall / args.ranks * 1e6:.0f} us of bot CPU per rank per second; RSS {rss:.0f} MB at the "
+          f"end; the clients used "
+          f"{res['cpu'] / res['elapsed'] * 100:.0f}% of a core; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores")
+    print(f"where the bot's time went: {ran / bot_wall * 100:.0f}% of the run on a CPU, {waited / bot_wall * 100:.0f}% "
+          f"runnable but waiting for a CPU (the run queue: other processes on these {os.cpu_count()} cores), the "
+          f"rest idle or blocked")
     slow = sorted(res["slow_sends"])
     if decided and slow:
         tip = slow[min(len(slow), math.ceil(HISTORY / 2)) - 1]

@@ -43,11 +43,16 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def check(views: RankViews, settings: RanksConfig, now: float) -> list[Event]:
-    """One check of every run's ranks: the events to raise (usually none)."""
+def check(views: RankViews, settings: RanksConfig, now: float, since: float | None = None) -> list[Event]:
+    """One check of the runs' ranks: the events to raise (usually none). With `since` (the previous check), only
+    the runs heard from since then and those with an alert firing: a run none of whose ranks said anything has
+    nothing new to compare (a rank missing is one silent while the others go on; a whole job gone silent is the
+    watchdog's job_gone), so a check costs the runs that reported, not every run kept."""
     ctx = Check(now, settings)
     out: list[Event] = []
     for run in list(views.runs.values()):
+        if since is not None and run.heard < since and not run.firing:
+            continue
         if len(run.members) >= settings.min_ranks or run.firing:
             out += track(RULES, ctx, run)
     return out

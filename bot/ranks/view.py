@@ -137,6 +137,7 @@ class RunRanks:
         # (host, device) -> rank key: a heartbeat posted on its own names its device and host, not its rank
         # (device ids repeat across hosts); (None, device) for the first rank seen with that device
         self.by_device: dict[tuple[str | None, str], str] = {}
+        self.heard = float("-inf")  # when one of its ranks was last heard from: a check passes over a quiet run
 
     def procs(self) -> frozenset[str]:
         """Every process this run's view has seen (its ranks' current and earlier ones, earlier attempts')."""
@@ -234,6 +235,7 @@ class RankViews:
         assert run is not None
         if env.proc and env.proc in run.retired:
             return  # late, from a process of an earlier attempt
+        run.heard = now
         for s in env.samples:
             m = run.member(env.rank if s.device == env.device else None, s.device, env.host)
             if m is not None and on_message(m.life, now, proc=env.proc)[-1] is not RankInput.STALE:
@@ -251,6 +253,7 @@ class RankViews:
         assert run is not None
         if hb.proc and hb.proc in run.retired:
             return  # late, from a process of an earlier attempt
+        run.heard = now
         run.world = hb.world or run.world
         if hb.rank is not None:
             m = run.member(hb.rank, hb.device, hb.host)

@@ -27,12 +27,14 @@ class RankWatch:
         self.views, self.settings, self.emit, self.run_of = views, settings, emit, run_of
         self.clock, self.wake = clock, wake
         self.failed = 0  # events the ingest refused (retried at the next check)
+        self.checked: float | None = None  # the previous check: the next looks at the runs heard from since
 
     def check(self) -> int:
         """One check; how many events were queued for delivery."""
         now = self.clock()
         queued = 0
-        for ev in check(self.views, self.settings, now):
+        since, self.checked = self.checked, now
+        for ev in check(self.views, self.settings, now, since):
             run = self.run_of(ev.run_id)
             project, labels = (run["project"], dict(run["labels"])) if run else ("default", {})
             rank = self.views.rank_of(ev.run_id, ev.device)
@@ -42,6 +44,7 @@ class RankWatch:
                 queued += self.emit(ev, project, labels, now, rank)
             except Exception:  # noqa: BLE001 - a refused write: the rules raise it again next check
                 self.failed += 1
+                self.checked = None  # the next check looks at every run again: this one's quiet or not
                 log.exception("msmon bot: run %s: the %s event of rank %s could not be recorded; trying again in "
                               "%.0f s", ev.run_id, ev.rule, ev.device, self.settings.period)
                 self._undo(ev)
