@@ -9,9 +9,10 @@ each one by what the rules said about its step:
 - an alert at step A makes every checkpoint from step A - `suspect_steps` on *unhealthy*, pending or not;
 - a rewind to step C drops every checkpoint after C: they belong to the abandoned attempt.
 
-`choose` picks the checkpoint a rewind loads (the newest healthy one at or before a step, or before an alert)
-or says why there is none. Eviction keeps the `keep` newest and never the newest healthy one: a long stretch of
-unhealthy checkpoints cannot push out the last good one.
+`choose` picks the checkpoint a rewind loads (the newest healthy one at or before a step; before an alert, the
+newest healthy or pending one at least suspect_steps + 1 steps before it) or says why there is none. Eviction
+keeps the `keep` newest and never the newest healthy one: a long stretch of unhealthy checkpoints cannot push
+out the last good one.
 
 `RewindBudget` bounds rewinds per run (how many, how often, counted in steps trained so that every rank of
 a data-parallel run decides the same); an automatic rewind over the budget is refused and escalated instead.
@@ -173,6 +174,10 @@ class Ring:
             bounds.append(before - self.policy.suspect_steps - 1)
         limit = min(bounds) if bounds else None
         found = self.newest(Health.HEALTHY, limit)
+        if before is not None:  # before an alert: a pending one old enough counts (that alert is the only one since)
+            pending = self.newest(Health.PENDING, limit)
+            if pending is not None and (found is None or pending.step > found.step):
+                found = pending
         if found is not None:
             return found
         where = "" if limit is None else f" at or before step {limit}"
