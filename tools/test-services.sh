@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the tests need beyond Python packages, installed or started when absent; `make test` runs this first.
-#   - Debian's Prometheus and Alertmanager (tests/integration/test_prometheus.py, test_alertmanager.py);
+#   - Debian's Prometheus and Alertmanager (tests/bot/test_metrics_prometheus.py, tests/bot/receivers/alertmanager/);
 #   - Debian's Chromium for the web console's browser tests (Playwright drives /usr/bin/chromium);
 #   - PostgreSQL (the shared store) and NATS with JetStream (the fleet transport) on loopback, started
 #     with the machine's own commands when they are installed but down.

@@ -20,7 +20,7 @@ Stages do no I/O: the clock's reading and the settings come in the context, and 
 change is the context's (inhibit marks the run's firing ERROR, rate_limit takes tokens); SQLite,
 receivers and the clock itself stay in bot/ingest/envelope.py,
 bot/delivery/worker.py and bot/store/sqlite.py. Each stage's
-decision lives in its own module, tested on its own (tests/unit/test_pipeline.py).
+decision lives in its own module, tested on its own (tests/bot/pipeline/test_stages.py).
 """
 
 from __future__ import annotations

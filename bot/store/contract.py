@@ -2,7 +2,7 @@
 
 Two implementations conform: `bot.store.Store` (SQLite, the embedded default: one process, one file)
 and `bot.stores.postgres.PostgresStore` (one PostgreSQL database, several replicas). One test suite
-(tests/unit/test_store_contract.py) runs against both. What several replicas need beyond one process:
+(tests/bot/store/test_store_contract.py) runs against both. What several replicas need beyond one process:
 
 - `shared`: True when other processes write the same state, so no in-memory copy may decide alone
   (the alert index reads rows under `lock_run` instead);

@@ -1,5 +1,5 @@
 """The delivery worker's step for a group (bot/delivery/plan.py): pure, so every case is checked here and
-the worker only carries it out (tests/integration/test_delivery_faults.py and the receivers' tests drive it)."""
+the worker only carries it out (tests/bot/delivery/test_faults.py and the receivers' tests drive it)."""
 
 from __future__ import annotations
 

@@ -194,8 +194,8 @@ def test_console_charts_stay_in_their_folder_and_job_text_cannot_drive_the_termi
 
 def test_a_commands_result_note_carrying_job_text_cannot_mention_in_slack(tmp_path, slack, env, monkeypatch,
                                                                           bot_server):
+    from tests.bot.commands import test_commands as tc
     from tests.fakes.slack_signing import SECRET, slash
-    from tests.integration import test_commands as tc
 
     monkeypatch.setenv("SLACK_SIGNING_SECRET", SECRET)
     monkeypatch.setenv("MSMON_OPERATOR", "operator-token")

@@ -19,12 +19,12 @@ import pytest
 
 from msmon.contract.wire import Envelope, Event, Heartbeat, Sample, Severity, Status, encode
 from notifier.transport import BotTransport
+from tests.bot.test_project_isolation import A as TOKEN
+from tests.bot.test_project_isolation import B as VISION
+from tests.bot.test_project_isolation import env  # noqa: F401 - the job, vision, operator and Slack tokens
 from tests.fakes.bot_server import wait_for
 from tests.fakes.process import terminate
 from tests.fakes.recording_bot import RecordingBot
-from tests.integration.test_isolation import A as TOKEN
-from tests.integration.test_isolation import B as VISION
-from tests.integration.test_isolation import env  # noqa: F401 - the job, vision, operator and Slack tokens
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.usefixtures("env")
@@ -195,7 +195,7 @@ def test_a_killed_rank_stays_missing_when_the_others_finish(tmp_path, slack, bot
     bot = bot_server(config(tmp_path, slack))
     stop = tmp_path / "stop"
     procs = [subprocess.Popen([sys.executable, "-c", RANK_JOB, bot.url, "dp-4", str(r), "4", str(stop)],
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}, start_new_session=True)
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}, start_new_session=True)
              for r in range(4)]
     try:
         assert wait_for(lambda: (v := run_view(bot, "dp-4")) is not None and len(v["devices"]) == 4, timeout=30)
@@ -374,7 +374,7 @@ def test_a_job_resumed_after_it_was_gone_is_a_new_attempt_whose_gone_alert_close
 
     def start() -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-c", RANK_JOB, bot.url, "resumed", "0", "1", str(stop)],
-                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])},
                                 start_new_session=True)
     procs = [start()]
     try:

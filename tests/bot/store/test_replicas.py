@@ -140,7 +140,7 @@ def test_a_replica_killed_while_delivering_leaves_its_rows_to_the_other_after_th
 
 
 def test_a_command_on_replica_a_reaches_a_job_long_polling_replica_b_and_its_result_comes_back(tmp_path, schema):
-    from tests.integration import test_commands as tc
+    from tests.bot.commands import test_commands as tc
 
     with SlackAPIServer() as slack:
         a = replica(tmp_path, "a", schema, slack.base_url)

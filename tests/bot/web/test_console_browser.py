@@ -228,5 +228,5 @@ def test_the_console_shows_a_real_job_live_and_pauses_it(bot, tmp_path, artifact
     assert not [p for p in problems if "Content Security Policy" in p or "Refused" in p], problems
     assert (artifacts / "console.png").stat().st_size > 10_000
     if os.environ.get("MSMON_UPDATE_SCREENSHOT"):  # refresh the README's picture: MSMON_UPDATE_SCREENSHOT=1
-        shutil.copy(artifacts / "console.png", Path(__file__).resolve().parents[2] / "docs" / "console.png")
+        shutil.copy(artifacts / "console.png", Path(__file__).resolve().parents[3] / "docs" / "console.png")
     assert not math.isnan(sum(v for s, v in job.losses.items() if s < alert["first_step"] - 4))

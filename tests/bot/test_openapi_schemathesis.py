@@ -102,9 +102,9 @@ def test_a_store_that_fails_answers_the_job_routes_with_the_spec_s_503_and_its_r
     from schemathesis.specs.openapi.checks import response_headers_conformance
 
     from msmon.contract.wire import ActionRequest, Heartbeat, Poll, Severity, encode
+    from tests.bot.store.test_store_contract import CutProxy
     from tests.fakes import postgres
     from tests.fakes.records import envelope, event
-    from tests.unit.test_store_contract import CutProxy
 
     if (reason := postgres.unavailable()) is not None:
         pytest.skip(reason)

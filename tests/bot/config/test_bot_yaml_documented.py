@@ -12,7 +12,7 @@ import yaml
 
 from bot.config import BotConfig, load_bot_config
 
-BOT_YAML = Path(__file__).resolve().parents[2] / "config" / "bot.yaml"
+BOT_YAML = Path(__file__).resolve().parents[3] / "config" / "bot.yaml"
 
 
 def _sections(cls: type, value: Any, prefix: str) -> dict[str, set[str]]:
