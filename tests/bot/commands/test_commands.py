@@ -1,6 +1,6 @@
 """Chat commands through the real bot on loopback: signed Slack requests, `msmon cmd`'s API, the
 jobs' long poll and their answers, permissions and the audit log. The job side here is plain HTTP
-with the real wire schema; tests/integration/test_chatops_e2e.py runs the same path with real MindSpore training."""
+with the real wire schema; tests/e2e/test_chatops.py runs the same path with real MindSpore training."""
 
 from __future__ import annotations
 

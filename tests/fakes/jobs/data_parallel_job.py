@@ -4,7 +4,7 @@ Environment: MSMON_BOT_URL, MSMON_JOB_TOKEN, MSMON_CKPT_DIR, MSMON_SPOOL_DIR. Tr
 regression with gradients averaged across ranks; every step is a collective, so a command applied
 on one rank only would hang the other.
 
-Knobs (tests/integration/test_rank_actions.py): MSMON_DP_ACTIONS, monitor_config `actions:` as JSON (an
+Knobs (tests/e2e/test_rank_actions.py): MSMON_DP_ACTIONS, monitor_config `actions:` as JSON (an
 empty MSMON_BOT_URL: no bot at all); MSMON_DP_SPIKE=RANK:STEP:COUNT, that rank's labels shifted by 3 for
 COUNT steps from STEP (a bad shard: a loss spike on that rank only); MSMON_DP_CSV, a folder for each rank's
 CSV of samples (`dp-run-<rank>.csv`)."""

@@ -1,5 +1,5 @@
 """A data-parallel MindSpore job on the CPU (started by msrun) whose ranks misbehave on request, for the
-bot's cross-rank rules (tests/integration/test_ranks_msrun.py).
+bot's cross-rank rules (tests/e2e/test_ranks_msrun.py).
 
 Environment: MSMON_BOT_URL, MSMON_JOB_TOKEN, MSMON_SPOOL_DIR (as tests/fakes/jobs/data_parallel_job.py),
 and the knobs:

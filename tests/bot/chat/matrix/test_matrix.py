@@ -71,8 +71,8 @@ def job_config(bot: BotServer, tmp_path: Any) -> dict[str, Any]:
 def test_alert_with_chart_and_commands_in_a_real_homeserver(homeserver, tmp_path, monkeypatch, bot_server):
     ms = pytest.importorskip("mindspore")
     from notifier.mindspore import MonitorCallback
+    from tests.e2e.test_chatops import Pace, command_done
     from tests.fakes.ms_helpers import dataset, model, regression_data
-    from tests.integration.test_chatops_e2e import Pace, command_done
 
     hs, users, room = homeserver
     alice, mallory, me = users["alice"], users["mallory"], users["msmon"].user_id
