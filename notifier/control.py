@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -490,14 +491,16 @@ class JobControl:
             if tr is not None:
                 tr.progress(step, paused=False)
             return self._result(step, req, True, o.detail, None, planned=False)
+        handler = HANDLERS[req.action]
+        try:
+            inspect.signature(handler).bind(self, step, run_context, **req.params)
+        except TypeError as exc:  # parameters the handler does not take, or one missing (a hand-made command)
+            return self._result(step, req, False, f"{req.action}: {exc}", None)
         self._req = req
         try:
-            detail, path = HANDLERS[req.action](self, step, run_context, **req.params)
+            detail, path = handler(self, step, run_context, **req.params)
         except Moot as exc:
             return self._result(step, req, True, str(exc), None, applied=False)
-        except TypeError as exc:  # parameters the handler does not take (a hand-made command)
-            return self._result(step, req, False, f"{req.action} was given parameters it does not take: {exc}",
-                                None)
         except Exception as exc:  # noqa: BLE001 - an action must not take training down
             return self._result(step, req, False, f"{type(exc).__name__}: {exc}", None)
         finally:
@@ -764,12 +767,11 @@ class JobControl:
             self._mark_ring(before, f"{alert or 'an alert'} at step {before} (rewind)")
         chosen = ring.choose(to, before)
         agree = getattr(backend, "agree", None)
-        if agree is not None and mon.world.multi:  # every rank must load the same step, or none may
-            low, high = agree(chosen.step if isinstance(chosen, Entry) else -1)
-            if low != high:
-                raise ActionError(f"not rewound: the ranks would load different checkpoints (steps {low} to {high};"
-                                  f" this rank: {chosen.step if isinstance(chosen, Entry) else 'none'}); "
-                                  "nothing was changed on any rank")
+        if agree is not None and mon.world.multi and not agree(  # every rank must load the same step, or none may
+                chosen.step if isinstance(chosen, Entry) else -1):
+            raise ActionError("not rewound: the ranks would not all load the same checkpoint (this rank: "
+                              f"{'step ' + str(chosen.step) if isinstance(chosen, Entry) else 'none'}); nothing "
+                              "was changed on any rank")
         if not isinstance(chosen, Entry):
             raise ActionError(f"not rewound: {chosen}. Nothing was changed; training goes on")
         entry = chosen

@@ -148,12 +148,18 @@ class MindSporeBackend:
         now = f"global norm {max_norm:g}" if max_norm > 0 else "off"
         return f"grad clipping {was} -> {now} from the next step"
 
-    def agree(self, value: int) -> tuple[int, int]:
-        """The least and the greatest `value` over every rank (two all-reduces): ranks decide a rewind together."""
-        t = ms.Tensor(np.array([value], np.int32))
-        low = int(ops.AllReduce(ops.ReduceOp.MIN)(t).asnumpy()[0])
-        high = int(ops.AllReduce(ops.ReduceOp.MAX)(t).asnumpy()[0])
-        return low, high
+    def agree(self, value: int) -> bool:
+        """Whether every rank holds the same `value` (a step, -1 for none): one all-reduce, the same answer on every
+        rank. The CPU's AllReduce only sums float32, so the value goes as 8 nibbles with their squares and a count:
+        a rank sees every nibble's sum equal to the count times its own and the same for the squares only when the
+        nibbles' variance over the ranks is zero, that is when every rank's value is its own (exact in float32 up to
+        65,535 ranks)."""
+        v = value & 0xFFFFFFFF
+        nib = np.array([(v >> (4 * k)) & 0xF for k in range(8)], np.float32)
+        sums = ops.AllReduce(ops.ReduceOp.SUM)(ms.Tensor(np.concatenate([nib, nib * nib, [1.0]]).astype(np.float32)))
+        got = sums.asnumpy()
+        n = got[-1]
+        return bool((got[:8] == n * nib).all() and (got[8:16] == n * nib * nib).all())
 
     def scale_lr(self, factor: float) -> str:
         opt = self.optimizer

@@ -14,7 +14,9 @@ Environment:
 - MSMON_RW_ACTIONS: monitor_config `actions:` as JSON (e.g. a rewind on a loss_spike ERROR);
 - MSMON_RW_REWIND_AT=STEP[:PARAMS-JSON]: the job asks for a rewind from code at that step (an operator's command
   without a bot); MSMON_RW_PAUSE_AT=STEP: the job pauses itself at that step and asks for a rewind while paused,
-  then a resume;
+  skipping 100 batches, then a resume;
+- MSMON_RW_DUMP=STEP: the train network's parameters are written to dump_<STEP>.npz at that step, and to
+  dump_rewound.npz right after a rewind (what the checkpoints are compared with, bit for bit);
 - MSMON_RW_RING: checkpoint_ring as JSON (default every 50 steps, keep 5); MSMON_RW_REWIND: rewind as JSON;
 - MSMON_BOT_URL, MSMON_JOB_TOKEN, MSMON_SPOOL_DIR: a bot (multi-rank rule actions go through it); MSMON_RW_RUN.
 """
@@ -160,13 +162,38 @@ def main() -> None:
 
                 def later() -> None:  # an operator's rewind, then resume, while the job waits paused
                     time.sleep(0.3)
-                    cb.control.request("rewind", "command c2 from @operator")
+                    cb.control.request("rewind", "command c2 from @operator", skip=100)
                     time.sleep(0.3)
                     cb.control.request("resume", "command c3 from @operator")
 
                 threading.Thread(target=later, daemon=True).start()
 
-    model.train(1, data, callbacks=[rec, cb, Asker()], dataset_sink_mode=False)
+    dump_at = int(os.environ.get("MSMON_RW_DUMP", "0") or 0)
+    train_net = model.train_network
+
+    def dump(name: str) -> None:
+        np.savez(os.path.join(out, f"{name}_rank{rank}.npz"),
+                 **{p.name: p.asnumpy() for p in train_net.get_parameters()})
+
+    if dump_at:
+        first = cb._rewound
+
+        def rewound(a: int, b: int, entry: object) -> None:
+            first(a, b, entry)
+            dump("dump_rewound")
+
+        class Dump(ms.train.Callback):  # type: ignore[misc]
+            def on_train_begin(self, run_context):  # noqa: ANN001, ANN201
+                cb.control.on_rewind = rewound
+
+            def on_train_step_end(self, run_context):  # noqa: ANN001, ANN201
+                if cb.control.last_step == dump_at and cb.control.attempt == 0:
+                    dump(f"dump_{dump_at}")
+
+        extra = [Dump()]
+    else:
+        extra = []
+    model.train(1, data, callbacks=[rec, cb, *extra, Asker()], dataset_sink_mode=False)
     ring_now = [e.to_dict() for e in cb.control.ring.entries] if cb.control.ring else []
     with open(os.path.join(out, f"rank_{rank}.json"), "w", encoding="utf-8") as f:
         json.dump({"losses": rec.losses, "batches": rec.batches, "results": results, "ring": ring_now,
