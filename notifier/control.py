@@ -354,6 +354,7 @@ class JobControl:
         self._ring_dir = ""
         self._report: RewindReport | None = None
         self._save_failures = 0
+        self._last_alert: int | None = None  # the step of the newest alert that marked the ring (`before-alert`)
         cfg = monitor.config
         self.budget = RewindBudget(BudgetPolicy(cfg.rewind.max_rewinds, cfg.rewind.min_steps_between))
         self._unhealthy_on = Severity(cfg.checkpoint_ring.unhealthy_on)
@@ -707,6 +708,7 @@ class JobControl:
         return ", ".join(dict.fromkeys(firing)) or None
 
     def _mark_ring(self, step: int, why: str) -> None:
+        self._last_alert = step
         ring = self.ring
         if ring is not None and ring.alert(step, why):
             self._publish_ring()
@@ -748,6 +750,11 @@ class JobControl:
         if backend is None:
             raise ActionError("this backend cannot load checkpoints (notifier.control.RewindBackend)")
         to = _int_param("to", to)
+        if before is not None and not isinstance(before, bool) and before == -1:  # chat's `before-alert`
+            if self._last_alert is None:
+                raise ActionError("not rewound: no alert of this run marked a checkpoint yet, so there is nothing to "
+                                  "rewind before; give `to <step>`, or nothing for the newest healthy checkpoint")
+            before = self._last_alert
         before = _int_param("before", before)
         skip = _int_param("skip", skip)
         if attempt is not None and _int_param("attempt", attempt) < self.attempt:  # type: ignore[operator]

@@ -9,6 +9,8 @@ Pure code: no I/O, no clock. Grammar (verbs are case-insensitive; run ids keep t
     save-checkpoint <run>
     loosen-threshold <run> <rule> <value|xFACTOR> [for <duration>]
     scale-lr <run> <factor>
+    rewind <run> [to <step>|before-alert] [skip <N>]   load a healthy checkpoint on every rank (docs/rewind.md)
+    clip-grad <run> <max_norm|off>
     stop <run> [confirm]         checkpoint, then stop; without `confirm` the bot asks for confirmation
     ack <run>/<rule>[/<device>]  (`ack <run> <rule> [<device>]` is read the same way)
     silence <run> [rule] <duration>
@@ -79,6 +81,14 @@ class Parsed:
     duration: float | None = None
     confirmed: bool = False
     topic: str | None = None
+    # rewind and clip-grad (the names of their action parameters): `before` -1 is `before-alert`, the job's own
+    # newest alert; `alert` and `attempt` are filled in by the job for a rule's rewind, never by chat
+    to: int | None = None
+    before: int | None = None
+    skip: int | None = None
+    max_norm: float | None = None
+    alert: str | None = None
+    attempt: int | None = None
 
     @property
     def destructive(self) -> bool:
@@ -92,6 +102,14 @@ class Parsed:
             parts = [self.verb, "/".join(p for p in (self.run, self.rule, self.device) if p)]
         else:
             parts = [self.verb, self.topic, self.run, self.rule]
+        if self.to is not None:
+            parts += ["to", str(self.to)]
+        if self.before is not None:
+            parts.append("before-alert" if self.before < 0 else f"before {self.before}")
+        if self.skip is not None:
+            parts += ["skip", str(self.skip)]
+        if self.max_norm is not None:
+            parts.append(format_number(self.max_norm) if self.max_norm > 0 else "off")
         if self.value is not None:
             parts.append(format_number(self.value))
         if self.factor is not None:
@@ -228,6 +246,46 @@ def _scale_lr(verb: str, args: Sequence[str]) -> Parsed:
     return Parsed(verb, run=_run(args[0]), factor=_factor(args[1], MAX_LR_FACTOR))
 
 
+def _count(token: str, what: str) -> int:
+    """A step or batch count: digits (`,` and `_` between them allowed), at most 2**53 - 1."""
+    body = token.replace(",", "").replace("_", "")
+    if not (body.isascii() and body.isdigit()) or len(body) > 16 or int(body) > 2**53 - 1:
+        raise CommandError(f"{what} is a whole number of steps >= 0, got '{token}'")
+    return int(body)
+
+
+def _rewind(verb: str, args: Sequence[str]) -> Parsed:
+    _arity(args, ("<run>",), 5)
+    run, to, before, skip = _run(args[0]), None, None, None
+    rest = list(args[1:])
+    while rest:
+        word = rest.pop(0).lower().replace("_", "-")
+        if word in ("to", "skip", "before"):
+            if not rest:
+                raise CommandError(f"missing <step> after '{word}'" if word != "skip" else "missing <N> after 'skip'")
+            n = _count(rest.pop(0), "a step" if word != "skip" else "skip")
+            if word == "skip":
+                skip = n
+            elif word == "to":
+                to = n
+            else:
+                before = n
+        elif word == "before-alert":
+            before = -1
+        else:
+            raise CommandError(f"unexpected '{word}'; after the run: `to <step>` or `before-alert`, then `skip <N>`")
+    if to is not None and before is not None:
+        raise CommandError("give `to <step>` or `before-alert`, not both")
+    return Parsed(verb, run=run, to=to, before=before, skip=skip)
+
+
+def _clip_grad(verb: str, args: Sequence[str]) -> Parsed:
+    _arity(args, ("<run>", "<max_norm|off>"), 2)
+    word = args[1].lower()
+    value = 0.0 if word in ("off", "none", "0") else _positive(args[1], "max_norm", maximum=1e12)
+    return Parsed(verb, run=_run(args[0]), max_norm=value)
+
+
 def _loosen(verb: str, args: Sequence[str]) -> Parsed:
     fors = [i for i, a in enumerate(args) if i >= 2 and a.lower() == "for"]
     head, tail = (args[:fors[0]], args[fors[0] + 1:]) if fors else (args[:3], args[3:])
@@ -294,7 +352,8 @@ _BOT_VERBS = (
          _help),
 )
 _JOB_PARSERS: dict[str, Parser] = {"pause": _run_only, "resume": _run_only, "save-checkpoint": _run_only,
-                                   "loosen-threshold": _loosen, "scale-lr": _scale_lr, "stop": _stop}
+                                   "loosen-threshold": _loosen, "scale-lr": _scale_lr, "stop": _stop,
+                                   "rewind": _rewind, "clip-grad": _clip_grad}
 _JOB_VERBS = tuple(Verb(a.verb, a.usage, a.summary, a.example, _JOB_PARSERS[a.verb], a.aliases, a.destructive)
                    for a in ACTIONS.values() if a.chat)
 

@@ -58,8 +58,8 @@ _RULE = Param("rule", "the rule whose levels change", required=True, example="gr
 _REWIND = (
     Param("to", "the step to go back to: the newest healthy checkpoint at or before it", example="41000",
           rule_key=False),
-    Param("before", "go back to the newest healthy checkpoint before this step (the alert's first step)",
-          example="41200", rule_key=False),
+    Param("before", "go back to the newest healthy checkpoint before this step (the alert's first step; -1, chat's "
+                    "`before-alert`: the job's own newest alert)", example="41200", rule_key=False),
     Param("skip", "batches to skip after the checkpoint's data position (none: every batch read since the "
                   "checkpoint, nothing is read twice)", example="300"),
     Param("alert", "the rule whose alert asked for the rewind (its episode is closed as rewound)",
@@ -86,13 +86,12 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("scale_lr", (_FACTOR,), chat=True, automatic=True, usage="scale-lr <run> <factor>",
            summary="multiply the learning rate by a factor in (0, 100]", example="scale-lr run-42 0.5",
            aliases=("lr",)),
-    # Chat verbs once the bot's parser reads them (bot/commands/parse.py); a rule's `actions:` and `msmon cmd` now.
-    Action("rewind", _REWIND, automatic=True, usage="rewind <run> [to <step>|before-alert] [skip <N>]",
+    Action("rewind", _REWIND, chat=True, automatic=True, usage="rewind <run> [to <step>|before-alert] [skip <N>]",
            summary="load a healthy checkpoint on every rank at one step and skip the batches after it",
            example="rewind run-42 before-alert skip 300"),
     Action("clip_grad", (Param("max_norm", "the global grad norm gradients are clipped to (0: no clipping)",
                                required=True, example="1.0"),),
-           automatic=True, usage="clip-grad <run> <max_norm|off>",
+           chat=True, automatic=True, usage="clip-grad <run> <max_norm|off>",
            summary="clip the global grad norm from the next step on (off: no clipping)",
            example="clip-grad run-42 1.0"),
     Action("stop", chat=True, automatic=True, usage="stop <run> [confirm]",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bot.commands.parse import (
@@ -109,7 +111,7 @@ ERRORS: list[tuple[str, str | None, str]] = [
     ("chekpoint run-42", None, "unknown command 'chekpoint'; did you mean `save-checkpoint`? "
                                "Usage: save-checkpoint <run> (e.g. save-checkpoint run-42)"),
     ("frobnicate", None, "unknown command 'frobnicate'. Commands: status, runs, pause, resume, save-checkpoint, "
-                         "loosen-threshold, scale-lr, stop, ack, silence, help. Try `help`."),
+                         "loosen-threshold, scale-lr, rewind, clip-grad, stop, ack, silence, help. Try `help`."),
     ("help pasue", "help", f"unknown command 'pasue'; did you mean `pause`? {U_PAUSE}"),
     ("pause", "pause", f"pause: missing <run>. {U_PAUSE}"),
     ("pause run-42 now", "pause", f"pause: unexpected extra argument 'now'. {U_PAUSE}"),
@@ -182,8 +184,8 @@ def test_format_duration() -> None:
 
 
 def test_tables_cover_every_verb() -> None:
-    assert VERBS == ("status", "runs", "pause", "resume", "save-checkpoint", "loosen-threshold", "scale-lr", "stop",
-                     "ack", "silence", "help")
+    assert VERBS == ("status", "runs", "pause", "resume", "save-checkpoint", "loosen-threshold", "scale-lr", "rewind",
+                     "clip-grad", "stop", "ack", "silence", "help")
     assert all(COMMANDS[v].usage.split()[0] == v and COMMANDS[v].summary and COMMANDS[v].example for v in VERBS)
     assert COMMANDS["loosen-threshold"].usage == "loosen-threshold <run> <rule> <value|xFACTOR> [for <duration>]"
 
@@ -198,7 +200,8 @@ def test_every_chat_action_is_a_verb_that_queues_it() -> None:
 
 @pytest.mark.parametrize("verb", VERBS)
 def test_destructive(verb: str) -> None:
-    changes_job = verb in {"pause", "resume", "stop", "scale-lr", "loosen-threshold", "save-checkpoint"}
+    changes_job = verb in {"pause", "resume", "stop", "scale-lr", "loosen-threshold", "save-checkpoint", "rewind",
+                           "clip-grad"}
     assert COMMANDS[verb].destructive == changes_job
     assert P(verb).destructive == changes_job
 
@@ -243,3 +246,29 @@ def test_every_verb_the_parser_knows_is_carried_out_by_the_service_and_each_acti
     fields = {f.name for f in dataclasses.fields(Parsed)}
     for action in VERB_ACTION.values():
         assert {p.name for p in ACTIONS[action].params} - {"timeout"} <= fields, action
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("rewind run-42", P("rewind", run="run-42")),
+    ("rewind run-42 to 41,000", P("rewind", run="run-42", to=41000)),
+    ("rewind run-42 before-alert skip 300", P("rewind", run="run-42", before=-1, skip=300)),
+    ("Rewind run-42 skip 200 to 100", P("rewind", run="run-42", to=100, skip=200)),
+    ("clip-grad run-42 1.5", P("clip-grad", run="run-42", max_norm=1.5)),
+    ("clip_grad run-42 off", P("clip-grad", run="run-42", max_norm=0.0)),
+])
+def test_rewind_and_clip_grad(text: str, expected: Parsed) -> None:
+    assert parse(text) == expected
+    assert parse(expected.text()) == expected
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("rewind run-42 to 5 before-alert", "not both"),
+    ("rewind run-42 skip", "missing <N> after 'skip'"),
+    ("rewind run-42 to -5", "whole number"),
+    ("rewind run-42 sideways", "unexpected 'sideways'"),
+    ("clip-grad run-42", "missing <max_norm|off>"),
+    ("clip-grad run-42 -1", "max_norm must be"),
+])
+def test_rewind_and_clip_grad_errors(text: str, message: str) -> None:
+    with pytest.raises(CommandError, match=re.escape(message)):
+        parse(text)
