@@ -39,10 +39,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The suite on every core (pytest-xdist; a group such as the browser tests or Synapse's stays on one worker),
-# then the timing tests alone in a process of their own on an otherwise idle machine
+# The suite on every core (pytest-xdist; each module on one worker, so a module's fixture such as Synapse starts
+# once: --dist loadscope, as loadgroup does not group under pytest 9.2), then the timing tests alone in a process
+# of their own on an otherwise idle machine
 unit: $(STAMP)
-	$(BIN)/pytest -q -m "not timing" -n auto --dist loadgroup
+	$(BIN)/pytest -q -m "not timing" -n auto --dist loadscope
 	$(BIN)/pytest -q -m timing
 
 slow: $(STAMP)

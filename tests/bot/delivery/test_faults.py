@@ -60,6 +60,7 @@ def slack_shown(slack: SlackAPIServer, run: str) -> bool:
     return any(f"run {run}," in str(c.params.get("text", "")) for c in slack.calls_to("chat.postMessage"))
 
 
+@pytest.mark.timing  # a wall-clock bound: run alone, after the rest (make unit)
 def test_a_hanging_destination_delays_no_other_by_more_than_a_second(tmp_path, peers, bot_server):
     hung, dt, slack = peers
     bot = bot_server(config(tmp_path, slack))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from tests.fakes.bot_server import wait_for
 from tests.fakes.records import envelope, event
 from tests.fakes.serve_process import ServeProcess
@@ -36,6 +38,7 @@ def levels(slack: SlackAPIServer) -> list[tuple[int, float]]:
     return out
 
 
+@pytest.mark.timing  # a wall-clock bound: run alone, after the rest (make unit)
 def test_levels_on_time_across_sigterm_and_sigkill_and_one_due_while_down_goes_once(tmp_path):
     env = {"MSMON_TEST_TOKEN": "job-token", "SLACK_BOT_TOKEN": "xoxb-test"}
     with SlackAPIServer() as slack:

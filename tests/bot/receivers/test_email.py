@@ -98,6 +98,7 @@ def test_the_ack_link_works_once_and_not_after_it_expires(tmp_path, slack, smtp,
     assert bot.store.escalations.of()[1]["state"] == "active"
 
 
+@pytest.mark.timing  # a wall-clock bound: run alone, after the rest (make unit)
 @pytest.mark.parametrize("trouble", ["refuse", "hang"])
 def test_an_smtp_server_that_refuses_or_hangs_never_delays_slack(tmp_path, slack, smtp, trouble, bot_server):
     if trouble == "refuse":

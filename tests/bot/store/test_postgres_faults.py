@@ -45,6 +45,7 @@ def timed(fn: Any) -> tuple[float, Any]:
     return time.monotonic() - t0, out
 
 
+@pytest.mark.timing  # a wall-clock bound: run alone, after the rest (make unit)
 def test_a_blackholed_database_is_a_503_with_retry_after_within_5_s(tmp_path, schema, proxy, monkeypatch, bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
     bot = bot_server({"bot": {"port": 0, "state_path": str(tmp_path / "bot.sqlite"),

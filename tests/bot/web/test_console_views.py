@@ -39,7 +39,8 @@ from notifier.transport import BotTransport  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.fakes.bot_server import BotServer, wait_for  # noqa: E402
 
-# one Chromium at a time (xdist_group: the browser tests share one xdist worker)
+# the module stays on one xdist worker (make unit: --dist loadscope); xdist_group("chromium") would also keep the
+# two browser modules on one, but pytest-xdist 3.8 cannot name groups under pytest 9.2 (Item._nodeid is gone)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("chromium")]
 TRACES = ROOT / "data" / "backtest" / "mindspore-cpu"
 

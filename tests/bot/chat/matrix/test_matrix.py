@@ -20,6 +20,7 @@ from tests.fakes.synapse import Synapse, User, synapse_problem
 pytest.importorskip("nio")
 
 # one Synapse (the module fixture, about 20 s to start) for all of them: the module stays on one xdist worker
+# (make unit: --dist loadscope; the group says so too, for when pytest-xdist names groups again under pytest 9)
 pytestmark = pytest.mark.xdist_group("synapse")
 if synapse_problem():
     pytest.skip(str(synapse_problem()), allow_module_level=True)
