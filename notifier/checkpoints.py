@@ -18,7 +18,7 @@ out the last good one.
 a data-parallel run decides the same); an automatic rewind over the budget is refused and escalated instead.
 
 No clock of its own (`now` is passed in), no I/O, no MindSpore; JobControl (notifier/control.py) carries the
-decisions out. tests/unit/test_checkpoints.py checks the tables and the invariants with hypothesis.
+decisions out. tests/notifier/test_checkpoints.py checks the tables and the invariants with hypothesis.
 """
 
 from __future__ import annotations

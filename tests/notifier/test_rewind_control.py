@@ -1,7 +1,7 @@
 """JobControl's rewind and clip-grad (notifier/control.py) with a pure-Python backend: which checkpoint, what the
 answer says, refusals that change nothing, the budget's escalation, a rewind asked in an abandoned attempt, and the
 monitor's state: after a rewind its rules raise the same alerts as a run that never went past the checkpoint.
-The dispatch table is checked against the one action table. Real MindSpore: tests/integration/test_rewind.py."""
+The dispatch table is checked against the one action table. Real MindSpore: tests/notifier/mindspore/test_rewind.py."""
 
 from __future__ import annotations
 

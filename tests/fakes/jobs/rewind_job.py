@@ -1,4 +1,4 @@
-"""A MindSpore job with an injected fault, for rewind (tests/integration/test_rewind.py, bench/bench_rewind.py):
+"""A MindSpore job with an injected fault, for rewind (tests/notifier/mindspore/test_rewind.py, bench/bench_rewind.py):
 single process, or several ranks under msrun (data parallel, gradients averaged every step).
 
 The toy regression (notifier/mindspore/toy.py) through msmon's train cell, with each batch's index as a third
