@@ -147,7 +147,8 @@ def instructions(python: str, arm: str, steps: int) -> int | str:
                python, os.path.abspath(__file__), "--child", arm, "--steps", str(steps), "--out", out]
         env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-        found = re.search(r"Collected : (\d+)", p.stderr)
+        first = re.search(r"==(\d+)==", p.stderr)  # the training process (a child it forks reports its own)
+        found = first and re.search(rf"=={first.group(1)}== Collected : (\d+)", p.stderr)
         if p.returncode != 0 or not found:
             last = (p.stderr.strip().splitlines() or ["?"])[-1]
             return f"failed ({last[:120]})"
