@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bot.commands import auth
@@ -25,7 +25,7 @@ from bot.receivers.render import median, num
 from bot.shared import BotState
 from bot.store.rows import CommandRow, CommandStatus, RunRow
 from msmon.contract.actions import ACTIONS, VERB_ACTION
-from msmon.contract.wire import Event, Severity, Status, Window
+from msmon.contract.wire import Event, RingCheckpoint, Severity, Status, Window
 from msmon.core.trend import summarize
 
 log = logging.getLogger("msmon.bot")
@@ -227,6 +227,9 @@ class CommandService:
                  f"{', '.join(run['devices'])}"]
         lines += [f"attempt {a['attempt']}: {a['end_reason'] or 'going on'} at step {a['last_step'] or 0:,}"
                   for a in self.store.attempts.of(run_id)[-4:] if a["attempt"] < run["attempt"]]
+        ring = _ring_line(self.state.windows.checkpoints.get(run_id))
+        if ring:
+            lines.append(ring)
         hist = self._history(run)
         if hist:
             window = Window.of(hist)
@@ -340,6 +343,24 @@ def _level_change_lines(changes: list[dict[str, Any]], shown: int = 3) -> list[s
         if len(lines) < shown:
             lines.append(f"level change at step {c['step']:,} by {c['who']} (`{c['why']}`): {c['detail']}")
     return lines
+
+
+def _ring_line(devices: Mapping[str, list[RingCheckpoint]] | None) -> str | None:
+    """`health checkpoints (device 0): step 500 healthy, step 600 unhealthy (loss_spike ERROR at step 610); 2 of 2
+    devices list the same steps`: what `rewind` can load (docs/rewind.md). None when the job keeps none."""
+    if not devices:
+        return None
+    device, ring = next(iter(sorted(devices.items())))
+    if not ring:
+        return f"health checkpoints (device {device}): none yet"
+    shown = ", ".join(f"step {c.step:,} {c.health}" + (f" ({c.why})" if c.health == "unhealthy" and c.why else "")
+                      for c in ring[-8:])
+    steps = [c.step for c in ring]
+    same = sum(1 for r in devices.values() if [c.step for c in r] == steps)
+    agree = f"; {same} of {len(devices)} devices list the same steps" if len(devices) > 1 else ""
+    good = [c.step for c in ring if c.health == "healthy"]
+    hint = f"; `rewind` loads step {good[-1]:,}" if good else "; no healthy one: `rewind` would be refused"
+    return f"health checkpoints (device {device}): {shown}{agree}{hint}"
 
 
 def _loss_scale_line(hist: list[Any]) -> str | None:

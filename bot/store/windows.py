@@ -9,12 +9,13 @@ from array import array
 from collections import OrderedDict, deque
 from typing import Any
 
-from msmon.contract.wire import ActionResult, Heartbeat, Sample
+from msmon.contract.wire import ActionResult, Heartbeat, RingCheckpoint, Sample
 
 FIELDS = ("loss", "learning_rate", "grad_norm", "samples_per_s", "tokens_per_s", "step_time", "max_step_time",
           "time")
 # fp16 dynamic loss scaling: columns made on a device's first sample that has one (a run without it pays nothing)
 SCALING = ("loss_scale", "skipped_steps")
+RING_DEVICES = 16  # devices of a run whose health checkpoints the bot keeps (status shows one and how many agree)
 _NONE = math.nan  # a missing value; NaN that was measured is kept apart by the `missing` bit set
 _BITS = {f: 1 << i for i, f in enumerate(FIELDS + SCALING + ("overflow",))}
 _OVERFLOWED = 1 << len(_BITS)  # the sample's `overflow` is True (its `missing` bit clear)
@@ -83,14 +84,31 @@ class Windows:
         self.runs: OrderedDict[str, dict[str, Ring]] = OrderedDict()
         self.actions: OrderedDict[str, deque[ActionResult]] = OrderedDict()
         self.plans: OrderedDict[str, tuple[int | None, float | None]] = OrderedDict()  # total_steps, target_loss
+        # the health checkpoints each device's heartbeat lists (docs/rewind.md), at most RING_DEVICES devices a run
+        self.checkpoints: OrderedDict[str, OrderedDict[str, list[RingCheckpoint]]] = OrderedDict()
 
     def add_plan(self, hb: Heartbeat) -> None:
+        if hb.checkpoints is not None:
+            self._add_checkpoints(hb)
         if hb.total_steps is None and hb.target_loss is None:
             return
         self.plans[hb.run_id] = (hb.total_steps, hb.target_loss)
         self.plans.move_to_end(hb.run_id)
         while len(self.plans) > self.max_runs:
             self.plans.popitem(last=False)
+
+    def _add_checkpoints(self, hb: Heartbeat) -> None:
+        devices = self.checkpoints.get(hb.run_id)
+        if devices is None:
+            devices = self.checkpoints[hb.run_id] = OrderedDict()
+            while len(self.checkpoints) > self.max_runs:
+                self.checkpoints.popitem(last=False)
+        else:
+            self.checkpoints.move_to_end(hb.run_id)
+        devices[hb.device] = list(hb.checkpoints or ())
+        devices.move_to_end(hb.device)
+        while len(devices) > RING_DEVICES:
+            devices.popitem(last=False)
 
     def add(self, s: Sample) -> None:
         run = self.runs.get(s.run_id)
