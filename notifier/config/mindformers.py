@@ -291,10 +291,6 @@ _NOT_ACTED = {
     "print_struct": "MindFormers prints the parameter names at the first step and stops the run; msmon adds "
                     "nothing (expect the run to end at step 1)",
     "stable_rank_config": f"weights' stable rank: {_NOT_COMPUTED}",
-    "health_checkpoint": "checkpoint health is MindFormers' record; msmon's save_checkpoint action writes "
-                         "checkpoints without one",
-    "use_checkpoint_health_monitor": "checkpoint health is MindFormers' record (health_ckpts.json); msmon's "
-                                     "save_checkpoint action writes checkpoints without one",
 }
 # *_format keys of metrics msmon has an equivalent of: their outputs become msmon's, for that equivalent.
 _FORMATS = {
@@ -359,6 +355,7 @@ def apply(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any],
     if f"{SECTION}.throughput_baseline" in given:
         _throughput_baseline(cfg, m.throughput_baseline, section, rec)
     _nan_switch(cfg, mf, section, rec)
+    _health(cfg, mf, section, rec)
     for key, switch in mf.misspelt:
         rec.add(key, rec.top_value(key), f"not acted on: not a MindFormers key (MindFormers warns that it is "
                 f"useless and ignores it); did you mean {switch}?", acted=False)
@@ -376,6 +373,52 @@ def _threshold(mf: MindFormers) -> tuple[float, str]:
     if f"{SECTION}.global_norm_spike_threshold" not in given and m.global_norm_error_threshold is not None:
         return m.global_norm_error_threshold, "global_norm_error_threshold"
     return m.global_norm_spike_threshold, "global_norm_spike_threshold"
+
+
+def _health(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any], rec: _Record) -> None:
+    """use_checkpoint_health_monitor / health_checkpoint: MindFormers marks each checkpoint healthy or not and a
+    resume picks the newest healthy one; msmon's health checkpoints (checkpoint_ring, docs/rewind.md) do the same
+    for `rewind`, marked by msmon's rules. The health threshold on the global norm becomes the grad_norm rule's
+    ERROR level (what marks a checkpoint unhealthy), unless an msmon key or check_for_global_norm set one."""
+    given = mf.given
+    if "use_checkpoint_health_monitor" in given:
+        on = bool(mf.switches.use_checkpoint_health_monitor)
+        own = _given(section, "checkpoint_ring", "enable")
+        if own is not None:
+            rec.add("use_checkpoint_health_monitor", on, f"msmon's own checkpoint_ring.enable ({own}) wins")
+        elif on:
+            cfg.checkpoint_ring.enable = True
+            ring = cfg.checkpoint_ring
+            rec.add("use_checkpoint_health_monitor", on, "msmon keeps health checkpoints (checkpoint_ring.enable): "
+                    f"every {ring.every_steps or 100} steps, the last {ring.keep}, each marked healthy or not by "
+                    "msmon's rules; `rewind` loads the newest healthy one (docs/rewind.md)")
+        else:
+            rec.add("use_checkpoint_health_monitor", on, "off: msmon keeps no health checkpoints")
+    key = f"{SECTION}.health_checkpoint"
+    if key not in given:
+        return
+    health = mf.monitor.health_checkpoint or {}
+    threshold = health.get("global_norm_spike_threshold")
+    parts, acted = [], False
+    if isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and threshold > 0:
+        rule = cfg.alert.rules.get("grad_norm")
+        own = _given(section, "alert", "rules", "grad_norm", "error") or _given(section, "alert",
+                                                                                 "grad_norm_threshold")
+        if own is None and f"{SECTION}.check_for_global_norm" not in given:
+            rule.error = float(threshold)
+            rule.out_of_scale = None
+            acted = True
+            parts.append(f"global_norm_spike_threshold {threshold:g} is msmon's grad_norm ERROR level: a checkpoint "
+                         "within checkpoint_ring.suspect_steps of it is unhealthy")
+        else:
+            parts.append(f"global_norm_spike_threshold {threshold:g}: msmon's grad_norm ERROR level is already set "
+                         f"({rule.error:g}) and wins")
+    if "embedding_local_norm_threshold" in health:
+        parts.append("embedding_local_norm_threshold: not acted on (msmon does not read the embedding norm)")
+    if not acted:
+        parts.insert(0, "not acted on: checkpoint health is MindFormers' record; msmon's own is checkpoint_ring, marked "
+                        "by msmon's rules")
+    rec.add(key, health, "; ".join(parts), acted=acted)
 
 
 def _throughput_baseline(cfg: MonitorConfig, baseline: float | None, section: Mapping[str, Any],

@@ -289,9 +289,26 @@ def test_a_misspelt_switch_is_named_with_the_switch_it_is_close_to(write):
     assert how(cfg, "use_parallel") == []  # MindFormers' other top-level keys are its business
 
 
-def test_checkpoint_health_switch_is_named(write):
+def test_checkpoint_health_switch_turns_msmons_health_checkpoints_on(write):
     cfg = load(write, "use_checkpoint_health_monitor: True\nmonitor_config: {monitor_on: True}\n")
-    assert how(cfg, "use_checkpoint_health_monitor")[0].startswith("not acted on: checkpoint health")
+    assert cfg.checkpoint_ring.enable
+    assert how(cfg, "use_checkpoint_health_monitor")[0].startswith("msmon keeps health checkpoints")
+    own = load(write, "use_checkpoint_health_monitor: True\nmonitor_config: {monitor_on: True, "
+                      "checkpoint_ring: {enable: False}}\n")
+    assert not own.checkpoint_ring.enable
+    assert how(own, "use_checkpoint_health_monitor") == ["msmon's own checkpoint_ring.enable (False) wins"]
+
+
+def test_the_health_checkpoints_global_norm_threshold_is_the_grad_norm_error_level(write):
+    cfg = load(write, "monitor_config: {monitor_on: True, health_checkpoint: {global_norm_spike_threshold: 5.0, "
+                      "embedding_local_norm_threshold: 1.0}}\n")
+    assert cfg.alert.rules.grad_norm.error == 5.0
+    (says,) = how(cfg, "monitor_config.health_checkpoint")
+    assert says.startswith("global_norm_spike_threshold 5 is msmon's grad_norm ERROR level")
+    assert "embedding_local_norm_threshold: not acted on" in says
+    own = load(write, "monitor_config: {monitor_on: True, health_checkpoint: {global_norm_spike_threshold: 5.0}, "
+                      "alert: {rules: {grad_norm: {error: 9.0}}}}\n")
+    assert own.alert.rules.grad_norm.error == 9.0 and "wins" in how(own, "monitor_config.health_checkpoint")[0]
 
 
 @pytest.mark.parametrize(("value", "says"), [
