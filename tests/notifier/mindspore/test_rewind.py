@@ -172,3 +172,34 @@ def test_every_rank_rewinds_at_one_step_to_one_checkpoint_under_msrun(tmp_path):
         level = statistics.fmean(loss for s, loss in r["losses"] if 150 <= s <= 295)
         late = [loss for _, loss, _ in rows[60:100]]  # the data ends 100 steps after the rewind
         assert late and statistics.fmean(late) < 2 * level, (statistics.fmean(late), level)
+
+
+def test_clip_grad_bounds_the_update_from_the_next_step(tmp_path):
+    """`clip-grad` on msmon's train cell: after it applies, no update moves the weights by more than lr x max_norm
+    (in process, Model.train)."""
+    import mindspore as ms
+    import numpy as np
+
+    from notifier.mindspore import MonitorCallback
+    from notifier.mindspore.toy import dataset, model, regression_data
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    m, net, _ = model(lr=0.05)
+    cb = MonitorCallback({"monitor_config": {"monitor_on": True, "step_interval": 1, "log_interval": 0}},
+                         run_id="clip", checkpoint_dir=str(tmp_path))
+    results = []
+    cb.control.on_result = results.append
+    weights: list[np.ndarray] = []
+
+    class Watch(ms.train.Callback):  # type: ignore[misc]
+        def on_train_step_end(self, run_context):  # noqa: ANN001, ANN201
+            weights.append(np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()]))
+            if len(weights) == 20:
+                cb.control.request("clip_grad", "command c1 from @ops", max_norm=1e-4)
+
+    x, y = regression_data()
+    m.train(1, dataset(x, y, 128, 40), callbacks=[cb, Watch()], dataset_sink_mode=False)
+    assert results and results[0].ok and "off -> global norm 0.0001" in results[0].detail, results
+    moves = [float(np.linalg.norm(b - a)) for a, b in zip(weights, weights[1:], strict=False)]
+    assert max(moves[:18]) > 1e-3  # unclipped steps move far more
+    assert all(mv <= 0.05 * 1e-4 * 1.01 for mv in moves[21:]), moves[19:25]
