@@ -807,7 +807,8 @@ class JobControl:
             backend.stop(run_context)
             raise ActionError(f"the checkpoint of step {entry.step} failed to load half-way ({type(exc).__name__}: "
                               f"{exc}); the job stops rather than train on half-loaded weights") from exc
-        resolved = self._close_firing(step, entry.step)
+        n_skip = 0 if target is None or entry.data is None else max(target - entry.data, 0)
+        resolved = self._close_firing(step, entry.step, n_skip)
         state = self._load_state(entry.path)
         gone = ring.rewound(entry.step)
         self._delete(gone)
@@ -843,7 +844,8 @@ class JobControl:
             req = self._req
             self._report = RewindReport(entry.step + n, f"follow-up of {req.name if req else 'rewind'}",
                                         None, before_curve[0], before_curve[1], before_curve[2], diverged,
-                                        {"from": step, "to": entry.step})
+                                        {"from": step, "to": entry.step,
+                                         **({"follow_up": req.command_id} if req and req.command_id else {})})
             detail += f"; the loss after {n} steps follows at step {entry.step + n:,}"
         return detail, entry.path
 
@@ -870,14 +872,18 @@ class JobControl:
             return None
         return steps * (sum(times) / len(times)) * self.monitor.world.size / 3600.0
 
-    def _close_firing(self, step: int, to_step: int) -> list[str]:
-        """Close every alert firing now as rewound: a resolution event each (the bot closes the episode)."""
+    def _close_firing(self, step: int, to_step: int, skipped: int = 0) -> list[str]:
+        """Close every alert firing now as rewound: a resolution event each (the bot closes the episode, and the
+        chat sees what happened even when a rule asked for the rewind)."""
         mon, out = self.monitor, []
+        cost = self._device_hours(step - to_step)
+        how = (f"; {skipped:,} batches skipped" if skipped else "") + (
+            f"; {step - to_step:,} steps to redo, about {cost:.3g} device-hours" if cost is not None else "")
         for device, rule, sev in mon.firing():
             ev = Event(run_id=mon.run_id, device=device, step=step, time=time.time(), rule=rule, severity=sev,
                        status=Status.RESOLVED, value=math.nan, threshold=math.nan,
                        message=f"{rule} closed as rewound: the run went back from step {step:,} to the checkpoint "
-                               f"of step {to_step:,}", hint="rewound")
+                               f"of step {to_step:,}{how} (attempt {self.attempt + 1})", hint="rewound")
             if mon.transport is not None:
                 mon.transport.event(ev)
             out.append(f"{rule} on {device}")

@@ -141,6 +141,7 @@ def record_results(state: BotState, actions: list[ActionResult]) -> int:
         if a.action in LEVEL_ACTIONS and a.ok and a.applied:
             record_level_change(state, a)
         if a.command_id is None:
+            queued += _follow_up(state, a)
             continue
         c = state.store.commands.get(a.command_id)
         if c is None or c["run_id"] != a.run_id or c["status"] in FINAL or a.device in c["results"]:
@@ -167,6 +168,25 @@ def record_results(state: BotState, actions: list[ActionResult]) -> int:
             _note(state, c, _report(c, results, done))
             queued += 1
     return queued
+
+
+_FOLLOWED: dict[str, None] = {}  # rewind commands whose follow-up was reported (one rank's, not every rank's)
+
+
+def _follow_up(state: BotState, a: ActionResult) -> int:
+    """A rewind's follow-up (the loss some steps after it against the pre-fault curve, docs/rewind.md): reported
+    where the rewind command came from, once per command (the first rank's; the others train the same run)."""
+    cid = a.params.get("follow_up") if a.action == "rewind" else None
+    if not isinstance(cid, str) or cid in _FOLLOWED:
+        return 0
+    c = state.store.commands.get(cid)
+    if c is None or c["run_id"] != a.run_id:
+        return 0
+    _FOLLOWED[cid] = None
+    while len(_FOLLOWED) > 10_000:
+        del _FOLLOWED[next(iter(_FOLLOWED))]
+    _note(state, c, f"{c['id']} `{c['text']}`, follow-up (device {a.device}): {a.detail}")
+    return 1
 
 
 def expire(state: BotState) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from msmon.contract.actions import ACTIONS
+from msmon.contract.wire import Command
 from notifier import Monitor
 from notifier.control import HANDLERS, ORDER_ACTIONS, ActionError, JobControl
 from tests.fakes.helpers import FakeClock, config, healthy
@@ -275,3 +276,14 @@ def test_a_step_parameter_that_is_no_step_is_refused(tmp_path, bad):
     job.train(1)
     assert not job.results[-1].ok and "step number" in job.results[-1].detail or "whole number" in \
         job.results[-1].detail
+
+
+def test_a_commands_follow_up_names_the_command_for_the_bot(tmp_path):
+    job = Job(tmp_path, rewind={"report_after": 20})
+    job.train(200)
+    job.ctl.take_commands([Command(id="c7", run_id="toy", action="rewind", params={"skip": 5}, apply_step=201,
+                                   issued_by="@ops")])
+    job.train(1)
+    job.train(25)
+    follow = [r for r in job.results if "steps after the rewind" in r.detail]
+    assert follow and follow[0].params["follow_up"] == "c7" and follow[0].command_id is None
