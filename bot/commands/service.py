@@ -165,6 +165,8 @@ class CommandService:
         # The action's parameters, by the names the action table gives them (a parsed field of the same name)
         params = {param.name: getattr(p, param.name) for param in ACTIONS[action].params
                   if getattr(p, param.name, None) is not None}
+        if action == "rewind" and params.get("before") == -1:
+            params.update(self._alert_onset(run["run_id"]))
         cmd, waiting = self._enqueue(p, run, origin, now, action, params)
         apply_step = int(cmd["apply_step"] or 0)
         log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
@@ -178,6 +180,15 @@ class CommandService:
                 f"{self.cfg.commands.expire_after:.0f} s for it." if run["gone"] else "")
         return Answer(f"`{p.text()}` queued as {cmd['id']}: {who} {when}. The result will be reported here.{gone}",
                       command=cmd)
+
+    def _alert_onset(self, run_id: str) -> dict[str, Any]:
+        """`rewind <run> before-alert`: the first step of the run's earliest firing alert, the same for every rank
+        (each rank's own newest alert may differ: a bad shard spikes on one rank). None firing: the job's own."""
+        firing = [a for a in self.store.alerts(run_id, "firing") if a.get("first_step") is not None]
+        if not firing:
+            return {}
+        first = min(firing, key=lambda a: int(a["first_step"]))
+        return {"before": int(first["first_step"]), "alert": str(first["rule"])}
 
     def apply_step(self, run: RunRow, now: float) -> int:
         """The step at which every rank applies a command: past the latest step any rank can have

@@ -89,6 +89,8 @@ def test_an_operators_rewind_from_chat_and_the_ring_in_status(tmp_path, bot):
         assert view["status"] == "done", view
         detail = json.dumps(view)
         assert "rewound from step" in detail and "to the checkpoint of step 250" in detail, detail[:3000]
+        # before-alert is the run's earliest firing alert as the bot knows it: the same step for every rank
+        assert view.get("params", {}).get("before", 0) >= 300 and view["params"].get("alert"), view.get("params")
     finally:
         out = finish(job)
     rank = json.loads((tmp_path / "rank_0.json").read_text())
