@@ -416,8 +416,8 @@ def _health(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any], rec
     if "embedding_local_norm_threshold" in health:
         parts.append("embedding_local_norm_threshold: not acted on (msmon does not read the embedding norm)")
     if not acted:
-        parts.insert(0, "not acted on: checkpoint health is MindFormers' record; msmon's own is checkpoint_ring, marked "
-                        "by msmon's rules")
+        parts.insert(0, "not acted on: checkpoint health is MindFormers' record; msmon's own is checkpoint_ring, "
+                        "marked by msmon's rules")
     rec.add(key, health, "; ".join(parts), acted=acted)
 
 
