@@ -78,6 +78,7 @@ def _cmd(url: str, words: str, wait: float = 60) -> subprocess.Popen[str]:
                             text=True)
 
 
+@pytest.mark.slow  # about 45 s on two cores
 @pytest.mark.mindspore
 def test_serve_with_a_job_and_a_waiting_cmd_writes_alerts_and_lifecycle_lines_only(tmp_path: Path) -> None:
     pytest.importorskip("mindspore")

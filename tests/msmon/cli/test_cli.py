@@ -13,6 +13,7 @@ from tests.conftest import ROOT
 from tests.fakes.helpers import MSMON, msmon
 
 
+@pytest.mark.slow  # about 30 s on two cores
 @pytest.mark.mindspore
 def test_demo_runs_the_bot_and_catches_the_incident_before_the_loss_spike(tmp_path):
     """The README's main command. Part 1: the bot starts, the incident is replayed into it as a job would

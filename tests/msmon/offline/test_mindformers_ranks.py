@@ -82,6 +82,7 @@ def test_replay_makes_each_rank_a_device_and_names_the_bad_shard(tmp_path, cfg):
     assert all(s.grad_norm is not None for s in recent)
 
 
+@pytest.mark.slow  # about 17 s on two cores
 def test_the_same_ranks_from_tensorboard_folders(tmp_path, cfg):
     per_rank = ranks()
     for rank, steps in enumerate(per_rank):

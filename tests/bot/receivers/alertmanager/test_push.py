@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.fakes.bot_server import wait_for
 from tests.fakes.prom import ALERTMANAGER, Daemon, bot_config, get_json, job_post
 from tests.fakes.records import event
@@ -28,6 +30,7 @@ def active(am: Daemon) -> list[dict[str, Any]]:
         return []
 
 
+@pytest.mark.slow  # waits past the Alertmanagers' resolve_timeout: about 27 s
 def test_a_firing_error_stays_active_past_resolve_timeout_and_after_a_restart_on_every_peer(tmp_path, monkeypatch,
                                                                                             bot_server):
     monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
