@@ -23,8 +23,8 @@ import pytest
 pytest.importorskip("mindspore")
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
-JOB = Path(__file__).parents[1] / "fakes" / "jobs" / "rewind_job.py"
-ROOT = Path(__file__).parents[2]
+JOB = Path(__file__).parents[2] / "fakes" / "jobs" / "rewind_job.py"
+ROOT = Path(__file__).parents[3]
 SPIKE = "batches:300:10:30"  # batches 300-309 with inputs x30: the weights blow up, the loss goes to NaN for good
 RULE = [{"rule": "loss_spike", "severity": "ERROR", "action": "rewind", "skip": 100},
         {"rule": "nonfinite", "severity": "ERROR", "action": "rewind", "skip": 100}]
