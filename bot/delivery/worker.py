@@ -23,6 +23,7 @@ message's reference on them, so it only does what was left (the chart).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import functools
 import logging
@@ -62,6 +63,10 @@ log = logging.getLogger("msmon.bot")
 CHARTS_KEPT = 16  # drawn charts kept for the retries of their group (about 100 kB each)
 OVERLOADED = "the bot is overloaded and sheds samples, ERRORs go first (bot.overload)"
 CHART_WAIT = 1.0  # seconds a new alert's text waits for its chart before it goes without (the chart follows)
+# Set by a lane for the send it runs: _post resolves it once the text is posted, so the lane takes its next message
+# while this one's chart is still being drawn and attached (the follow-up goes on in its own task)
+_TEXT_POSTED: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.ContextVar("_TEXT_POSTED",
+                                                                                            default=None)
 
 
 def _events(payloads: list[Payload]) -> list[Event]:
@@ -152,6 +157,9 @@ class Outbox:
         self._round = flow.Round(self.scheduler, limiter, self._posted, self._unwritten,
                                  frozenset(n for n, r in receivers.items() if getattr(r, "self_paced", False)))
         self._busy: dict[tuple[str, str], asyncio.Task[int]] = {}  # lane (receiver, channel) -> its task sending
+        # A posted message whose chart is still being drawn or attached -> its rows' ids: a lane goes on past it, and
+        # no round takes those rows again until it settles them
+        self._following: dict[asyncio.Task[bool], frozenset[int]] = {}
 
     def wake(self) -> None:
         self.doorbell.set()
@@ -192,7 +200,7 @@ class Outbox:
     async def close(self, grace: float = 2.0) -> None:
         """Stopping: the lanes' sends in flight get `grace` seconds, then are cancelled (their rows stay
         pending and go after the restart)."""
-        busy = list(self._busy.values())
+        busy = [*self._busy.values(), *self._following]
         if busy:
             _, late = await asyncio.wait(busy, timeout=grace)
             for t in late:
@@ -205,6 +213,8 @@ class Outbox:
         own loop (`run`) starts the lanes and does not wait: a hanging receiver holds its lane only."""
         tasks = self._start_lanes()
         sent = sum(await asyncio.gather(*tasks)) if tasks else 0
+        following = list(self._following)
+        sent += sum(await asyncio.gather(*following)) if following else 0
         self._gauges()
         return sent
 
@@ -221,6 +231,9 @@ class Outbox:
         now = self.clock()
         rows = self.store.due(now) if self.lane is None else self.lane.due(self.store, now)
         lanes: dict[tuple[str, str], list[GroupKey]] = {}
+        if self._following:  # rows of a posted message whose chart is still on its way are its task's
+            following = frozenset().union(*self._following.values())
+            rows = [r for r in rows if r.id not in following]
         for gk in self.scheduler.groups(rows, now):
             if (gk[0], gk[1]) not in self._busy:
                 lanes.setdefault((gk[0], gk[1]), []).append(gk)
@@ -249,12 +262,36 @@ class Outbox:
                     continue
                 if due.wait > 0.0:
                     self._settle(due.rows, Deferred(due.wait), due.rows[0].receiver)
-                elif await self._send(due.rows):
+                elif await self._send_in_turn(due.rows):
                     sent += 1
             except Exception:  # noqa: BLE001 - store trouble; a row's own failure is handled in _send
                 log.exception("msmon bot: delivery to %s %s failed in the store; the lane retries next round", *lane)
                 break
         return sent
+
+    async def _send_in_turn(self, rows: list[OutboxRow]) -> bool:
+        """`_send`, for the lane: it waits until the message is settled, or only until its text is posted when its
+        chart is still being drawn (the chart's follow-up then goes on in its own task, which settles the rows):
+        an ERROR's text never waits for the charts of the messages before it. False when the follow-up goes on."""
+        posted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        token = _TEXT_POSTED.set(posted)
+        try:
+            task = asyncio.ensure_future(self._send(rows))  # the task runs in a copy of this context
+        finally:
+            _TEXT_POSTED.reset(token)
+        either: set[asyncio.Future[Any]] = {task, posted}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        self._following[task] = frozenset(r.id for r in rows)
+        task.add_done_callback(self._followed)
+        return False
+
+    def _followed(self, task: asyncio.Task[bool]) -> None:
+        self._following.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("msmon bot: a chart's follow-up failed: %s", task.exception())
+        self.doorbell.set()
 
     def _write_unwritten(self) -> None:
         for i, (verdict, at) in list(self._unwritten.items()):
@@ -450,6 +487,9 @@ class Outbox:
                 self.store.mark_posted(t.ids, t.posted)
         ref = t.posted or t.plan.ref
         assert ref is not None
+        posted = _TEXT_POSTED.get()
+        if posted is not None and not posted.done() and not drawing.done():
+            posted.set_result(None)  # the lane goes on; this task attaches the chart when it is drawn
         await drawing
         await t.receiver.attach(channel, ref, msg)
 

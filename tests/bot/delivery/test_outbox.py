@@ -368,3 +368,38 @@ def test_slacks_retry_after_is_read_as_the_job_reads_it():
     assert retry_after("5") == 5.0 and retry_after(["7", "9"]) == 7.0
     assert 28.0 <= (retry_after(in_30s) or 0.0) <= 31.0
     assert [retry_after(v) for v in (None, "", "soon", "inf", "0", "-3", [])] == [None] * 7
+
+
+def test_an_errors_text_does_not_wait_behind_the_chart_of_the_one_before(tmp_path, slack, env, bot_server,
+                                                                         monkeypatch):
+    """A chart slow to draw (a busy bot: matplotlib in a thread against the loop) holds back its own alert's text at
+    most CHART_WAIT and never the next alert's: the lane posts the next text while the first chart is still being
+    drawn, and that chart still lands once, in its own alert's thread."""
+    import asyncio
+
+    import bot.charts.draw as draw
+
+    real = draw.render_chart_off_loop
+    first = [True]
+
+    async def slow_once(*a: Any, **kw: Any) -> bytes:
+        if first[0]:
+            first[0] = False
+            await asyncio.sleep(4.0)
+        return await real(*a, **kw)
+
+    monkeypatch.setattr(draw, "render_chart_off_loop", slow_once)
+    bot = bot_server(config(tmp_path, slack))
+    bot.request("POST", "/v1/ingest", envelope([event(run="run-a")]))
+    assert wait_for(lambda: len(posts_for(slack, "run-a")) == 1, timeout=15)
+    bot.request("POST", "/v1/ingest", envelope([event(run="run-b")]))
+    assert wait_for(lambda: len(slack.uploads()) == 2, timeout=30)
+    calls = slack.calls
+    text_b = next(i for i, c in enumerate(calls) if c.method == "chat.postMessage" and "run run-b," in
+                  str(c.params.get("text", "")))
+    uploads = [i for i, c in enumerate(calls) if c.method == "files.completeUploadExternal"]
+    assert text_b < uploads[0]  # the second text went before the first chart was attached
+    threads = [posts_for(slack, run)[0].response["ts"] for run in ("run-a", "run-b")]
+    assert sorted(u["thread_ts"] for u in slack.uploads()) == sorted(threads)
+    time.sleep(0.5)
+    assert len(posts_for(slack, "run-a")) == len(posts_for(slack, "run-b")) == 1
