@@ -76,7 +76,12 @@ def test_one_connection_per_thread_reused_and_reopened_when_the_server_closed_it
 
 
 def test_through_a_proxy_urllib_sends_it_as_before(server, monkeypatch):
+    import urllib.request
+
     monkeypatch.setenv("http_proxy", server.url)  # the "proxy" answers the request itself
     monkeypatch.setenv("no_proxy", "")
+    # urlopen's opener reads the proxies once, when it is built: a fresh one here, and the process's own put back
+    # afterwards (else every later urlopen in this process would go through this test's proxy)
+    monkeypatch.setattr(urllib.request, "_opener", None)
     r = request("http://bot.invalid/v1/ingest", b"xyz", token="t", timeout=5.0)
     assert (r.status, r.body) == (202, b'{"got": 3}')
