@@ -170,21 +170,23 @@ def record_results(state: BotState, actions: list[ActionResult]) -> int:
     return queued
 
 
-_FOLLOWED: dict[str, None] = {}  # rewind commands whose follow-up was reported (one rank's, not every rank's)
+FOLLOW_UP_MEMORY = 30 * 86400  # seconds a rewind's follow-up is remembered as reported
 
 
 def _follow_up(state: BotState, a: ActionResult) -> int:
     """A rewind's follow-up (the loss some steps after it against the pre-fault curve, docs/rewind.md): reported
-    where the rewind command came from, once per command (the first rank's; the others train the same run)."""
+    where the rewind command came from, once per command (the first rank's; the others train the same run). Once
+    is kept in the store (the table that keeps a signed chat request to once), so a restart or another replica
+    does not report it again."""
     cid = a.params.get("follow_up") if a.action == "rewind" else None
-    if not isinstance(cid, str) or cid in _FOLLOWED:
+    if not isinstance(cid, str):
         return 0
     c = state.store.commands.get(cid)
     if c is None or c["run_id"] != a.run_id:
         return 0
-    _FOLLOWED[cid] = None
-    while len(_FOLLOWED) > 10_000:
-        del _FOLLOWED[next(iter(_FOLLOWED))]
+    now = state.clock()
+    if not state.store.commands.first_signed(f"follow-up|{cid}", int(now + FOLLOW_UP_MEMORY), now):
+        return 0
     _note(state, c, f"{c['id']} `{c['text']}`, follow-up (device {a.device}): {a.detail}")
     return 1
 

@@ -37,3 +37,35 @@ def test_the_follow_up_is_reported_once_where_the_rewind_came_from(tmp_path) -> 
                          params={"follow_up": "c999"})
     with state.store.tx():
         assert record_results(state, [other]) == 0
+
+
+def test_once_is_kept_per_store_not_per_process(tmp_path) -> None:  # noqa: ANN001
+    """Two bots in one process each report their own c1's follow-up; a bot restarted on the same store does not
+    report it again."""
+
+    def bot(path: str) -> tuple[BotState, str]:
+        cfg = load_bot_config({"bot": {"port": 0, "state_path": path}})
+        state = BotState(cfg, Store(cfg.state_path), BotMetrics(), lambda: 1000.0)
+        if state.store.commands.get("c1") is None:
+            with state.store.tx():
+                state.store.touch_run("r1", "default", {}, "0", 300, 1000.0, heartbeat=True)
+                state.store.commands.add(
+                    created_at=1000.0, user="cli:ops", source="cli", project="default", run_id="r1", text="rewind r1",
+                    verb="rewind", action="rewind", params={}, apply_step=301, status="done", detail="",
+                    origin=Origin(source="cli", user="cli:ops").to_stored(), expires_at=2000.0)
+        return state, "c1"
+
+    def follow(cid: str) -> list[ActionResult]:
+        return [ActionResult(run_id="r1", device="0", step=350, time=1000.0, action="rewind", ok=True, detail="ok",
+                             params={"follow_up": cid}, source="follow-up")]
+
+    a, cid = bot(str(tmp_path / "a.sqlite"))
+    b, _ = bot(str(tmp_path / "b.sqlite"))
+    with a.store.tx():
+        assert record_results(a, follow(cid)) == 1
+    with b.store.tx():
+        assert record_results(b, follow(cid)) == 1  # another bot's c1: its own follow-up
+    a.store.close()
+    again, _ = bot(str(tmp_path / "a.sqlite"))
+    with again.store.tx():
+        assert record_results(again, follow(cid)) == 0  # after a restart: already reported
