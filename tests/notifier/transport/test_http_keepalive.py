@@ -82,6 +82,9 @@ def test_through_a_proxy_urllib_sends_it_as_before(server, monkeypatch):
     monkeypatch.setenv("no_proxy", "")
     # urlopen's opener reads the proxies once, when it is built: a fresh one here, and the process's own put back
     # afterwards (else every later urlopen in this process would go through this test's proxy)
-    monkeypatch.setattr(urllib.request, "_opener", None)
+    # (built here with the proxy named, not left for urlopen to build from the environment: a thread of an earlier
+    # test in this worker building the shared opener at the wrong moment made this test flaky under xdist)
+    monkeypatch.setattr(urllib.request, "_opener", urllib.request.build_opener(
+        urllib.request.ProxyHandler({"http": server.url})))
     r = request("http://bot.invalid/v1/ingest", b"xyz", token="t", timeout=5.0)
     assert (r.status, r.body) == (202, b'{"got": 3}')
