@@ -10,7 +10,6 @@ both without MindSpore."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -159,25 +158,8 @@ def test_time_paused_in_a_custom_loop_is_not_a_step_stall(tmp_path):
 # -- the bot: apply steps never go backwards for a run, in acceptance order --------------------------------
 
 
-@pytest.fixture
-def bot(tmp_path, monkeypatch, bot_server):
-    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
-    monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
-    b = bot_server({"bot": {
-        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
-        "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}],
-        "routes": [{"receiver": "console", "channel": "ops"}],
-        "console": {"charts_dir": str(tmp_path / "charts")},
-        "commands": {"allow": [{"project": "llm", "users": ["cli:carol"]}],
-                     "operators": [{"user": "cli:carol", "env": "MSMON_OPERATOR"}]}}})
-    yield b
-
-
-def operator(bot, text: str) -> dict:
-    code, body = bot.request("POST", "/v1/commands", json.dumps({"text": text}).encode(), token="operator-token")
-    assert code == 200, body
-    command: dict = body["command"]
-    return command
+# the bot and its operator: the same as the apply-step tests' (tests/bot/commands/test_apply_steps.py)
+from tests.bot.commands.test_apply_steps import bot, operator  # noqa: E402, F401
 
 
 class Pace(ms.train.Callback):
@@ -197,7 +179,7 @@ class Pace(ms.train.Callback):
 
 @pytest.mark.slow
 @pytest.mark.mindspore
-def test_a_real_job_takes_pause_resume_ms_apart_and_a_3s_pause_raises_no_stall(bot, tmp_path):
+def test_a_real_job_takes_pause_resume_ms_apart_and_a_3s_pause_raises_no_stall(bot, tmp_path):  # noqa: F811 - the imported fixture
     x, y = regression_data()
     m, _, _ = model(lr=0.02)
     conf = monitor_cfg()

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,7 @@ pytest.importorskip("mindspore")
 pytest.importorskip("aiohttp")
 
 from tests.fakes.bot_server import wait_for  # noqa: E402
-from tests.fakes.process import terminate_group  # noqa: E402
+from tests.fakes.process import job_command, terminate_group  # noqa: E402
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 JOB = Path(__file__).parents[1] / "fakes" / "jobs" / "rewind_job.py"
@@ -50,17 +48,7 @@ def start(bot, tmp: Path, ranks: int = 1, **knobs: str) -> subprocess.Popen:  # 
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
            "MSMON_BOT_URL": bot.url, "MSMON_JOB_TOKEN": "job-token", "MSMON_SPOOL_DIR": str(tmp / "spool"),
            "MSMON_RW_OUT": str(tmp), "PYTHONPATH": str(JOB.parents[2]), **knobs}
-    if ranks == 1:
-        cmd = [sys.executable, str(JOB)]
-    else:
-        msrun = shutil.which("msrun", path=os.path.dirname(sys.executable))
-        if msrun is None:
-            pytest.skip("msrun (MindSpore's launcher) is not installed")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [msrun, f"--worker_num={ranks}", f"--local_worker_num={ranks}", f"--master_port={port}",
-               f"--log_dir={tmp / 'logs'}", "--join=True", str(JOB)]
+    cmd = job_command(JOB, ranks, tmp / "logs", env)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 

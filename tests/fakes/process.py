@@ -80,3 +80,26 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def job_command(script: Path, ranks: int, log_dir: Path, env: dict[str, str]) -> list[str]:
+    """The command that runs the job `script`: one process, or `ranks` ranks under MindSpore's msrun on a free
+    port (the test skips where msrun is not installed); the venv's bin goes first on `env`'s PATH for msrun's
+    workers."""
+    import shutil
+    import socket
+    import sys
+
+    import pytest
+
+    if ranks == 1:
+        return [sys.executable, str(script)]
+    msrun = shutil.which("msrun", path=os.path.dirname(sys.executable))
+    if msrun is None:
+        pytest.skip("msrun (MindSpore's launcher) is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return [msrun, f"--worker_num={ranks}", f"--local_worker_num={ranks}", f"--master_port={port}",
+            f"--log_dir={log_dir}", "--join=True", str(script)]

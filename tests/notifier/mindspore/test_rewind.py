@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import socket
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.fakes.process import job_command
 
 pytest.importorskip("mindspore")
 
@@ -33,18 +32,7 @@ RULE = [{"rule": "loss_spike", "severity": "ERROR", "action": "rewind", "skip": 
 def run_job(tmp: Path, ranks: int = 1, timeout: float = 300, **knobs: str) -> list[dict[str, Any]]:
     env = {**os.environ, "MSMON_RW_OUT": str(tmp), "PYTHONPATH": str(ROOT), **knobs}
     env.pop("MSMON_BOT_URL", None)
-    if ranks == 1:
-        cmd = [sys.executable, str(JOB)]
-    else:
-        msrun = shutil.which("msrun", path=os.path.dirname(sys.executable))
-        if msrun is None:
-            pytest.skip("msrun (MindSpore's launcher) is not installed")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-        cmd = [msrun, f"--worker_num={ranks}", f"--local_worker_num={ranks}", f"--master_port={port}",
-               f"--log_dir={tmp / 'logs'}", "--join=True", str(JOB)]
+    cmd = job_command(JOB, ranks, tmp / "logs", env)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
     logs = proc.stdout[-3000:] + proc.stderr[-3000:]
     if ranks > 1:
