@@ -45,9 +45,9 @@ def child(arm: str, units: int) -> None:  # runs under callgrind, with sys.path[
         old = False
     except ImportError:  # the tree before
         from bot.state import BotState  # type: ignore[no-redef,import-not-found]
+        from bot.stores import open_store  # type: ignore[no-redef,import-not-found]
 
         from bot.ingest import Ingest  # type: ignore[no-redef]
-        from bot.stores import open_store  # type: ignore[no-redef,import-not-found]
         old = True
     from bot.commands import jobs
     from bot.commands.origin import Origin
