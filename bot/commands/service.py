@@ -23,7 +23,7 @@ from bot.pipeline.silence import Silence
 from bot.ranks.table import lines as rank_lines
 from bot.receivers.render import median, num
 from bot.shared import BotState
-from bot.store.rows import CommandRow, CommandStatus, RunRow
+from bot.store.rows import AlertView, CommandRow, CommandStatus, RunRow
 from msmon.contract.actions import ACTIONS, VERB_ACTION
 from msmon.contract.wire import Event, RingCheckpoint, Severity, Status, Window
 from msmon.core.trend import summarize
@@ -329,7 +329,7 @@ class CommandService:
         return Answer(msg)
 
 
-def _since(alert: dict[str, Any]) -> str:
+def _since(alert: AlertView) -> str:
     """Since when a firing alert fires and, where that differs, the step of the alert that was posted
     (the notification log's sent_step): the episode's first event may have been held back (inhibited,
     silenced) and the message in the channel raised at a later step."""
@@ -390,7 +390,7 @@ def _loss_scale_line(hist: list[Any]) -> str | None:
     return ", ".join(parts)
 
 
-def _status_event(run: RunRow, hist: list[Any], firing: list[dict[str, Any]]) -> Event:
+def _status_event(run: RunRow, hist: list[Any], firing: list[AlertView]) -> Event:
     """The run's recent window dressed as an event, so the alert chart draws it: FIRING at the highest severity
     firing (its title and colour say so), RESOLVED (green) when nothing fires."""
     last = hist[-1]

@@ -1,7 +1,7 @@
 """The store's rows as the rest of the bot reads them: a run and a command are typed (their keys and value
 types checked by mypy wherever they are used), and their states are Enums whose values are what the store
-keeps. The alert and outbox rows are dataclasses of bot/store/sqlite.py; the outbox's delivery view is
-bot/pipeline/schedule.py's OutboxRow."""
+keeps. An alert as it is read is an `AlertView`; what ingest writes is sqlite.py's `AlertRow`; the outbox's
+delivery view is bot/pipeline/schedule.py's OutboxRow."""
 
 from __future__ import annotations
 
@@ -88,3 +88,22 @@ class CommandRow(TypedDict):
     origin: dict[str, Any]  # the stored Origin (bot/commands/origin.py)
     expires_at: float | None
     updated_at: float
+
+
+class AlertView(TypedDict):
+    """An alert (a rule on a device of a run, its episode) as `Store.alerts` reads it, its event left out."""
+
+    fingerprint: str
+    run_id: str
+    rule: str
+    device: str
+    severity: str  # "WARNING" or "ERROR" (msmon.contract.wire.Severity's values)
+    status: str  # "firing" or "resolved"
+    first_step: int
+    last_step: int
+    updated_at: float
+    sent_severity: str | None  # what was last sent for it (the notification log)
+    sent_at: float | None
+    sent_resolved: int | None
+    acked_by: str | None
+    sent_step: int | None

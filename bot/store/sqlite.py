@@ -23,7 +23,7 @@ from bot.pipeline.flow import NotifyState
 from bot.pipeline.schedule import GroupKey, OutboxRow, Verdict
 from bot.pipeline.silence import Silence
 from bot.store import migrations
-from bot.store.rows import CommandRow, CommandStatus, RunRow, RunState
+from bot.store.rows import AlertView, CommandRow, CommandStatus, RunRow, RunState
 from msmon.contract.wire import Severity
 
 
@@ -353,7 +353,7 @@ class Store:
         return self.db.execute("SELECT 1 FROM alerts WHERE run_id=? AND status='firing' AND severity='ERROR'"
                                " LIMIT 1", (run_id,)).fetchone() is not None
 
-    def alerts(self, run_id: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+    def alerts(self, run_id: str | None = None, status: str | None = None) -> list[AlertView]:
         q, args = "SELECT * FROM alerts WHERE 1=1", []
         if run_id is not None:
             q += " AND run_id=?"
@@ -361,9 +361,9 @@ class Store:
         if status is not None:
             q += " AND status=?"
             args.append(status)
-        out = []
+        out: list[AlertView] = []
         for r in self.db.execute(q + " ORDER BY updated_at DESC", args):
-            d = dict(r)
+            d: Any = dict(r)
             d.pop("event", None)
             out.append(d)
         return out

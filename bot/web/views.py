@@ -90,7 +90,7 @@ def alerts(state: BotState, project: str, run_id: str | None = None, firing_only
     allowed = {r["run_id"] for r in state.store.runs() if visible(project, r)}
     rows = state.store.alerts(run_id, "firing" if firing_only else None)
     keys = ("run_id", "rule", "device", "severity", "status", "first_step", "last_step", "updated_at", "acked_by")
-    return [{k: a[k] for k in keys} for a in rows if a["run_id"] in allowed][:500]
+    return [{k: v for k, v in a.items() if k in keys} for a in rows if a["run_id"] in allowed][:500]
 
 
 def commands(state: BotState, run_id: str) -> list[dict[str, Any]]:
