@@ -8,7 +8,7 @@
                     started after the routes and stopped first at shutdown, or None
 
 Adding a platform: a folder bot/chat/<name>/ with its inbound, its receiver and an `integration.py`
-defining a class of this shape, a section in bot/config.py, and one entry in bot/integrations.py
+defining a subclass of `Integration`, a section in bot/config.py, and one entry in bot/integrations.py
 (CONTRIBUTING.md walks through it).
 """
 
@@ -52,21 +52,9 @@ class Task(Protocol):
     async def stop(self) -> None: ...
 
 
-class Integration(Protocol):
-    """One chat platform, as the app assembles it."""
-
-    name: str  # the receiver's name in routes (`receiver: slack`), and the platform's folder
-    section: str  # its section of bot.yaml (a field of BotConfig): `bot.slack`
-
-    def receiver(self, ctx: Context) -> Receiver | None: ...
-
-    def routes(self, app: web.Application, ctx: Context) -> None: ...
-
-    def task(self, ctx: Context) -> Task | None: ...
-
-
-class Platform:
-    """An integration's defaults: no receiver, no way in, no background task; a platform overrides what it has."""
+class Integration:
+    """One chat platform, as the app assembles it; the defaults are no receiver, no way in, no background task,
+    and a platform overrides what it has."""
 
     name = ""
     section = ""

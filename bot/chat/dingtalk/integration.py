@@ -10,11 +10,11 @@ from aiohttp import web
 from bot.charts.links import chart_links
 from bot.chat.dingtalk.inbound import add_dingtalk_routes
 from bot.chat.robot import webhook_url
-from bot.integration import Context, Platform
+from bot.integration import Context, Integration
 from bot.receivers import Receiver
 
 
-class DingTalk(Platform):
+class DingTalk(Integration):
     name = "dingtalk"
     section = "dingtalk"  # its bot.yaml section, bot.dingtalk (bot/config.py)
 

@@ -10,11 +10,11 @@ from aiohttp import web
 from bot.charts.links import chart_links
 from bot.chat.feishu.inbound import add_feishu_routes
 from bot.chat.robot import webhook_url
-from bot.integration import Context, Platform
+from bot.integration import Context, Integration
 from bot.receivers import Receiver
 
 
-class Feishu(Platform):
+class Feishu(Integration):
     name = "feishu"
     section = "feishu"  # its bot.yaml section, bot.feishu (bot/config.py)
 

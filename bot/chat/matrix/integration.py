@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 
-from bot.integration import Context, Platform, Task
+from bot.integration import Context, Integration, Task
 from bot.receivers import Receiver
 
 
-class Matrix(Platform):
+class Matrix(Integration):
     name = "matrix"
     section = "matrix"  # its bot.yaml section, bot.matrix (bot/config.py)
 

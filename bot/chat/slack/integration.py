@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from bot.chat.slack.inbound import SlackInbound, add_slack_routes
-from bot.integration import Context, Platform, Task
+from bot.integration import Context, Integration, Task
 from bot.receivers import Receiver
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("msmon.bot")
 
 
-class Slack(Platform):
+class Slack(Integration):
     name = "slack"
     section = "slack"  # its bot.yaml section, bot.slack (bot/config.py)
 

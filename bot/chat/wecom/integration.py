@@ -4,11 +4,11 @@ robots take no commands, so it has no way in."""
 from __future__ import annotations
 
 from bot.chat.robot import webhook_url
-from bot.integration import Context, Platform
+from bot.integration import Context, Integration
 from bot.receivers import Receiver
 
 
-class WeCom(Platform):
+class WeCom(Integration):
     name = "wecom"
     section = "wecom"  # its bot.yaml section, bot.wecom (bot/config.py)
 
