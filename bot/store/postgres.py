@@ -369,6 +369,14 @@ class PostgresStore(Store):
              "now": now, "step": step, "hb": heartbeat, "paused0": int(bool(paused)),
              "paused": None if paused is None else int(paused)})
 
+    def change_mark(self) -> int:
+        """A mark for `changed_alerts`: the oldest transaction still running (txid_snapshot_xmin). Every alert
+        change not visible now is a transaction's at or after it, whichever replica's, however late it commits;
+        alerts.changed holds the id of the transaction that changed the row (migration 0004)."""
+        r = self.pg.raw("SELECT txid_snapshot_xmin(txid_current_snapshot()) AS x").fetchone()
+        assert r is not None
+        return int(r["x"])
+
     def silences(self, now: float | None = None) -> list[Any]:
         self._silence_cache = None  # another replica may have added one: read each time
         return super().silences(now)

@@ -365,8 +365,28 @@ class Store:
         for r in self.db.execute(q + " ORDER BY updated_at DESC", args):
             d: Any = dict(r)
             d.pop("event", None)
+            d.pop("changed", None)
             out.append(d)
         return out
+
+    # -- what changed since a periodic pass last looked (migrations 0005 sqlite / 0004 postgresql) -----------
+
+    def change_mark(self) -> int:
+        """A mark for `changed_alerts`: every alert changed after this call (status, severity, ack or event) has
+        a change number at least this. Here the counter's next number: one writer, one order."""
+        return int(self.db.execute("SELECT n FROM alert_changes").fetchone()["n"]) + 1
+
+    def changed_alerts(self, mark: int) -> tuple[list[tuple[str, str]], int]:
+        """The (run, rule) of every alert changed at or after `mark`, each once, and the mark to read from next
+        (taken first: a change made meanwhile is read again next time, never lost)."""
+        nxt = self.change_mark()
+        # no DISTINCT in SQL: SQLite would then scan alerts_run for the order instead of searching alerts_changed
+        rows = self.db.execute("SELECT run_id, rule FROM alerts WHERE changed>=?", (mark,))
+        return list(dict.fromkeys((r["run_id"], r["rule"]) for r in rows)), nxt
+
+    def runs_seen_since(self, t: float) -> list[str]:
+        """The runs whose last_seen is at or after `t` (the index runs_last_seen): heard from since then."""
+        return [r["run_id"] for r in self.db.execute("SELECT run_id FROM runs WHERE last_seen>=?", (t,))]
 
     # -- outbox ---------------------------------------------------------------------------------
 
@@ -690,6 +710,15 @@ class EscalationLog:
     def ended(self) -> dict[str, float]:
         """run id -> when it said it ended."""
         return {r["run_id"]: r["at"] for r in self.db.execute("SELECT run_id, at FROM run_ends")}
+
+    def ended_of(self, run_ids: list[str]) -> dict[str, float]:
+        """run id -> when it said it ended, for these runs only (those that said so); one query per 500."""
+        out: dict[str, float] = {}
+        for i in range(0, len(run_ids), 500):
+            chunk = run_ids[i:i + 500]
+            out.update((r["run_id"], r["at"]) for r in self.db.execute(
+                f"SELECT run_id, at FROM run_ends WHERE run_id IN ({','.join('?' * len(chunk))})", chunk))
+        return out
 
     def digest_since(self, channel: str) -> float | None:
         r = self.db.execute("SELECT last_at FROM digest_marks WHERE channel=?", (channel,)).fetchone()

@@ -1,0 +1,117 @@
+"""What changed since a periodic pass last looked (migrations 0005 sqlite / 0004 postgresql), on both stores: every
+write that changes an alert's status, severity, acknowledgement or event is read from the mark taken before it, a
+suppressed repeat's touch is not, and (PostgreSQL) another replica's transaction that commits after the mark was
+taken, with an older clock, is still read. The runs heard from since a time, and the ends of a few runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bot.store.sqlite import AlertRow, Store
+from tests.fakes import postgres
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
+    if request.param == "sqlite":
+        s = Store(str(tmp_path / "s.sqlite"))
+        yield s
+        s.close()
+        return
+    reason = postgres.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    from bot.store.postgres import PostgresStore
+
+    with postgres.fresh_schema() as schema:
+        s = PostgresStore(postgres.PG_URL, schema, lease=1.0)
+        yield s
+        s.close()
+
+
+def alert(run: str, rule: str = "loss", device: str = "0", status: str = "firing", severity: str = "ERROR",
+          at: float = 100.0, event: str | None = None) -> AlertRow:
+    return AlertRow(f"{run}|{rule}|{device}", run, rule, device, severity, status, 5, at, event=event)
+
+
+def test_each_kind_of_alert_change_is_read_once_from_the_mark_before_it(store: Store) -> None:
+    with store.tx():
+        store.save_alerts([alert(f"run-{i}") for i in range(50)])
+    mark = store.change_mark()
+    assert store.changed_alerts(mark)[0] == []  # nothing since
+    with store.tx():
+        assert store.ack("run-3", "loss", None, "alice") == ["run-3|loss|0"]  # an ack of an old alert
+    keys, mark = store.changed_alerts(mark)
+    assert keys == [("run-3", "loss")]
+    assert store.changed_alerts(mark)[0] == []
+    with store.tx():
+        store.touch_alerts([(9, 200.0, "run-4|loss|0")])  # a suppressed repeat: its last step only
+    assert store.changed_alerts(mark)[0] == []
+    with store.tx():
+        store.save_alerts([alert("run-5", status="resolved"), alert("run-6", severity="WARNING"),
+                           alert("run-7", event='{"x": 1}'), alert("run-8", device="1")])
+    keys, mark = store.changed_alerts(mark)
+    assert sorted(keys) == [("run-5", "loss"), ("run-6", "loss"), ("run-7", "loss"), ("run-8", "loss")]
+    with store.tx():  # an operator's UPDATE by hand: the trigger sees it too
+        store.db.execute("UPDATE alerts SET acked_by='bob' WHERE run_id='run-9'")
+    assert store.changed_alerts(mark)[0] == [("run-9", "loss")]
+
+
+def test_a_change_number_is_never_reused_after_the_newest_rows_are_pruned(tmp_path: Any) -> None:
+    store = Store(str(tmp_path / "s.sqlite"))
+    store.touch_run("old", "p", {}, "0", 1, 1.0)
+    with store.tx():
+        store.save_alerts([alert("old", status="resolved")])
+    mark = store.change_mark()
+    assert store.prune_runs(before=10.0) == ["old"]
+    with store.tx():
+        store.save_alerts([alert("new")])
+    assert store.changed_alerts(mark)[0] == [("new", "loss")]
+    store.close()
+
+
+def test_a_replica_commit_after_the_mark_with_an_older_clock_is_still_read() -> None:
+    reason = postgres.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    from bot.store.postgres import PostgresStore
+
+    with postgres.fresh_schema() as schema:
+        a, b = PostgresStore(postgres.PG_URL, schema, lease=1.0), PostgresStore(postgres.PG_URL, schema, lease=1.0)
+        try:
+            mark = a.change_mark()
+            written, go = threading.Event(), threading.Event()
+
+            def late() -> None:  # b's transaction writes, then waits while a looks, then commits
+                with b.tx():
+                    b.save_alerts([alert("late", at=1.0)])  # its clock far behind a's
+                    written.set()
+                    go.wait(10)
+
+            t = threading.Thread(target=late)
+            t.start()
+            assert written.wait(10)
+            keys, mark = a.changed_alerts(mark)
+            assert keys == []  # not committed yet: not visible
+            go.set()
+            t.join(10)
+            assert a.changed_alerts(mark)[0] == [("late", "loss")]  # read after its commit, from the same mark
+        finally:
+            a.close()
+            b.close()
+
+
+def test_the_runs_heard_from_since_a_time_and_the_ends_of_some_runs(store: Store) -> None:
+    for i in range(20):
+        store.touch_run(f"run-{i}", "p", {}, "0", 1, 100.0 + i, heartbeat=True)
+    if hasattr(store, "flush_runs"):
+        store.flush_runs()
+    assert sorted(store.runs_seen_since(117.0)) == ["run-17", "run-18", "run-19"]
+    store.escalations.end_run("run-2", 150.0, 9)
+    store.escalations.end_run("run-3", 160.0, 9)
+    assert store.escalations.ended_of(["run-1", "run-2", "run-3"]) == {"run-2": 150.0, "run-3": 160.0}
+    assert store.escalations.ended_of([]) == {}
