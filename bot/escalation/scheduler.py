@@ -9,6 +9,12 @@ rebuilt from the escalations table on start (so a restart neither loses a level 
 step is taken in the transaction that advances `next_step`), plus a short interval job that picks up
 new ERRORs, acknowledgements, resolutions and silences.
 
+A pass costs what changed, not what is stored: the instance holding the escalator keeps the open escalations
+and the firing alert groups in memory (`Picture`, read whole when it takes the escalator over or after a
+failed pass), a heap of when each is next due, and reads only the alerts changed since its previous pass
+(`alerts.changed`, set by a trigger on every write of an alert's status, severity, ack or event:
+Store.changed_alerts; on PostgreSQL by transaction id, so another replica's late commit is still read).
+
 Ownership (several replicas on one database later): an escalation is acted on only by the instance
 holding its lease row (`escalations.owner`, `lease_until`), claimed in the same transaction as the
 step; another instance takes over once the lease has run out. One owner per escalation, never two.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import hmac
 import logging
 import secrets
@@ -33,6 +40,7 @@ from bot.config import EscalationPolicy
 from bot.escalation.policy import AlertNow, Escalation, Step, decide
 from bot.pipeline.group import firing_key
 from bot.pipeline.route import route_for
+from bot.pipeline.silence import Silence
 from bot.receivers import Mail, Note, ReplyTo
 from bot.receivers.render import cost_line, escape_console, mention_text, num
 from bot.shared import BotState
@@ -43,6 +51,7 @@ log = logging.getLogger("msmon.bot")
 
 WATCHDOG_RULES = ("job_gone", "job_stalled")
 LEASE = 30.0  # seconds an owner holds an escalation without acting on it
+UNREADABLE_RETRY = 60.0  # seconds before an escalation whose alert's event does not decode is looked at again
 
 
 @dataclasses.dataclass
@@ -53,6 +62,99 @@ class Group:
     rule: str
     severity: str
     acked_by: str | None
+
+
+def _fold(rows: Any) -> dict[tuple[str, str], Group]:
+    """Firing alert rows (run_id, rule, severity, acked_by) by (run, rule): the most severe, acked when every
+    firing one is."""
+    out: dict[tuple[str, str], Group] = {}
+    for r in rows:
+        key = (r["run_id"], r["rule"])
+        g = out.get(key)
+        if g is None:
+            out[key] = Group(r["run_id"], r["rule"], r["severity"], r["acked_by"])
+            continue
+        if r["severity"] == "ERROR":
+            g.severity = "ERROR"
+        g.acked_by = g.acked_by if r["acked_by"] is not None else None
+    return out
+
+
+class Picture:
+    """What the escalator holds in memory between passes, so that a pass costs what changed: the open
+    escalations (their rows, by id, by (run, rule) and by run), the firing alert groups, when each open
+    escalation is next due (a heap; `at` says which entry of an escalation is the live one), the silences in
+    force at the last pass, and the change mark from which the next pass reads the alerts changed
+    (Store.changed_alerts). One instance runs the escalator at a time (its lease), so its own writes keep the
+    escalations exact; the alerts, which ingest and acks change anywhere, are read by change mark."""
+
+    def __init__(self, mark: int) -> None:
+        self.mark = mark
+        self.open: dict[int, dict[str, Any]] = {}
+        self.by_key: dict[tuple[str, str], int] = {}
+        self.by_run: dict[str, set[tuple[str, str]]] = {}
+        self.groups: dict[tuple[str, str], Group] = {}
+        self.at: dict[int, float] = {}
+        self.heap: list[tuple[float, int]] = []
+        self.silences: dict[int, Silence] = {}
+
+    def add(self, row: dict[str, Any], next_at: float | None) -> None:
+        key = (row["run_id"], row["rule"])
+        self.open[row["id"]] = row
+        self.by_key[key] = row["id"]
+        self.by_run.setdefault(row["run_id"], set()).add(key)
+        self.plan(row["id"], next_at)
+
+    def close(self, esc_id: int) -> None:
+        row = self.open.pop(esc_id)
+        key = (row["run_id"], row["rule"])
+        if self.by_key.get(key) == esc_id:
+            del self.by_key[key]
+        keys = self.by_run.get(row["run_id"], set())
+        keys.discard(key)
+        if not keys:
+            self.by_run.pop(row["run_id"], None)
+        self.at.pop(esc_id, None)
+
+    def plan(self, esc_id: int, at: float | None) -> None:
+        """Look at `esc_id` again at `at` (None: only when its alerts or the silences change)."""
+        if at is None:
+            self.at.pop(esc_id, None)
+        elif self.at.get(esc_id) != at:
+            self.at[esc_id] = at
+            heapq.heappush(self.heap, (at, esc_id))
+
+    def due(self, now: float) -> set[tuple[str, str]]:
+        """The (run, rule) of the open escalations due by `now` (each taken off the heap)."""
+        out: set[tuple[str, str]] = set()
+        while self.heap and self.heap[0][0] <= now:
+            at, esc_id = heapq.heappop(self.heap)
+            if self.at.get(esc_id) == at:  # else an older plan of it, or it closed
+                del self.at[esc_id]
+                row = self.open[esc_id]
+                out.add((row["run_id"], row["rule"]))
+        return out
+
+    def regroup(self, key: tuple[str, str], group: Group | None) -> None:
+        if group is None:
+            self.groups.pop(key, None)
+        else:
+            self.groups[key] = group
+
+    def silences_moved(self, silences: list[Silence]) -> set[tuple[str, str]]:
+        """The (run, rule) of the open escalations a silence added or run out since the last pass may pause or
+        resume: those of its run (all of them for a silence of no run), of its rule when it names one."""
+        now_in = {s.id: s for s in silences}
+        if now_in.keys() == self.silences.keys():
+            return set()
+        moved = [s for i, s in now_in.items() if i not in self.silences] + \
+                [s for i, s in self.silences.items() if i not in now_in]
+        self.silences = now_in
+        out: set[tuple[str, str]] = set()
+        for s in moved:
+            keys: Any = self.by_run.get(s.run_id, ()) if s.run_id is not None else self.by_key
+            out.update(k for k in keys if s.rule is None or k[1] == s.rule)
+        return out
 
 
 def subject(ev: Event) -> str:
@@ -106,9 +208,10 @@ class Escalator:
         # (run, rule, who, now) after an email link acknowledged a firing alert: bot/app.py tells the job
         # through the command service, as for an ack typed in chat
         self.on_ack: Callable[[str, str, str, float], object] | None = None
-        # esc id -> (its row's state, its alert's, when its next step falls due) as the last pass left them: a pass
-        # passes over an escalation that nothing changed for and nothing fell due (no claim, no read of its event)
-        self._settled: dict[int, tuple[Any, ...]] = {}
+        # the open escalations and firing alert groups as the last pass left them (None: read them whole at the next
+        # pass), and when this instance last renewed the escalator's lease (time.monotonic(); None: not holding it)
+        self._picture: Picture | None = None
+        self._held: float | None = None
         self.steps = Counter("msmon_escalation_steps_total", "escalation steps taken, by receiver (and the acks and "
                              "resolutions that closed one)", ["how"], registry=state.metrics.registry)
 
@@ -134,6 +237,7 @@ class Escalator:
         """Stop, and give up this owner's leases (the next process or replica takes over at once)."""
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        self._picture = self._held = None
         try:
             with self.state.tx():
                 self.store.release(self.owner)
@@ -169,52 +273,70 @@ class Escalator:
 
     def sync(self) -> int:
         """Start escalations for new alerts, take what is due, close what is acked or resolved; how many
-        steps were taken."""
+        steps were taken. A pass looks at what changed since the previous one (alerts changed, steps fallen
+        due, silences added or run out), from the picture of the open escalations it keeps (`Picture`):
+        read whole when this instance takes the escalator over, then kept by its own writes."""
         now = self.clock()
-        taken = 0
+        renewing = time.monotonic()
         if not self.state.owns("escalator"):
-            return 0  # another replica runs the escalations (a lease row); this one takes over if it stops
+            self._picture = self._held = None  # another replica runs the escalations (a lease row); read again
+            return 0  # when this one takes over
+        if self._held is None or renewing - self._held >= self.cfg.store.lease:
+            self._picture = None  # the lease may have run out since (a stalled loop): another may have acted
+        self._held = renewing
+        taken = 0
+        picture, self._picture = self._picture, None  # kept only when the pass commits
         with self.state.tx():
-            opened = self.store.escalations.open()
-            if not opened and not self._severities():
-                return 0  # nothing open and no route escalates: the firing alerts are not read at all
-            groups = self._groups()
-            self._start_new(groups, now)
-            quiet = not self.store.silences(now)  # a silence can pause or resume any escalation as time passes
-            settled, self._settled = self._settled, {}
-            for row in self.store.escalations.open():
-                g = groups.get((row["run_id"], row["rule"]))
-                mark = (row["next_step"], row["paused_at"], row["shift"], g.severity if g else None,
-                        g.acked_by if g else None)
-                last = settled.get(row["id"])
-                if quiet and last is not None and last[:-1] == mark and (last[-1] is None or last[-1] > now):
-                    self._settled[row["id"]] = last
+            if picture is None:
+                opened = self.store.escalations.open()
+                if not opened and not self._severities():
+                    return 0  # nothing open and no route escalates: the firing alerts are not read at all
+                picture = self._load(opened)
+                look = set(picture.groups) | set(picture.by_key)  # every one once
+            else:
+                keys, picture.mark = self.store.changed_alerts(picture.mark)
+                for key in keys:
+                    picture.regroup(key, self._firing(key))
+                look = set(keys) | picture.due(now)
+            silences = self.store.silences(now)  # a silence can pause or resume an escalation as time passes
+            look |= picture.silences_moved(silences)
+            look |= self._start_new(picture, look, now)
+            for key in sorted(look):
+                esc_id = picture.by_key.get(key)
+                if esc_id is None:
                     continue
+                row = picture.open[esc_id]
                 policy = self.cfg.escalations.get(row["policy"])
-                if policy is None or not self.store.escalations.claim(row["id"], self.owner, now, LEASE):
+                if policy is None:
+                    continue  # its policy left the config: kept as it is (nothing can take a step of it)
+                if not self.store.escalations.claim(esc_id, self.owner, now, LEASE):
+                    picture.plan(esc_id, now + self.period)  # another owner's lease: look again next pass
                     continue
-                acted = self._act(row, policy, g, now)
-                taken += acted[0]
-                if quiet and acted[1] is not None:
-                    self._settled[row["id"]] = (*acted[1], acted[2])
+                steps, next_at = self._act(row, policy, picture.groups.get(key), silences, now)
+                taken += steps
+                if row["state"] != "active":
+                    picture.close(esc_id)
+                else:
+                    picture.plan(esc_id, next_at)
+        self._picture = picture
         if taken:
             self.state.wake_outbox()
         return taken
 
-    def _groups(self) -> dict[tuple[str, str], Group]:
-        """Firing alerts by (run, rule): the most severe, acked when every firing one is."""
-        out: dict[tuple[str, str], Group] = {}
-        rows = self.store.db.execute("SELECT run_id, rule, severity, acked_by FROM alerts WHERE status='firing'")
-        for r in rows:
-            key = (r["run_id"], r["rule"])
-            g = out.get(key)
-            if g is None:
-                out[key] = Group(r["run_id"], r["rule"], r["severity"], r["acked_by"])
-                continue
-            if r["severity"] == "ERROR":
-                g.severity = "ERROR"
-            g.acked_by = g.acked_by if r["acked_by"] is not None else None
-        return out
+    def _load(self, opened: list[dict[str, Any]]) -> Picture:
+        """The whole picture, when this instance takes the escalator over: the change mark first (what changes
+        while this reads is read again by the next pass), then every open escalation and firing alert."""
+        picture = Picture(self.store.change_mark())
+        for row in opened:
+            picture.add(row, self._next_at(row))
+        picture.groups = _fold(self.store.db.execute(
+            "SELECT run_id, rule, severity, acked_by FROM alerts WHERE status='firing'"))
+        return picture
+
+    def _firing(self, key: tuple[str, str]) -> Group | None:
+        """The group of one run's rule as its firing alerts say now (None: none fires)."""
+        return _fold(self.store.db.execute("SELECT run_id, rule, severity, acked_by FROM alerts WHERE run_id=? AND"
+                                           " status='firing' AND rule=?", key)).get(key)
 
     def _lead(self, run_id: str, rule: str) -> Event | None:
         """The latest event of a run's firing rule (read only for an open escalation: it carries a window)."""
@@ -233,16 +355,17 @@ class Escalator:
         return {sev for r in self.cfg.routes if r.escalation and r.escalation in self.cfg.escalations
                 for sev in self.cfg.escalations[r.escalation].severities}
 
-    def _start_new(self, groups: dict[tuple[str, str], Group], now: float) -> None:
-        # What a pass costs follows what can escalate: no run read for a group of a severity no policy takes,
-        # each run's route read once a pass (20,000 firing alerts read their run every second: 1.9 s a pass)
+    def _start_new(self, picture: Picture, keys: set[tuple[str, str]], now: float) -> set[tuple[str, str]]:
+        """An escalation for each of `keys` whose group fires unacknowledged at a severity its route's policy
+        takes and has none open; the keys started. Each run's route read once a pass."""
         severities = self._severities()
+        started: set[tuple[str, str]] = set()
         if not severities:
-            return
-        active = {(r["run_id"], r["rule"]) for r in self.store.escalations.open()}
+            return started
         routes: dict[str, Any] = {}
-        for key, g in groups.items():
-            if key in active or g.acked_by is not None or g.severity not in severities:
+        for key in sorted(keys):
+            g = picture.groups.get(key)
+            if g is None or key in picture.by_key or g.acked_by is not None or g.severity not in severities:
                 continue
             if g.run_id not in routes:
                 routes[g.run_id] = self._route(g.run_id)[0]
@@ -252,24 +375,28 @@ class Escalator:
                 continue
             esc_id = self.store.escalations.start(g.run_id, g.rule, route.escalation, route.receiver, route.channel,
                                                   now)
+            row = self.store.escalations.get(esc_id)
+            assert row is not None
+            picture.add(row, None)
+            started.add(key)
             log.info("msmon bot: escalation %d started for %s of run %s (policy %s)", esc_id, g.rule, g.run_id,
                      route.escalation)
+        return started
 
-    def _act(self, row: dict[str, Any], policy: EscalationPolicy, g: Group | None, now: float
-             ) -> tuple[int, tuple[Any, ...] | None, float | None]:
-        """(steps taken, the escalation's row and alert as this leaves them, when its next step falls due): the
-        second None when the next pass must look at it again."""
+    def _act(self, row: dict[str, Any], policy: EscalationPolicy, g: Group | None, silences: list[Any],
+             now: float) -> tuple[int, float | None]:
+        """(steps taken, when to look again: its next step's due time, None for only when its alerts or the
+        silences change); `row` is left as the escalation now is (its state, next step, pause, shift)."""
         esc = _escalation(row)
         firing = g is not None and g.severity in policy.severities
         ev = self._lead(esc.run_id, esc.rule) if firing else None
         if firing and ev is None:
-            return 0, None, None  # its event does not decode (logged): no step is taken, none is skipped
-        silenced = ev is not None and any(s.matches(ev, now) for s in self.store.silences(now))
+            return 0, now + UNREADABLE_RETRY  # its event does not decode (logged): no step taken, none skipped
+        silenced = ev is not None and any(s.matches(ev, now) for s in silences)
         d = decide(esc, policy, AlertNow(firing, g.acked_by if g else None, silenced), now)
         new = d.escalation
-        alert = (g.severity if g else None, g.acked_by if g else None)
         if not d.changed and new == esc:
-            return 0, (row["next_step"], row["paused_at"], row["shift"], *alert), d.next_at
+            return 0, d.next_at
         if new.state != "active":
             who = [g.acked_by] if new.state == "acked" and g and g.acked_by else []
             self.store.escalations.record_step(esc.id, new.next_step, -1, -1, now, new.state, who,
@@ -280,12 +407,14 @@ class Escalator:
         for step in d.steps:
             assert ev is not None  # steps are only due while it fires
             self._take(row, policy, step, ev, now)
+        acked_by = g.acked_by if g and new.state == "acked" else None
+        closed_at = now if new.state != "active" else None
         self.store.escalations.save(esc.id, next_step=new.next_step, state=new.state, paused_at=new.paused_at,
-                                    shift=new.shift, acked_by=g.acked_by if g and new.state == "acked" else None,
-                                    closed_at=now if new.state != "active" else None)
+                                    shift=new.shift, acked_by=acked_by, closed_at=closed_at)
+        row.update(next_step=new.next_step, state=new.state, paused_at=new.paused_at, shift=new.shift,
+                   acked_by=acked_by, closed_at=closed_at)
         self._plan(esc.id, d.next_at)
-        kept = (new.next_step, new.paused_at, new.shift, *alert) if new.state == "active" else None
-        return len(d.steps), kept, d.next_at
+        return len(d.steps), d.next_at
 
     # -- a step's messages ---------------------------------------------------------------------------
 
