@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -66,32 +67,47 @@ class Watchdog:
         self.firing: dict[tuple[str, str], bool] = {}
         self.started = clock()  # the `bot restart` event: silence counts from here at the earliest
         self.checked: float | None = None  # the last pass (None: none yet)
+        # run -> the next time its silence crosses a timeout, as its row read last said, and a heap of (time, run)
+        # holding at least one entry at or before it: a run's deadline only moves later while it is not read (it
+        # is read whenever it is heard from), so an entry that comes due is put back at the later time unread
+        self.deadline: dict[str, float] = {}
+        self._heap: list[tuple[float, str]] = []
 
     def candidates(self, now: float) -> list[RunRow]:
         """The runs whose verdict can have changed since the last pass, so that a pass costs what changed,
         not every stored run (100,000 runs read every 2 s held the loop for seconds). A verdict changes
-        only when the run is heard from (its last_seen moves: a heartbeat, a pause, its end) or when its
-        silence crosses a timeout; every run on the first pass and when the bot-start grace ends."""
+        only when the run is heard from (its last_seen moves: a heartbeat, a pause, its end: the index
+        runs_last_seen) or when its silence crosses a timeout (the deadlines kept from the rows read);
+        every run on the first pass and when the bot-start grace ends."""
         p, prev = self.cfg.pipeline, self.checked
         # (a second's overlap on every bound: a run read twice is judged twice, the same way; one missed is not)
         if prev is None or any(prev - 1.0 <= self.started + t <= now for t in (p.heartbeat_timeout, p.stall_timeout)):
             return self.store.runs()
-        rows = self.store.db.execute(
-            "SELECT run_id FROM runs WHERE last_seen>=? OR (last_heartbeat>=? AND last_heartbeat<=?)"
-            " OR (last_progress>=? AND last_progress<=?)",
-            (prev - 1.0, prev - p.heartbeat_timeout - 1.0, now - p.heartbeat_timeout, prev - p.stall_timeout - 1.0,
-             now - p.stall_timeout)).fetchall()
-        return [run for run in (self.store.run(r["run_id"]) for r in rows) if run is not None]
+        ids = dict.fromkeys(self.store.runs_seen_since(prev - 1.0))
+        heap = self._heap
+        while heap and heap[0][0] < now:
+            at, run_id = heapq.heappop(heap)
+            due = self.deadline.get(run_id)
+            if due is None:
+                continue  # read since (and its deadline passed or none is left), or a second entry of it
+            if due >= now:
+                if due > at:
+                    heapq.heappush(heap, (due, run_id))  # heard from since it was planned: later, no read
+                continue
+            del self.deadline[run_id]
+            ids[run_id] = None
+        return [run for run in (self.store.run(run_id) for run_id in ids) if run is not None]
 
     def check(self) -> int:
         now = self.clock()
         p = self.cfg.pipeline
         queued = 0
-        ended = self.store.escalations.ended()
         runs = self.candidates(now)
+        ended = self.store.escalations.ended_of([run["run_id"] for run in runs])
         self.checked = now
         for run in runs:
-            found = verdicts(run, now, p.heartbeat_timeout, p.stall_timeout, ended.get(run["run_id"]), self.started)
+            ended_at = ended.get(run["run_id"])
+            found = verdicts(run, now, p.heartbeat_timeout, p.stall_timeout, ended_at, self.started)
             for rule in ("job_gone", "job_stalled"):
                 key = (run["run_id"], rule)
                 if rule in found and not self.firing.get(key):
@@ -102,9 +118,28 @@ class Watchdog:
                 elif rule not in found and self.firing.get(key):
                     self.firing[key] = False
                     queued += self._raise(run, rule, Status.RESOLVED, 0.0, now)
+            self._plan(run, ended_at, now)
         if queued:
             self.ingest.state.wake_outbox()
         return queued
+
+    def _plan(self, run: RunRow, ended_at: float | None, now: float) -> None:
+        """Keep when this run's silence next crosses a timeout (none: it never heartbeat, it ended, or both
+        timeouts are crossed already: only its being heard from changes its verdict)."""
+        run_id, hb, progress, p = run["run_id"], run.get("last_heartbeat"), run.get("last_progress"), self.cfg.pipeline
+        times = []
+        if hb is not None and not run.get("ended") and (ended_at is None or ended_at < hb):
+            times.append(max(hb, self.started) + p.heartbeat_timeout)
+            if not run.get("paused") and progress is not None:
+                times.append(max(progress, self.started) + p.stall_timeout)
+        due = min((t for t in times if t >= now), default=None)
+        if due is None:
+            self.deadline.pop(run_id, None)
+            return
+        old = self.deadline.get(run_id)
+        self.deadline[run_id] = due
+        if old is None or due < old:
+            heapq.heappush(self._heap, (due, run_id))
 
     def _raise(self, run: RunRow, rule: str, status: Status, silent: float, now: float) -> int:
         limit = self.cfg.pipeline.heartbeat_timeout if rule == "job_gone" else self.cfg.pipeline.stall_timeout

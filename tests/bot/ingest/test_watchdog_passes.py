@@ -44,7 +44,7 @@ def _setup(tmp_path, name: str, clock: Clock, full: bool) -> tuple[Store, Watchd
     return store, dog, raised
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(12))
 def test_a_pass_over_what_changed_raises_what_a_pass_over_every_run_raises(tmp_path, seed):
     rng = random.Random(seed)
     clock = Clock(1_000_000.0)
@@ -59,9 +59,16 @@ def test_a_pass_over_what_changed_raises_what_a_pass_over_every_run_raises(tmp_p
             roll = rng.random()
             if roll < 0.25:  # a heartbeat with progress
                 steps[run_id] += 1
-            if roll < 0.4:  # a heartbeat (progress or not)
-                for store, _, _ in setups:
+            for store, _, _ in setups:
+                if roll < 0.4:  # a heartbeat (progress or not)
                     store.touch_run(run_id, "p", {}, "0", steps[run_id], clock.t, heartbeat=True)
+                elif roll < 0.42:  # a pause or a resume answered to a command (last_seen does not move)
+                    store.set_paused(run_id, roll < 0.41, clock.t)
+                elif roll < 0.43:  # the job said it ended (a final heartbeat)
+                    store.touch_run(run_id, "p", {}, "0", steps[run_id], clock.t, heartbeat=True)
+                    store.escalations.end_run(run_id, clock.t, steps[run_id])
+                elif roll < 0.44:  # a new attempt (its progress counts from now)
+                    store.restart_run(run_id, clock.t)
         for _, dog, _ in setups:
             dog.check()
     (_, _, incremental), (_, _, full) = setups
@@ -82,3 +89,40 @@ def test_after_the_first_pass_only_the_runs_heard_from_or_crossing_a_timeout_are
     store.touch_run("live", "p", {}, "0", 11, clock.t, heartbeat=True)
     clock.t += 2.0
     assert [r["run_id"] for r in dog.candidates(clock.t)] == ["live"]
+
+
+def _instructions(store: Store, fn) -> int:  # type: ignore[no-untyped-def]
+    """The SQLite virtual machine instructions `fn` ran (a scan of N rows is at least N of them)."""
+    count = [0]
+
+    def step() -> int:
+        count[0] += 1
+        return 0
+
+    store.db.set_progress_handler(step, 1)
+    try:
+        fn()
+    finally:
+        store.db.set_progress_handler(None, 1)
+    return count[0]
+
+
+def test_a_pass_costs_the_same_over_500_or_5000_stored_runs_and_ended_runs(tmp_path):
+    cost = {}
+    for n in (500, 5000):
+        clock = Clock(1_000_000.0)
+        store, dog, _ = _setup(tmp_path, f"n{n}", clock, full=False)
+        for r in range(n):
+            store.touch_run(f"old-{r}", "p", {}, "0", 10, clock.t - 7200 + r * 1e-3, heartbeat=True)
+            if r % 2:
+                store.escalations.end_run(f"old-{r}", clock.t - 7000, 10)
+        clock.t += 700.0
+        dog.check()  # the grace's end: every run read once
+        passes = []
+        for k in range(3):
+            clock.t += 2.0
+            for r in range(10):
+                store.touch_run(f"old-{(r * 37 + k) % n}", "p", {}, "0", 11 + k, clock.t, heartbeat=True)
+            passes.append(_instructions(store, dog.check))
+        cost[n] = max(passes)
+    assert cost[5000] <= cost[500] * 1.2, cost
