@@ -50,11 +50,21 @@ def check(views: RankViews, settings: RanksConfig, now: float, since: float | No
     watchdog's job_gone), so a check costs the runs that reported, not every run kept."""
     ctx = Check(now, settings)
     out: list[Event] = []
-    for run in list(views.runs.values()):
+    if since is None:
+        runs = list(views.runs.values())
+    else:  # in the views' order (the least recently seen first), as a check of every run takes them
+        ids = views.heard_ids | views.alerting
+        runs = sorted((r for r in map(views.runs.get, ids) if r is not None), key=lambda r: (r.heard, r.run_id))
+    views.heard_ids.clear()
+    for run in runs:
         if since is not None and run.heard < since and not run.firing:
             continue
         if len(run.members) >= settings.min_ranks or run.firing:
             out += track(RULES, ctx, run)
+        if run.firing:
+            views.alerting.add(run.run_id)
+        else:
+            views.alerting.discard(run.run_id)
     return out
 
 

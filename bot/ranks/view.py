@@ -127,8 +127,9 @@ class Firing:
 class RunRanks:
     """One run's ranks, and the rules' memory for it."""
 
-    def __init__(self, run_id: str, max_ranks: int, history: int) -> None:
+    def __init__(self, run_id: str, max_ranks: int, history: int, heard_ids: set[str] | None = None) -> None:
         self.run_id, self.max_ranks, self.history = run_id, max_ranks, history
+        self._heard_ids = heard_ids if heard_ids is not None else set()  # its views' (RankViews.heard_ids)
         self.members: dict[str, RankState] = {}
         self.refused = 0  # samples of ranks past max_ranks
         self.world: int | None = None  # the job's world size, as its heartbeats say it (RANK_SIZE)
@@ -137,7 +138,17 @@ class RunRanks:
         # (host, device) -> rank key: a heartbeat posted on its own names its device and host, not its rank
         # (device ids repeat across hosts); (None, device) for the first rank seen with that device
         self.by_device: dict[tuple[str | None, str], str] = {}
-        self.heard = float("-inf")  # when one of its ranks was last heard from: a check passes over a quiet run
+        self._heard = float("-inf")
+
+    @property
+    def heard(self) -> float:
+        """When one of its ranks was last heard from: a check passes over a quiet run."""
+        return self._heard
+
+    @heard.setter
+    def heard(self, now: float) -> None:
+        self._heard = now
+        self._heard_ids.add(self.run_id)  # the next check looks at it, without looking at every run
 
     def procs(self) -> frozenset[str]:
         """Every process this run's view has seen (its ranks' current and earlier ones, earlier attempts')."""
@@ -217,11 +228,16 @@ class RankViews:
     def __init__(self, max_runs: int, max_ranks: int, history: int) -> None:
         self.max_runs, self.max_ranks, self.history = max_runs, max_ranks, history
         self.runs: OrderedDict[str, RunRanks] = OrderedDict()
+        # What a check with `since` looks at, so that it costs the runs that reported, not every run kept: the runs
+        # heard from since the previous check (a run's `heard` set adds it), and those whose rules held a streak or
+        # an alert at it (bot/ranks/__init__.py's check keeps both)
+        self.heard_ids: set[str] = set()
+        self.alerting: set[str] = set()
 
     def run(self, run_id: str, create: bool = False) -> RunRanks | None:
         r = self.runs.get(run_id)
         if r is None and create:
-            r = self.runs[run_id] = RunRanks(run_id, self.max_ranks, self.history)
+            r = self.runs[run_id] = RunRanks(run_id, self.max_ranks, self.history, self.heard_ids)
             while len(self.runs) > self.max_runs:
                 self.runs.popitem(last=False)
         elif r is not None:

@@ -61,3 +61,4 @@ class RankWatch:
             run.firing.pop(key, None)  # fires again once the condition holds long enough
         else:
             run.firing[key] = Firing(0, ev.severity)  # resolves again at the next check
+            self.views.alerting.add(ev.run_id)

@@ -4,6 +4,8 @@ reporting is still found."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import bot.ranks as ranks_mod
 from bot.config import RanksConfig
 from bot.ranks import check
@@ -43,3 +45,42 @@ def test_a_check_passes_over_quiet_runs_and_still_finds_a_straggler(monkeypatch)
         assert judged == ["busy"]  # the 50 quiet runs are not looked at
         now += 1.0
     assert [(e.rule, e.device) for e in events] == [("rank_straggler", "3")]
+
+
+class _NoScan(OrderedDict):  # type: ignore[type-arg]
+    """The views' runs, refusing to be walked: a check that looks at every run kept fails on it."""
+
+    def values(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("a check with `since` walked every run kept")
+
+    items = keys = __iter__ = values  # type: ignore[assignment]
+
+
+def test_a_check_after_the_first_never_walks_every_run_and_still_looks_at_a_quiet_run_with_an_alert(monkeypatch):
+    cfg = RanksConfig(history=4, straggler_checks=2)
+    views = RankViews(cfg.max_runs, cfg.max_ranks, cfg.history)
+    judged: list[str] = []
+    track = ranks_mod.track
+
+    def counted(rules, ctx, run):  # type: ignore[no-untyped-def]
+        judged.append(run.run_id)
+        return track(rules, ctx, run)
+
+    monkeypatch.setattr(ranks_mod, "track", counted)
+    now = 1000.0
+    for q in range(200):
+        _report(views, f"quiet-{q}", 8, 0, now)
+    assert check(views, cfg, now) == []  # the first check walks them all
+    views.runs = _NoScan(views.runs)
+    events = []
+    for k in range(1, 9):
+        now += 1.0
+        _report(views, "busy", 8, k, now, slow=3)
+        _report(views, f"quiet-{k}", 8, k, now)  # another run that reported
+        judged.clear()
+        events += check(views, cfg, now + 0.5, since=now - 0.5)
+        assert sorted(judged) == ["busy", f"quiet-{k}"]
+    assert [(e.rule, e.device, e.status.value) for e in events] == [("rank_straggler", "3", "firing")]
+    judged.clear()
+    assert check(views, cfg, now + 5.0, since=now + 1.0) == []  # nothing reported: only the run with an alert
+    assert judged == ["busy"]
