@@ -30,7 +30,6 @@ What is drawn follows the README's rule table:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import io
@@ -83,13 +82,6 @@ def chart_size(event: Event, width_px: int = 1200) -> tuple[int, int]:
     """The (width, height) in pixels of the PNG that `render_chart` makes for `event`."""
     aspect = ASPECT if _has_points(event.window) else EMPTY_ASPECT
     return width_px, max(1, round(width_px * aspect))
-
-
-async def render_chart_off_loop(event: Event, ranks: Mapping[str, RankSeries] | None = None,
-                                starts: Sequence[AlertStart] = ()) -> bytes:
-    """`render_chart` in the default executor: a chart takes tens of milliseconds the event loop must not."""
-    return await asyncio.get_running_loop().run_in_executor(
-        None, lambda: render_chart(event, ranks=ranks, starts=starts))
 
 
 def alert_starts(firing: Sequence[Mapping[str, Any]]) -> list[AlertStart]:

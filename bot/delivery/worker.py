@@ -23,9 +23,11 @@ message's reference on them, so it only does what was left (the chart).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import functools
+import importlib
 import logging
 import random
 import time
@@ -35,8 +37,10 @@ from typing import Any
 
 import msgspec
 
+import bot.charts as charts
 from bot.delivery.payload import Payload
 from bot.delivery.plan import Known, Op, Step, step
+from bot.delivery.trace import Trace
 from bot.metrics import BotMetrics
 from bot.pipeline import DELIVERY, flow
 from bot.pipeline.group import firing_key
@@ -62,7 +66,8 @@ log = logging.getLogger("msmon.bot")
 
 CHARTS_KEPT = 16  # drawn charts kept for the retries of their group (about 100 kB each)
 OVERLOADED = "the bot is overloaded and sheds samples, ERRORs go first (bot.overload)"
-CHART_WAIT = 1.0  # seconds a new alert's text waits for its chart before it goes without (the chart follows)
+CHART_WAIT = 1.0  # seconds a new alert's text waits for its chart (chart_in_post receivers) before it goes without
+Drawn = tuple[bytes | None, str | None]  # a chart's PNG, or why it could not be drawn
 # Set by a lane for the send it runs: _post resolves it once the text is posted, so the lane takes its next message
 # while this one's chart is still being drawn and attached (the follow-up goes on in its own task)
 _TEXT_POSTED: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.ContextVar("_TEXT_POSTED",
@@ -153,16 +158,38 @@ class Outbox:
         # Row id -> a verdict SQLite refused to record (a full disk, a lock): written again before each
         # round; the row is not tried meanwhile, so a delivered message is not delivered again.
         self._unwritten: dict[int, tuple[Verdict, float]] = {}
-        self._charts: OrderedDict[tuple[str, tuple[int, ...]], tuple[bytes | None, str | None]] = OrderedDict()
+        self._charts: OrderedDict[tuple[str, tuple[int, ...]], Drawn] = OrderedDict()
+        self._drawing: dict[tuple[str, tuple[int, ...]], asyncio.Task[Drawn]] = {}  # a group's chart being drawn
         self._round = flow.Round(self.scheduler, limiter, self._posted, self._unwritten,
                                  frozenset(n for n, r in receivers.items() if getattr(r, "self_paced", False)))
         self._busy: dict[tuple[str, str], asyncio.Task[int]] = {}  # lane (receiver, channel) -> its task sending
         # A posted message whose chart is still being drawn or attached -> its rows' ids: a lane goes on past it, and
         # no round takes those rows again until it settles them
         self._following: dict[asyncio.Task[bool], frozenset[int]] = {}
+        self.trace = Trace.from_env()  # each message's time per stage, for bench/bench_error_latency.py (trace.py)
+        self._loop: asyncio.AbstractEventLoop | None = None  # while run delivers: a ring starts a round (wake)
+        self._soon = False  # a round is to start at the loop's next step
 
     def wake(self) -> None:
+        """Rows were queued (the ingest rings after its commit). While `run` delivers, their round starts at the
+        loop's next step: waking `run` takes three (the doorbell, the wait around it, the task), and on a loop the
+        ingest keeps busy each step waits behind hundreds of envelopes (0.5 s p50 in bench_error_latency.py)."""
+        self.trace.rang = time.monotonic()
         self.doorbell.set()
+        if self._loop is not None and not self._soon:
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:  # another thread: the doorbell only
+                return
+            if here is self._loop:
+                self._soon = True
+                here.call_soon(self._round_now)
+
+    def _round_now(self) -> None:
+        self._soon = False
+        self.trace.resumed()
+        with contextlib.suppress(Exception):  # the store's trouble: run's own round (the doorbell rang) logs it
+            self._start_lanes()
 
     def _message(self, key: str, payloads: list[Payload], repeat: bool = False) -> Message:
         msg = _message(key, payloads, repeat)
@@ -170,6 +197,15 @@ class Outbox:
         return msg
 
     async def run(self, stop: asyncio.Event) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+            await self._run(stop)
+        finally:
+            self._loop = None
+
+    async def _run(self, stop: asyncio.Event) -> None:
+        if any(r.charts for r in self.receivers.values()):  # matplotlib's import takes seconds: not on the loop
+            asyncio.get_running_loop().run_in_executor(None, importlib.import_module, "bot.charts.draw")
         waiting = self.store.depth()
         if waiting:
             self.store.due_now(self.clock())
@@ -193,6 +229,7 @@ class Outbox:
             stop_task = asyncio.ensure_future(stop.wait())
             bell_task = asyncio.ensure_future(self.doorbell.wait())
             await asyncio.wait({stop_task, bell_task}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            self.trace.resumed()
             for t in (stop_task, bell_task):
                 t.cancel()
         await self.close()
@@ -238,6 +275,8 @@ class Outbox:
             if (gk[0], gk[1]) not in self._busy:
                 lanes.setdefault((gk[0], gk[1]), []).append(gk)
         tasks = []
+        if self.trace.on:
+            self.trace.picked(r.id for r in rows if (r.receiver, r.channel) in lanes)
         for lane, groups in lanes.items():
             task = asyncio.create_task(self._send_lane(lane, groups))
             self._busy[lane] = task
@@ -257,12 +296,17 @@ class Outbox:
                 claimed = self.store.claim(gk, self.clock())  # none: another replica is delivering this group
                 if not claimed:
                     continue
+                ids = [r.id for r in claimed]
+                self.trace.mark(ids, "turn")
                 due, dropped_by = flow.run_stages(DELIVERY, self._round, flow.Due(claimed, self.clock()))
                 if dropped_by is not None:
                     continue
                 if due.wait > 0.0:
+                    self.trace.deferred(ids)
                     self._settle(due.rows, Deferred(due.wait), due.rows[0].receiver)
-                elif await self._send_in_turn(due.rows):
+                    continue
+                self.trace.mark(ids, "planned")
+                if await self._send_in_turn(due.rows):
                     sent += 1
             except Exception:  # noqa: BLE001 - store trouble; a row's own failure is handled in _send
                 log.exception("msmon bot: delivery to %s %s failed in the store; the lane retries next round", *lane)
@@ -360,6 +404,9 @@ class Outbox:
             if verdict.state in ("delivered", "dead"):
                 self._charts.pop((head.key, tuple(ids)), None)
             self._after(rows, verdict, now)
+            if self.trace.on:
+                self.trace.settled(ids, head.run_id, head.kind, verdict.state,
+                                   attempt.payloads[0].received_at if attempt and attempt.payloads else None)
         m = self.metrics
         if verdict.state == "delivered":
             m.sent.labels(receiver, head.kind).inc()
@@ -442,42 +489,69 @@ class Outbox:
             known, seen = self._known(t, msg)
             await self._carry_out(t, msg, step(kind, known), seen)
 
-    async def _chart(self, t: _Try, msg: Message) -> None:
-        """Draw the firing ERROR's chart into `msg`; a chart that cannot be drawn only says so. Drawn once
-        per group: its retries reuse it (a few are kept)."""
+    def _chart(self, t: _Try, msg: Message) -> asyncio.Task[Drawn] | None:
+        """The drawing of the firing ERROR's chart (`_draw`: one per group at a time, which a retry of the group
+        shares while it is under way), or None when no chart is to be drawn. What is known at once is filled in
+        `msg` before its text goes: the chart drawn on an earlier try (a few are kept), or why none is drawn (the
+        bot sheds)."""
         if not t.receiver.charts or msg.severity is not Severity.ERROR or msg.status is not Status.FIRING:
-            return
+            return None
         room = getattr(t.receiver, "has_room", None)  # a group robot in a storm posts no chart: none is drawn
         if room is not None and not room():
-            return
+            return None
         key = (t.head.key, tuple(t.ids))
         if key in self._charts:
             msg.chart, msg.chart_problem = self._charts[key]
-            return
+            return None
         if self.shedding():  # a chart is a picture of samples, shed too: the page goes now, the text says why
             msg.chart_problem = OVERLOADED
-            return
-        try:
-            from bot.charts.draw import render_chart_off_loop  # matplotlib only when a chart is drawn
+            return None
+        drawing = self._drawing.get(key)
+        if drawing is None:
+            drawing = self._drawing[key] = asyncio.ensure_future(self._draw(key, msg, t.ids))
+        return drawing
 
-            msg.chart = await render_chart_off_loop(msg.lead)
+    async def _draw(self, key: tuple[str, tuple[int, ...]], msg: Message, ids: list[int]) -> Drawn:
+        """The chart's PNG, drawn in a thread, or why it could not be drawn; kept for the group's retries."""
+        chart, problem = None, None
+        try:
+            self.trace.mark(ids, "chart_queued")
+            chart = await charts.render_chart_off_loop(msg.lead, timed=self._chart_timer(ids))
+            self.trace.mark(ids, "chart_back")
         except Exception as exc:  # noqa: BLE001 - any failure to draw: the alert goes out without it
-            msg.chart_problem = _first_line(exc)
+            problem = _first_line(exc)
             log.warning("msmon bot: the chart of %s for run %r step %d could not be drawn (%s); the alert is sent "
-                        "without it", msg.rule, msg.run_id, msg.lead.step, msg.chart_problem)
-        self._charts[key] = (msg.chart, msg.chart_problem)
+                        "without it", msg.rule, msg.run_id, msg.lead.step, problem)
+        finally:
+            self._drawing.pop(key, None)
+        self._charts[key] = (chart, problem)
         while len(self._charts) > CHARTS_KEPT:
             self._charts.popitem(last=False)
+        return chart, problem
+
+    def _chart_timer(self, ids: list[int]) -> Callable[[str], None] | None:
+        """For the drawing thread: marks chart_start and chart_end of the rows (tracing only)."""
+        return functools.partial(self.trace.mark, ids) if self.trace.on else None
 
     async def _post(self, t: _Try, msg: Message, root_key: str | None = None) -> None:
-        """Post a new message, store its reference at once, then attach its chart (the follow-up). The text
-        waits for its chart at most CHART_WAIT seconds (a busy bot draws slowly): a chart not drawn by then
-        follows the text instead of holding the page back."""
-        drawing = asyncio.ensure_future(self._chart(t, msg))
-        await asyncio.wait({drawing}, timeout=CHART_WAIT)
+        """Post a new message, store its reference at once, then attach its chart (the follow-up). A receiver
+        that sends the chart with the text (`chart_in_post`, the default) has the text wait for it at most
+        CHART_WAIT seconds (a busy bot draws slowly): a chart not drawn by then follows the text. One that
+        attaches it on its own (Slack: an upload in the message's thread) posts the text at once. Once the
+        text is posted the lane goes on (the chart's follow-up is this task's, in the background): an ERROR's
+        text never waits for the drawing or the upload of the chart of the one before it. A chart that could
+        not be drawn after its text went rewrites the text to say why."""
+        drawing = self._chart(t, msg)
+        follows = not getattr(t.receiver, "chart_in_post", True)
+        if drawing is not None and not follows:
+            await asyncio.wait({drawing}, timeout=CHART_WAIT)
+            if drawing.done():
+                msg.chart, msg.chart_problem = drawing.result()
         channel, key = t.head.channel, t.head.key
         if t.plan.post:
+            self.trace.mark(t.ids, "post_start")
             t.posted = await t.receiver.post(channel, msg)
+            self.trace.mark(t.ids, "post_end")
             self._posted.update(dict.fromkeys(t.ids, t.posted))
             with self.store.tx():
                 now = self.clock()
@@ -485,13 +559,25 @@ class Outbox:
                 if root_key is not None:
                     self.store.save_message(root_key, t.receiver.name, channel, t.posted, now)
                 self.store.mark_posted(t.ids, t.posted)
+            self._reached(t.rows, now)
         ref = t.posted or t.plan.ref
         assert ref is not None
         posted = _TEXT_POSTED.get()
-        if posted is not None and not posted.done() and not drawing.done():
-            posted.set_result(None)  # the lane goes on; this task attaches the chart when it is drawn
-        await drawing
-        await t.receiver.attach(channel, ref, msg)
+        if posted is not None and not posted.done():
+            posted.set_result(None)  # the lane goes on; this task draws and attaches the chart
+        if drawing is not None:
+            msg.chart, msg.chart_problem = await asyncio.shield(drawing)  # shared with a retry of the group
+        if follows and msg.chart is None and msg.chart_problem not in (None, OVERLOADED) and \
+                (drawing is not None or not t.plan.post):  # drawn after the text went (this try or one before)
+            await t.receiver.update(channel, ref, msg)  # the drawing failed: the text says so now
+        else:
+            await t.receiver.attach(channel, ref, msg)
+
+    def _reached(self, rows: list[OutboxRow], now: float) -> None:
+        """The text got through while the rows' follow-up (the chart) goes on: the lane is up from now, as the
+        scheduler learns from a delivered group (its outage rule: another message's failures count again; a lane
+        that was failing delivers its waiting rows now). The rows' own verdict comes when they are settled."""
+        self._after(rows, self.scheduler.after(rows, Sent(), now), now)
 
     def _payloads(self, rows: list[OutboxRow]) -> list[Payload]:
         """Payloads of rows delivered before (a row that does not decode is left out)."""

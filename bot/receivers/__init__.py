@@ -145,6 +145,10 @@ def decode_note(raw: bytes | str, channel: str) -> Note:
 
 
 class Receiver(Protocol):
+    """A destination of messages. A receiver may also say `chart_in_post = False`: its chart goes after the text,
+    on its own (`attach`), so the text never waits for the chart to be drawn (the outbox reads it with getattr;
+    without it the text waits for its chart at most bot.delivery.worker.CHART_WAIT)."""
+
     name: str
     charts: bool  # wants a chart for each firing ERROR
 

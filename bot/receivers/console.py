@@ -40,7 +40,8 @@ async def save_status_chart(directory: str, event: Event, windows: Windows | Non
     """`msmon cmd status`'s chart, drawn off the event loop into the charts folder; its path, or None when
     matplotlib or the disk refuses (logged: a chart never fails the command). `windows`: the bot's per-device
     rings, for one throughput line per rank; `firing`: the run's firing alerts, marked where they began."""
-    from bot.charts.draw import alert_starts, rank_throughput, render_chart_off_loop  # matplotlib only when drawn
+    from bot.charts import render_chart_off_loop
+    from bot.charts.draw import alert_starts, rank_throughput  # matplotlib only when drawn
 
     ranks = rank_throughput(windows, event.run_id) if windows is not None else None
     try:  # the file is a slug of the run id inside the folder (save_png)

@@ -113,7 +113,7 @@ class EmailReceiver:
             event = decode(m.event_json, Event)
             if event.window is None or not event.window.steps:
                 return None
-            from bot.charts.draw import render_chart_off_loop  # matplotlib only when a chart is drawn
+            from bot.charts import render_chart_off_loop  # matplotlib imported in its thread
 
             return await render_chart_off_loop(event)
         except Exception as exc:  # noqa: BLE001 - the mail goes without its chart

@@ -10,7 +10,7 @@ files.getUploadURLExternal, the upload URL it hands out (recorded as method "upl
 files.completeUploadExternal, and response URLs (`response_url(name)` hands one out, as Slack
 does with each slash command or button click; POSTs to it are recorded as method "response").
 Every request is recorded, in order, in `calls`; `fail()` injects HTTP 429 (with Retry-After)
-or 500/503 answers for the next N calls to a method.
+or 500/503 answers for the next N calls to a method; `slow()` makes a method answer late.
 
 Socket Mode (for slack-sdk's SocketModeClient): apps.connections.open (app-level `xapp-` token only,
 as on Slack) hands out `ws://127.0.0.1:PORT/socket-mode/<id>`; a client connecting there gets Slack's
@@ -118,6 +118,7 @@ class SlackAPIServer:
         self._lock = threading.Condition(threading.RLock())
         self._calls: list[Call] = []
         self._failures: dict[str, deque[_Failure]] = {}
+        self._delays: dict[str, float] = {}  # method -> seconds its answers wait (slow())
         self._messages: list[dict[str, Any]] = []  # chat.postMessage params + ts, in order
         self._store: dict[tuple[str, str], dict[str, Any]] = {}  # (channel, ts) -> current message
         self._updates: list[dict[str, Any]] = []
@@ -353,6 +354,18 @@ class SlackAPIServer:
                 q.append(_Failure(status, retry_after if status == 429 or body is not None else None, body,
                                   content_type, when))
 
+    def slow(self, method: str, seconds: float) -> None:
+        """Answer every later call to `method` ("upload" for the upload URL) `seconds` late (Slack on a bad day).
+        The call is recorded when it arrives (`time`); its answer leaves `seconds` later. 0: at once again."""
+        with self._lock:
+            self._delays[method] = seconds
+
+    async def _delay(self, method: str) -> None:
+        with self._lock:
+            seconds = self._delays.get(method, 0.0)
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
     def pending_failures(self, method: str) -> int:
         with self._lock:
             return len(self._failures.get(method, ()))
@@ -501,6 +514,7 @@ class SlackAPIServer:
             handler = self._methods.get(method)
             body = handler(self, params) if handler else {"ok": False, "error": "unknown_method"}
         self._record(Call(**base, ok=bool(body.get("ok")), error=body.get("error"), response=copy.deepcopy(body)))
+        await self._delay(method)
         return web.json_response(body)
 
     async def _handle_upload(self, request: web.Request) -> web.Response:
@@ -526,6 +540,7 @@ class SlackAPIServer:
             self._record(Call(**base, http_status=404, ok=False, error="file_not_found"))
             return web.Response(status=404, text="Not Found - unknown upload", content_type="text/plain")
         self._record(Call(**base))
+        await self._delay(UPLOAD)
         return web.Response(text=f"OK - {len(data)}", content_type="text/plain")
 
     # -- Slack methods (called on the server thread; take the lock for state) ------------------

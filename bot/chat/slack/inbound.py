@@ -146,7 +146,8 @@ class SlackInbound:
         takes no file)."""
         if answer.chart is None or not self.charts or not origin.reply_to.channel:
             return
-        from bot.charts.draw import alert_starts, rank_throughput, render_chart_off_loop
+        from bot.charts import render_chart_off_loop
+        from bot.charts.draw import alert_starts, rank_throughput
 
         event = answer.chart
         ranks = rank_throughput(self.svc.state.windows, event.run_id)  # one throughput line per rank

@@ -21,6 +21,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from bot.receivers import DeliveryError, Message, Note, retry_after
+from bot.receivers.offloop import off_loop
 from bot.receivers.render import (
     ICON,
     chart_line,
@@ -105,6 +106,7 @@ def buttons(msg: Message) -> dict[str, Any]:
 
 class SlackReceiver:
     name = "slack"
+    chart_in_post = False  # the chart is an upload in the message's thread: the text never waits for it
 
     def __init__(self, token: str, base_url: str | None = None, max_retries: int = 5, charts: bool = True,
                  timeout: float = 10.0) -> None:
@@ -121,8 +123,10 @@ class SlackReceiver:
         self._channel_ids: dict[str, str] = {}  # channel as routed -> the ID Slack answered (uploads need it)
 
     async def _call(self, what: str, coro: Any) -> Any:
+        """Slack's answer to `coro` (a call of the client), run on the receivers' HTTP loop (bot/receivers/offloop.py:
+        the bot's loop, busy with the ingest, takes one step when the answer is in)."""
         try:
-            return await coro
+            return await off_loop(coro)
         except SlackApiError as exc:
             raise api_error(what, exc) from None
         except Exception as exc:  # noqa: BLE001 - aiohttp errors, timeouts and friends: all a failed delivery
@@ -162,8 +166,8 @@ class SlackReceiver:
         if to.url:
             client = AsyncWebhookClient(to.url, retry_handlers=self.client.retry_handlers)
             try:
-                resp = await client.send(text=body, replace_original=False,
-                                         response_type="ephemeral" if note.private else "in_channel")
+                resp = await off_loop(client.send(text=body, replace_original=False,
+                                                  response_type="ephemeral" if note.private else "in_channel"))
             except Exception as exc:  # noqa: BLE001 - aiohttp errors and friends
                 raise DeliveryError(f"Slack response_url failed: {type(exc).__name__}: {exc}") from None
             if resp.status_code != 200:

@@ -19,7 +19,7 @@ import pytest
 
 from bot.pipeline.schedule import Policy
 from bot.receivers.console import ConsoleReceiver
-from msmon.contract.wire import Envelope, Event, Sample, Window, encode
+from msmon.contract.wire import Envelope, Event, Sample, Severity, Window, encode
 from tests.fakes.bot_server import wait_for
 from tests.fakes.records import event
 from tests.fakes.slack_api import SlackAPIServer
@@ -73,10 +73,16 @@ def test_charts_matplotlib_stumbles_on_are_posted_once_and_others_flow(tmp_path,
     for run in ("run-math", "run-huge"):
         posts = posts_for(slack, run)
         assert len(posts) == 1, f"the poison alert of {run} was posted {len(posts)} times"
-    huge = posts_for(slack, "run-huge")[0].params["text"]
-    assert "(chart could not be drawn: LinAlgError: Singular matrix)" in huge
-    assert "chart could not be drawn" not in posts_for(slack, "run-math")[0].params["text"]
-    assert len(slack.uploads()) == 4  # every chart but the one that cannot be drawn
+    # Slack's text goes before its chart is drawn: the message is rewritten to say why it has none
+    assert wait_for(lambda: len(slack.updates()) == 1, timeout=10)
+    huge = slack.message(posts_for(slack, "run-huge")[0].response["ts"])
+    assert huge is not None and "(chart could not be drawn: LinAlgError: Singular matrix)" in huge["text"]
+    assert huge["edited"] == 1 and "Acknowledge" in str(huge["blocks"])  # the same message, its buttons kept
+    math = slack.message(posts_for(slack, "run-math")[0].response["ts"])
+    assert math is not None and "chart could not be drawn" not in math["text"] and not math.get("edited")
+    assert wait_for(lambda: len(slack.uploads()) == 4, timeout=15)  # every chart but the one that cannot be drawn
+    time.sleep(0.5)
+    assert len(slack.uploads()) == 4
     _, health = bot.request("GET", "/healthz", token=None)
     assert health["outbox_depth"] == 0 and health["dead_letters"] == 0
 
@@ -312,6 +318,7 @@ def test_when_sqlite_refuses_to_record_a_post_the_message_is_still_posted_once(t
         bot.request("POST", "/v1/ingest", envelope([event(run="run-disk")]))
         bot.request("POST", "/v1/ingest", envelope([event(run="run-fine")]))
         assert wait_for(lambda: posts_for(slack, "run-disk") and posts_for(slack, "run-fine"), timeout=5)
+        assert wait_for(lambda: len(slack.uploads()) == 1, timeout=10)  # run-fine's chart follows its text
         time.sleep(2.0)  # rounds go by while SQLite refuses
         assert len(posts_for(slack, "run-disk")) == 1 and len(slack.uploads()) == 1  # run-fine's chart only
         db.execute("DROP TRIGGER no_msg")
@@ -351,7 +358,9 @@ def test_a_groups_chart_is_drawn_once_for_all_its_retries(tmp_path, slack, env, 
                          grad_norm=[1e-320, 1e300, 0.0], tokens_per_s=[1.0, 2.0, 3.0])
     with caplog.at_level(logging.WARNING, logger="msmon.bot"):
         bot.request("POST", "/v1/ingest", envelope([huge]))
-        bot.request("POST", "/v1/ingest", envelope([event(run="run-fine")]))  # the channel is not down
+        # the channel is not down: a message gets through after huge was queued (so each failed try counts); a
+        # WARNING, whose delivery ends with its text (an ERROR's ends when its chart is attached)
+        bot.request("POST", "/v1/ingest", envelope([event(run="run-fine", sev=Severity.WARNING)]))
         assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1]["dead_letters"] == 1, timeout=10)
     assert len([c for c in slack.calls_to("chat.postMessage") if "run-huge" in c.params["text"]]) == 4
     assert sum("could not be drawn" in r.getMessage() for r in caplog.records) == 1
@@ -372,23 +381,28 @@ def test_slacks_retry_after_is_read_as_the_job_reads_it():
 
 def test_an_errors_text_does_not_wait_behind_the_chart_of_the_one_before(tmp_path, slack, env, bot_server,
                                                                          monkeypatch):
-    """A chart slow to draw (a busy bot: matplotlib in a thread against the loop) holds back its own alert's text at
-    most CHART_WAIT and never the next alert's: the lane posts the next text while the first chart is still being
-    drawn, and that chart still lands once, in its own alert's thread."""
+    """A chart slow to draw (a busy bot: matplotlib in a thread against the loop) holds back neither its own
+    alert's Slack text (Slack's chart is an upload after it: no CHART_WAIT) nor the next alert's: the lane posts the
+    next text while the first chart is still being drawn, and that chart still lands once, in its own alert's
+    thread."""
     import asyncio
 
-    import bot.charts.draw as draw
+    import bot.charts as charts
+    import bot.delivery.worker as worker
 
-    real = draw.render_chart_off_loop
+    real = charts.render_chart_off_loop
     first = [True]
+    drawn: list[float] = []
 
     async def slow_once(*a: Any, **kw: Any) -> bytes:
         if first[0]:
             first[0] = False
             await asyncio.sleep(4.0)
+            drawn.append(time.monotonic())
         return await real(*a, **kw)
 
-    monkeypatch.setattr(draw, "render_chart_off_loop", slow_once)
+    monkeypatch.setattr(charts, "render_chart_off_loop", slow_once)
+    monkeypatch.setattr(worker, "CHART_WAIT", 30.0)  # a receiver that waited for its chart would wait it out
     bot = bot_server(config(tmp_path, slack))
     bot.request("POST", "/v1/ingest", envelope([event(run="run-a")]))
     assert wait_for(lambda: len(posts_for(slack, "run-a")) == 1, timeout=15)
@@ -399,7 +413,27 @@ def test_an_errors_text_does_not_wait_behind_the_chart_of_the_one_before(tmp_pat
                   str(c.params.get("text", "")))
     uploads = [i for i, c in enumerate(calls) if c.method == "files.completeUploadExternal"]
     assert text_b < uploads[0]  # the second text went before the first chart was attached
+    assert posts_for(slack, "run-a")[0].time < drawn[0]  # the first text went before its chart was drawn
     threads = [posts_for(slack, run)[0].response["ts"] for run in ("run-a", "run-b")]
     assert sorted(u["thread_ts"] for u in slack.uploads()) == sorted(threads)
     time.sleep(0.5)
+    assert len(posts_for(slack, "run-a")) == len(posts_for(slack, "run-b")) == 1
+
+
+def test_an_errors_text_does_not_wait_for_the_upload_of_the_chart_before(tmp_path, slack, env, bot_server):
+    """The chart of the first ERROR is drawn and its upload is slow (Slack answers files.completeUploadExternal
+    3 s late): the next ERROR's text goes meanwhile. The lane waits for a message's text only, never for its
+    chart's follow-up (it once waited for the upload when the chart was drawn before the text went)."""
+    slack.slow("files.completeUploadExternal", 3.0)
+    bot = bot_server(config(tmp_path, slack))
+    bot.request("POST", "/v1/ingest", envelope([event(run="run-a")]))
+    assert wait_for(lambda: slack.calls_to("files.completeUploadExternal"), timeout=15)
+    completing = slack.calls_to("files.completeUploadExternal")[0].time  # its answer comes 3 s after this
+    bot.request("POST", "/v1/ingest", envelope([event(run="run-b")]))
+    assert wait_for(lambda: posts_for(slack, "run-b"), timeout=15)
+    assert posts_for(slack, "run-b")[0].time < completing + 3.0, "run-b's text waited for run-a's chart upload"
+    assert wait_for(lambda: len(slack.uploads()) == 2, timeout=15)
+    threads = {posts_for(slack, run)[0].response["ts"] for run in ("run-a", "run-b")}
+    assert {u["thread_ts"] for u in slack.uploads()} == threads
+    assert wait_for(lambda: bot.request("GET", "/healthz", token=None)[1]["outbox_depth"] == 0, timeout=10)
     assert len(posts_for(slack, "run-a")) == len(posts_for(slack, "run-b")) == 1
