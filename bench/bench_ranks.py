@@ -16,6 +16,19 @@ sample and a heartbeat, as the notifier's sender does) once a second, spread ove
    from its first slow sample;
 3. the pure cost of one check of the rules over that many ranks (bot/ranks `check`, in this process), and
    what the view adds to one envelope's ingest (RankViews.envelope).
+
+    .venv/bin/python bench/bench_ranks.py --instructions [--tree DIR]
+
+instead counts the CPU instructions of the bot process per envelope with valgrind's callgrind (the count does not
+move with the load on this shared machine, unlike the CPU time above): the bot (`serve`, the tree in DIR, this
+one unless said) under callgrind takes the transport's traffic for `--ranks` ranks of one run from `--clients`
+kept-alive connections posting back to back (a heartbeat folded into every third envelope of a rank, a long poll
+per 20 envelopes, held until its wait, shortened to 0.05 s, runs out): every rank's first envelope is sent
+uncounted, then `--rounds` more of each are counted (callgrind_control reads the count before and after), less
+what the bot does on its own meanwhile (its count over 10 s with nothing sent, per second). User space only
+(the kernel's TCP and file writes are not counted: the CPU-time figure's
+kernel share, printed above, says how much that is). The timed passes (the rank rules' check, the overload
+watch) are off: their cost per second is printed by the timed run (3.).
 """
 
 from __future__ import annotations
@@ -164,9 +177,15 @@ def _client(url: str, ranks: range, seconds: float, slow_at: float, out: multipr
 
 
 def _proc_cpu(pid: int) -> float:
+    return sum(_proc_times(pid))
+
+
+def _proc_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process `pid` so far."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _sched(pid: int) -> tuple[float, float]:
@@ -218,16 +237,115 @@ def pure_view_us(ranks: int, n: int = 20_000) -> float:
     return (time.perf_counter() - t) / n * 1e6
 
 
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+async def _drive(port: int, ranks: int, first: int, count: int, clients: int) -> int:
+    """Envelopes `first`..`first + count - 1` of the sequence (rank i % ranks, its (i // ranks)-th envelope) from
+    `clients` kept-alive connections, back to back; a long poll per 20 envelopes. How many were accepted (202)."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    base = f"http://127.0.0.1:{port}"
+    ok = 0
+    polls: list[asyncio.Task[None]] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def poll(rank: int) -> None:
+            body = encode(Poll(run_id=RUN, device=str(rank), wait=0.05))
+            async with http.post(base + "/v1/commands/poll", data=body, headers=headers) as r:
+                await r.read()
+
+        async def conn(c: int) -> None:
+            nonlocal ok
+            for i in range(first + c, first + count, clients):
+                rank, k = i % ranks, i // ranks
+                body = _envelope(rank, 10 * k, 0.1, heartbeat=k % 3 == 2)
+                async with http.post(base + "/v1/ingest", data=body, headers=headers) as r:
+                    await r.read()
+                    ok += r.status == 202
+                if i % 20 == 0:
+                    polls.append(asyncio.ensure_future(poll(rank)))
+
+        await asyncio.gather(*(conn(c) for c in range(clients)))
+        await asyncio.gather(*polls)
+    return ok
+
+
+def _counted(pid: int) -> int:
+    """The instructions callgrind has counted so far in process `pid` (callgrind_control, through vgdb)."""
+    out = subprocess.run(["callgrind_control", "-e", "Ir", str(pid)], capture_output=True, text=True, timeout=120)
+    found = re.findall(r"^\s*Th\s+\d+\s+([\d,]+)", out.stdout, re.MULTILINE)  # a line per thread
+    if not found:
+        raise SystemExit(f"callgrind_control gave no count:\n{out.stdout}{out.stderr}")
+    return sum(int(x.replace(",", "")) for x in found)
+
+
+def instructions_per_envelope(tree: str, ranks: int, rounds: int, clients: int, idle: float = 10.0
+                              ) -> tuple[float, float, float]:
+    """(instructions per envelope, of which the bot's timed tasks, per second idle): the bot (tree `tree`) under
+    callgrind, every rank's first envelope sent (not counted), then `rounds` more of each counted; what the bot
+    does on its own in a second (counted over `idle` seconds with nothing sent) times the counted part's length
+    is taken out."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port = _free_port()
+        cfg_path = os.path.join(tmp, "bot.yaml")
+        with open(cfg_path, "w") as f:
+            f.write(f"bot:\n  port: {port}\n  state_path: {tmp}/bot.sqlite\n"
+                    f"  tokens: [{{project: '*', env: BENCH_TOKEN}}]\n"
+                    f"  console: {{charts: false}}\n  max_request_bytes: 1048576\n  overload: {{enable: false}}\n"
+                    f"  ranks: {{period: 3600.0, history: {HISTORY}, straggler_checks: {CHECKS}, max_ranks: 100000}}\n")
+        env = {**os.environ, "BENCH_TOKEN": TOKEN, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
+        code = f"import sys; sys.path.insert(0, {tree!r}); from bot.server import serve; sys.exit(serve({cfg_path!r}))"
+        bot = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable,
+                                "-c", code], env=env, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               text=True)
+        try:
+            assert bot.stdout is not None
+            for line in bot.stdout:
+                if "listening on" in line:
+                    break
+            else:
+                raise SystemExit("the bot did not start under callgrind")
+            asyncio.run(_drive(port, ranks, 0, ranks, clients))  # every rank known, not counted
+            a, t0 = _counted(bot.pid), time.monotonic()
+            time.sleep(idle)
+            b, t1 = _counted(bot.pid), time.monotonic()
+            ok = asyncio.run(_drive(port, ranks, ranks, ranks * rounds, clients))
+            c, t2 = _counted(bot.pid), time.monotonic()
+        finally:
+            bot.terminate()
+            bot.wait(300)
+        if ok != ranks * rounds:
+            raise SystemExit(f"only {ok} of {ranks * rounds} envelopes accepted")
+        per_s = (b - a) / (t1 - t0)
+        background = per_s * (t2 - t1)
+        return (c - b - background) / ok, background / ok, per_s
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=float(os.environ.get("MSMON_BENCH_SECONDS", "180")))
     ap.add_argument("--clients", type=int, default=2, help="client processes the ranks are spread over")
     ap.add_argument("--profile", metavar="FILE", help="run the bot under cProfile, its stats written to FILE")
+    ap.add_argument("--perf", metavar="FILE", help="sample the bot with `perf record -g` while the ranks run (its C "
+                    "stacks: the interpreter, SQLite, msgspec, the kernel's TCP), written to FILE")
     ap.add_argument("--pattern", choices=PATTERNS, default="transport",
                     help="what each rank sends: as the transport does now (default), as it did before (old), or as "
                          "this bench did before (bench)")
+    ap.add_argument("--instructions", action="store_true", help="count the bot's CPU instructions per envelope under "
+                    "callgrind instead (see above); --ranks 1000 --clients 8 --rounds 2 unless said")
+    ap.add_argument("--tree", default=HERE, help="with --instructions: the source tree of the bot measured")
+    ap.add_argument("--rounds", type=int, default=2, help="with --instructions: envelopes per rank measured")
     args = ap.parse_args()
+    if args.instructions:
+        clients = args.clients if args.clients != 2 else 8
+        per, background, per_s = instructions_per_envelope(os.path.abspath(args.tree), args.ranks, args.rounds, clients)
+        print(f"bot instructions per envelope (callgrind, user space; {args.ranks} ranks of one run, {clients} "
+              f"kept-alive connections, a heartbeat in every third envelope, a long poll per 20; tree {args.tree}): "
+              f"{per:,.0f} (the bot's timed tasks, {per_s / 1e6:.1f}M instructions a second idle, taken out: "
+              f"{background:,.0f} an envelope)")
+        return
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         cfg_path = os.path.join(tmp, "bot.yaml")
@@ -260,7 +378,10 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.1)
-        cpu0, t0 = _proc_cpu(bot.pid), time.time()
+        times0, t0 = _proc_times(bot.pid), time.time()
+        cpu0 = sum(times0)
+        perf = subprocess.Popen(["perf", "record", "-q", "-g", "-o", args.perf, "-p", str(bot.pid)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if args.perf else None
         sched0 = _sched(bot.pid)
         q: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
         parts = [range(i, args.ranks, args.clients) for i in range(args.clients)]
@@ -271,7 +392,11 @@ def main() -> None:
         got = [q.get(timeout=args.seconds + 900) for _ in clients]
         for c in clients:
             c.join()
-        bot_cpu_s = _proc_cpu(bot.pid) - cpu0
+        user_s, sys_s = (b - a for a, b in zip(times0, _proc_times(bot.pid), strict=True))
+        bot_cpu_s = user_s + sys_s
+        if perf is not None:
+            perf.send_signal(2)
+            perf.wait(60)
         bot_wall = time.time() - t0
         ran, waited = (b - a for a, b in zip(sched0, _sched(bot.pid), strict=True))
         res = {"sent": sum(g["sent"] for g in got), "ok": sum(g["ok"] for g in got),
@@ -295,7 +420,8 @@ def main() -> None:
           f"{rtts[min(len(rtts) - 1, int(0.99 * len(rtts)))] * 1e3:.0f} ms")
     print(f"bot process: CPU {cpu:.0f}% of one core; {per_env * 1e6:.0f} us of bot CPU per envelope (everything the "
           f"ranks sent, heartbeats and polls included, over the envelopes: one core would take about "
-          f"{1 / max(per_env, 1e-9):,.0f} envelopes/s with this pattern), "
+          f"{1 / max(per_env, 1e-9):,.0f} envelopes/s with this pattern; {user_s / bot_cpu_s * 100:.0f}% of it in user "
+          f"space, {sys_s / bot_cpu_s * 100:.0f}% in the kernel), "
           f"{bot_cpu_s / bot_wall / args.ranks * 1e6:.0f} us of bot CPU per rank per second; RSS {rss:.0f} MB at the "
           f"end; the clients used "
           f"{res['cpu'] / res['elapsed'] * 100:.0f}% of a core; load average {os.getloadavg()[0]:.1f} on "

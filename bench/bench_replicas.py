@@ -11,7 +11,8 @@ not kept up with (or at the last level).
 
 Ingest latency is measured inside each replica, for both transports alike: from the envelope's
 `sent_at` (the rank's clock when it built it, the same host's clock) to the end of `Ingest.envelope`
-(its transaction committed). Over HTTP that is the 202 the job waits for; over NATS the moment the
+(its transaction committed), or for an envelope without events to the group commit of its run's update
+(bot/ingest/commit.py). Over HTTP that is the 202 the job waits for; over NATS the moment the
 replica can ack the message. CPU (cores busy, from /proc/<pid>/stat) and resident memory are each
 replica's own, over the measured seconds.
 
@@ -57,21 +58,36 @@ def replica(config: dict[str, Any], port: int) -> None:
 
     from aiohttp import web
 
-    import bot.ingest.envelope
-    from bot.app import create_app
+    from bot.app import STORE, create_app
     from bot.config import load_bot_config
+    from bot.ingest.envelope import Ingest
 
     logging.basicConfig(level=logging.WARNING)
     latencies: list[tuple[float, float]] = []  # (sent_at, latency)
-    original = bot.ingest.Ingest.envelope
+    held: list[float] = []  # sent_at of the envelopes whose run updates wait for the group commit
+    original = Ingest.envelope
 
-    def timed(self: Any, env: Any, body: bytes | None = None) -> dict[str, Any]:
-        answer = original(self, env, body)
-        latencies.append((env.sent_at, time.time() - env.sent_at))
+    def timed(self: Any, env: Any, defer: bool = False) -> dict[str, Any]:
+        answer = original(self, env, defer)
+        if defer and self.state.store.holding:  # done once the group commit is (bot/ingest/commit.py)
+            held.append(env.sent_at)
+        else:
+            latencies.append((env.sent_at, time.time() - env.sent_at))
         return answer
 
-    bot.ingest.Ingest.envelope = timed  # type: ignore[method-assign]
+    Ingest.envelope = timed  # type: ignore[method-assign]
     app = create_app(load_bot_config(config))
+    store = app[STORE]
+    flush = store.flush_runs
+
+    def flushed(now: float | None = None) -> int:
+        n = flush(now)
+        t = time.time()
+        latencies.extend((sent, t - sent) for sent in held)
+        held.clear()
+        return n
+
+    store.flush_runs = flushed  # type: ignore[method-assign]
 
     async def read(request: web.Request) -> web.Response:
         out = list(latencies)
