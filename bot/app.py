@@ -32,7 +32,7 @@ from bot.delivery import nflog
 from bot.delivery.digest import DigestReceiver, Digests
 from bot.delivery.worker import Lane, Outbox
 from bot.escalation.scheduler import AckLinks, Escalator
-from bot.ingest.deadlines import read_body
+from bot.ingest.deadlines import read_in_time
 from bot.ingest.envelope import Ingest
 from bot.ingest.overload import Level, Median
 from bot.ingest.runs import keyed
@@ -131,16 +131,20 @@ def _operator_only(request: web.Request) -> str:
 @web.middleware
 async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                 ) -> web.StreamResponse:
-    endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
+    """Every request's one middleware: the bearer token (the /v1/ API), the body read within bot.read_timeout
+    (bot/ingest/deadlines.py), and the answer to whatever the handler raised; counted by endpoint and status."""
+    resource = request.match_info.route.resource
+    endpoint = resource.canonical if resource is not None else "unknown"
     metrics = request.app[METRICS]
     try:
         if endpoint.startswith("/v1/") and endpoint != ALERTMANAGER_ROUTE:  # Alertmanager's own credentials
             who = _authenticate(request)
             if who is None:
                 resp: web.StreamResponse = _error(401, "missing or unknown bearer token (Authorization: Bearer ...)")
-                metrics.requests.labels(endpoint, "401").inc()
+                metrics.request(endpoint, 401)
                 return resp
             request[PROJECT], request[OPERATOR] = who
+        await read_in_time(request, request.app[CONFIG].read_timeout)
         resp = await handler(request)
     except TooManyDevices as exc:
         resp = _error(422, str(exc))
@@ -160,7 +164,7 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
     except Exception:  # noqa: BLE001 - a bug: say so, keep serving
         log.exception("msmon bot: internal error on %s", request.path)
         resp = _error(500, "internal error (logged by the bot)")
-    metrics.requests.labels(endpoint, str(resp.status)).inc()
+    metrics.request(endpoint, resp.status)
     return resp
 
 
@@ -229,9 +233,12 @@ async def ingest(request: web.Request) -> web.Response:
     _, key = _own(request, env.run_id, env.project)  # no await from here to the commit: nobody re-homes it between
     if key != env.run_id:  # another project's run has this id: this project's is kept under its own key
         env = keyed(env, key)
-    answer = request.app[INGEST].envelope(env)
+    ingest = request.app[INGEST]
+    answer = ingest.envelope(env, defer=True)
     _ended(request, env.heartbeats)
-    return web.json_response(answer, status=202)
+    if request.app[STORE].holding:  # its run's update waits for the group commit (bot/ingest/commit.py): 202 after it
+        await ingest.commits.committed()
+    return web.Response(body=msgspec.json.encode(answer), status=202, content_type="application/json")
 
 
 async def heartbeat(request: web.Request) -> web.Response:
@@ -553,7 +560,7 @@ async def watch_lag(ingest: Ingest, metrics: BotMetrics, stop: asyncio.Event, pe
 def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                receivers: dict[str, Receiver] | None = None, delivery: Policy | None = None,
                escalation_period: float = 1.0) -> web.Application:
-    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard, read_body(cfg.read_timeout)])
+    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard])
     store = open_store(cfg)  # SQLite (bot.state_path) or PostgreSQL (bot.store.url), migrated (bot/store)
     m = BotMetrics()
     state = BotState(cfg, store, m, clock)

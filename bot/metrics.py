@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Container, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -43,6 +43,15 @@ class BotMetrics:
                                     ["receiver"], registry=r)
         self.error_latency = Histogram("msmon_error_latency_seconds", "ERROR arrival to receiver call",
                                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self._requests: dict[tuple[str, int], Any] = {}  # (endpoint, status) -> its child of `requests`
+
+    def request(self, endpoint: str, status: int) -> None:
+        """One HTTP request answered: `requests` counted, its child looked up once per endpoint and status (labels()
+        takes a lock and builds its key on every call)."""
+        child = self._requests.get((endpoint, status))
+        if child is None:
+            child = self._requests[(endpoint, status)] = self.requests.labels(endpoint, str(status))
+        child.inc()
 
     def watch(self, state: RunSource) -> None:
         """Export the per-run training gauges and the delivery figures of `state`, read at each scrape."""

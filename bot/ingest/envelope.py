@@ -16,6 +16,7 @@ from typing import Any
 
 from bot.commands import jobs
 from bot.delivery.payload import Payloads
+from bot.ingest.commit import Commits
 from bot.ingest.overload import Level, Overload, table
 from bot.ingest.runs import Runs
 from bot.metrics import BotMetrics
@@ -57,9 +58,12 @@ class Ingest:
         self.runs = Runs(state, self.event)  # a run's attempts and its end (bot/ingest/runs.py)
         oc = state.cfg.overload  # what is shed while the bot falls behind (overload.py; bot/app.py feeds the lag)
         self.overload = Overload(table(oc.samples_lag, oc.warnings_lag) if oc.enable else (), oc.cool, state.clock)
+        self.commits = Commits(state.store, state.clock)  # the group commit of envelopes without events (commit.py)
 
-    def envelope(self, env: Envelope) -> dict[str, Any]:
-        """Record one envelope (decoded once, at the edge) and queue what passes the stages; the job's answer."""
+    def envelope(self, env: Envelope, defer: bool = False) -> dict[str, Any]:
+        """Record one envelope (decoded once, at the edge) and queue what passes the stages; the job's answer.
+        `defer`: an envelope without events or actions leaves its run's update held in the store for the group
+        commit (`self.commits`), which the caller awaits before answering; one with them commits at once."""
         state = self.state
         now = state.clock()
         self.devices.admit(env.run_id, env.device)  # TooManyDevices: refused before anything is kept
@@ -69,7 +73,7 @@ class Ingest:
         with state.tx() if decides else contextlib.nullcontext():
             if decides:
                 state.store.lock_run(env.run_id)  # replicas on one database: one decides on this run's alerts at a time
-            self._record(env, now, keep_samples=not shed["samples"])
+            self._record(env, now, keep_samples=not shed["samples"], defer=defer and not decides)
             queued = jobs.record_results(state, env.actions)
             if events:
                 queued += self._events(events, self._context(env.run_id, env.project, env.labels, now),
@@ -126,7 +130,7 @@ class Ingest:
             return self._events([ev], self._context(ev.run_id, project, labels, now),
                                 Payloads(project, labels, rank=rank, ranks=self.state.ranks.known(ev.run_id)))
 
-    def _record(self, env: Envelope, now: float, keep_samples: bool = True) -> None:
+    def _record(self, env: Envelope, now: float, keep_samples: bool = True, defer: bool = False) -> None:
         """The envelope's run (its devices, last step, heartbeat), samples (unless shed), plans and job actions. One
         sent late by a process of an earlier attempt is not the run's liveness, steps or series (its events still
         count)."""
@@ -139,7 +143,7 @@ class Ingest:
         steps += [a.step for a in env.actions]  # a pause's answer names the step the ranks wait at
         self.state.store.touch_run(env.run_id, env.project, env.labels, env.device, max(steps) if steps else None,
                                    now, heartbeat=bool(env.heartbeats),
-                                   paused=env.heartbeats[-1].paused if env.heartbeats else None)
+                                   paused=env.heartbeats[-1].paused if env.heartbeats else None, defer=defer)
         if self.state.cfg.ranks.enable:
             self.state.ranks.envelope(env, now)  # the view across the run's ranks (bot/ranks)
         windows = self.state.windows

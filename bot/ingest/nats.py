@@ -3,7 +3,8 @@
     job ─► JetStream <prefix>.<project>.<run>.env / .hb (stream bot.nats.stream, work queue)
         ─► the durable pull consumer bot.nats.durable, shared by every replica (each message to one)
         ─► Msmon-Token checked like the bearer token, the subject against the envelope's project and run,
-           the wire codec ─► `Ingest.envelope` (its transaction) ─► ack
+           the wire codec ─► `Ingest.envelope` (its transaction; an envelope without events: its run's update held)
+        ─► the batch's held updates in one transaction (bot/ingest/commit.py) ─► ack
 
     rank's Poll on <prefix>.<project>.<run>.poll (queue group: one replica answers)
         ─► `jobs.long_poll` ─► PollAnswer on <prefix>.<project>.<run>.cmd.<device>
@@ -186,12 +187,17 @@ class NatsIngest:
             if self.cfg.batch > 1:  # then what is there already, without waiting
                 with contextlib.suppress(asyncio.TimeoutError, nats.errors.TimeoutError):
                     msgs += await sub.fetch(self.cfg.batch - 1, timeout=0.05)
+            held = []  # ingested, their runs' updates held for one commit (bot/ingest/commit.py), then acked
             for msg in errors_first(msgs, lambda m: m.subject.rpartition(".")[0], lambda m: m.data):
-                await self._one(msg)  # ERRORs first (overload.py): a page waits behind no other run's samples
+                if await self._one(msg):  # ERRORs first (overload.py): a page waits behind no other run's samples
+                    held.append(msg)
+            await self._commit(held)
 
     # -- one message ---------------------------------------------------------------------------------
 
-    async def _one(self, msg: Any) -> None:
+    async def _one(self, msg: Any) -> bool:
+        """Ingest one message: True when it is to be acked after the batch's commit (`_commit`); refused or failed
+        ones are settled here."""
         try:
             try:
                 self._ingest(msg)
@@ -202,24 +208,41 @@ class NatsIngest:
             self._say(exc.reason, f"msmon bot: REFUSED a NATS message on {msg.subject} ({exc.reason}): {exc}; "
                                   "dropped, never redelivered", warn=True)
             await self._settle(msg.term)
-            return
+            return False
         except Exception as exc:  # noqa: BLE001 - the store or a bug: again later, then a dead letter
-            tries = _delivered(msg)
-            if tries >= self.cfg.max_deliver:
-                self.messages.labels("dead").inc()
-                log.error("msmon bot: a NATS message on %s failed %d times (last: %s: %s); given up as a dead letter "
-                          "(it stays countable in msmon_nats_messages_total{outcome=\"dead\"}). See the errors above.",
-                          msg.subject, tries, type(exc).__name__, exc)
-                await self._settle(msg.term)
-            else:
-                self.messages.labels("retried").inc()
-                self._say("retry", f"msmon bot: ingesting a NATS message on {msg.subject} failed ({type(exc).__name__}:"
-                                   f" {exc}); redelivered later (try {tries} of {self.cfg.max_deliver})", warn=True)
-                lo, hi = self._backoff
-                await self._settle(lambda: msg.nak(delay=min(hi * 6, lo * 2 ** tries)))
+            await self._failed(msg, exc)
+            return False
+        return True
+
+    async def _commit(self, held: list[Any]) -> None:
+        """The runs' updates the batch's envelopes left held, in one transaction; then each message acked (after the
+        commit: a crash before this redelivers, dedup keeps it single), or each failed when the commit failed."""
+        if not held:
             return
-        self.messages.labels("ingested").inc()
-        await self._settle(msg.ack)  # after the commit: a crash before this redelivers, dedup keeps it single
+        try:
+            self.state.store.flush_runs(self.state.clock())
+        except Exception as exc:  # noqa: BLE001 - the store: each message again later, then a dead letter
+            for msg in held:
+                await self._failed(msg, exc)
+            return
+        self.messages.labels("ingested").inc(len(held))
+        for msg in held:
+            await self._settle(msg.ack)
+
+    async def _failed(self, msg: Any, exc: Exception) -> None:
+        tries = _delivered(msg)
+        if tries >= self.cfg.max_deliver:
+            self.messages.labels("dead").inc()
+            log.error("msmon bot: a NATS message on %s failed %d times (last: %s: %s); given up as a dead letter "
+                      "(it stays countable in msmon_nats_messages_total{outcome=\"dead\"}). See the errors above.",
+                      msg.subject, tries, type(exc).__name__, exc)
+            await self._settle(msg.term)
+        else:
+            self.messages.labels("retried").inc()
+            self._say("retry", f"msmon bot: ingesting a NATS message on {msg.subject} failed ({type(exc).__name__}:"
+                               f" {exc}); redelivered later (try {tries} of {self.cfg.max_deliver})", warn=True)
+            lo, hi = self._backoff
+            await self._settle(lambda: msg.nak(delay=min(hi * 6, lo * 2 ** tries)))
 
     def _ingest(self, msg: Any) -> None:
         """One envelope or heartbeat through the ingest, or `Poison`. Synchronous, like the HTTP route: no
@@ -236,7 +259,7 @@ class NatsIngest:
                 raise Poison("schema", "every event, sample, action and heartbeat must carry the envelope's run_id")
             _, key = self._own(project, env.run_id, env.project)
             # another project's run has this id: this project's is kept under its own key (bot/app.py's run_owner)
-            self.ingest.envelope(env if key == env.run_id else keyed(env, key))
+            self.ingest.envelope(env if key == env.run_id else keyed(env, key), defer=True)
             self._ended(env.heartbeats)
         elif kind == HEARTBEAT:
             hb = self._decode(msg.data, Heartbeat)

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
+import json
 import logging
 import os
 import re
@@ -61,6 +63,8 @@ STATEMENT_TIMEOUT_MS = 3_000  # the server cancels a statement after this (a loc
 CONNECT_TIMEOUT_S = 3
 DEADLINE_S = 4.0
 RETRY_CONNECT_S = 2.0
+PRUNED = "pruned:"  # a notification's prefix: the run's row was deleted (the rest of the payload is its id)
+OWNER_TTL = 60.0  # seconds project_of trusts what it read while it hears the prunes
 
 
 class Row:
@@ -235,6 +239,32 @@ class PgDb:
         self.conn.close()
 
 
+@dataclasses.dataclass(slots=True)
+class _Touch:
+    """A run's update as touch_run makes it, or several merged (held for the group commit): the devices new to this
+    process, the highest step, the last time, a heartbeat among them, the last pause state."""
+
+    project: str
+    labels: dict[str, str]
+    device: str  # the last one's
+    devices: list[str]  # new to this process: merged into the row's list
+    step: int | None
+    now: float
+    heartbeat: bool
+    paused: bool | None
+
+    def merge(self, labels: dict[str, str], device: str, new: bool, step: int | None, now: float, heartbeat: bool,
+              paused: bool | None) -> None:
+        self.labels, self.now, self.heartbeat = labels, max(self.now, now), self.heartbeat or heartbeat
+        if new and device not in self.devices:
+            self.devices.append(device)
+        self.device = device
+        if step is not None and (self.step is None or step > self.step):
+            self.step = step
+        if paused is not None:
+            self.paused = paused
+
+
 class PostgresStore(Store):
     dialect: migrations.Dialect = "postgresql"
     shared = True
@@ -264,7 +294,13 @@ class PostgresStore(Store):
         self.escalations = EscalationLog(self.db)
         self.attempts = AttemptLog(self.db)
         self._run_cache = OrderedDict()  # not used: touch_run reads nothing
-        self._projects = OrderedDict()  # not used: project_of reads each time (another replica may prune a run)
+        self._members: OrderedDict[str, set[str]] = OrderedDict()  # run -> devices its row is known to hold
+        self._held: dict[str, _Touch] = {}  # type: ignore[assignment]  # run -> its update held for flush_runs
+        self._projects = OrderedDict()  # not used: project_of keeps `_owners`
+        # run -> (its project, until when it is trusted): kept only while `listen` runs, which hears every replica's
+        # prune (the one way a run's project can change: its row goes, another project's job creates it again)
+        self._owners: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._listening = False
         self._silence_cache = None
 
     @staticmethod
@@ -282,6 +318,8 @@ class PostgresStore(Store):
                 conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     def close(self) -> None:
+        with contextlib.suppress(psycopg.Error):
+            self.flush_runs()  # the runs' last held updates
         self.db.close()
         if self.lax is not None:
             self.lax.close()
@@ -319,6 +357,8 @@ class PostgresStore(Store):
         return int(row["v"] or 0) if row else 0
 
     def tx(self) -> contextlib.AbstractContextManager[Any]:
+        if not self.pg.in_tx:
+            self.flush_runs()  # the runs' held updates first, in their own commit
         return self._tx()
 
     @contextlib.contextmanager
@@ -344,30 +384,69 @@ class PostgresStore(Store):
         return cur.rowcount == 1
 
     def touch_run(self, run_id: str, project: str, labels: dict[str, str], device: str, step: int | None,
-                  now: float, heartbeat: bool = False, paused: bool | None = None) -> None:
-        """One upsert: the devices merged, the last step moved only forward, whoever wrote before. Outside a
-        transaction (an envelope of samples, a heartbeat: liveness, nothing a job waits to see kept) on the
-        `lax` connection, whose commits do not wait for their WAL fsync: a server crash can lose the last
-        fraction of a second of these, never an event, a command or a delivery."""
-        import json
+                  now: float, heartbeat: bool = False, paused: bool | None = None, defer: bool = False) -> None:
+        """One upsert: the last step moved only forward, whoever wrote before; the devices merged only when one is
+        new to this process (`_members`), so an envelope of a known rank costs the same at 10 or 10,000 ranks (the
+        merge parses the run's whole list). Outside a transaction (an envelope of samples, a heartbeat: liveness,
+        nothing a job waits to see kept) on the `lax` connection, whose commits do not wait for their WAL fsync: a
+        server crash can lose the last fraction of a second of these, never an event, a command or a delivery.
+        `defer`: held and merged with the run's other held updates until `flush_runs` (the group commit)."""
+        known = self._members.get(run_id)
+        new = known is None or device not in known
+        if defer and not self.pg.in_tx:
+            held = self._held.get(run_id)
+            if held is None:
+                self._held[run_id] = _Touch(project, labels, device, [device] if new else [], step, now, heartbeat,
+                                            paused)
+            else:
+                held.merge(labels, device, new, step, now, heartbeat, paused)
+            return
+        if not self.pg.in_tx:
+            self.flush_runs()  # what is held was heard before this: written first
+        self._upsert(self.pg if self.pg.in_tx else self._lax(), run_id,
+                     _Touch(project, labels, device, [device] if new else [], step, now, heartbeat, paused))
 
-        (self.pg if self.pg.in_tx else self._lax()).raw(
+    def _upsert(self, db: PgDb, run_id: str, t: _Touch) -> None:
+        row = db.raw(
             "INSERT INTO runs(run_id, project, labels, devices, first_seen, last_seen, last_step, last_heartbeat,"
             " last_progress, paused) VALUES(%(run)s, %(project)s, %(labels)s, %(devices)s, %(now)s, %(now)s, %(step)s,"
             " CASE WHEN %(hb)s THEN %(now)s END, %(now)s, %(paused0)s)"
             " ON CONFLICT(run_id) DO UPDATE SET labels=excluded.labels, last_seen=excluded.last_seen, gone=0,"
-            " devices=CASE WHEN runs.devices::jsonb @> excluded.devices::jsonb THEN runs.devices"
-            " ELSE (runs.devices::jsonb || excluded.devices::jsonb)::text END,"
+            " devices=CASE WHEN NOT %(merge)s THEN runs.devices ELSE (runs.devices::jsonb || (SELECT"
+            " COALESCE(jsonb_agg(d), '[]'::jsonb) FROM jsonb_array_elements(excluded.devices::jsonb) AS d"
+            " WHERE NOT runs.devices::jsonb @> jsonb_build_array(d)))::text END,"
             " last_step=CASE WHEN excluded.last_step > runs.last_step OR runs.last_step IS NULL"
             " THEN COALESCE(excluded.last_step, runs.last_step) ELSE runs.last_step END,"
             " last_progress=CASE WHEN excluded.last_step > runs.last_step OR"
             " (runs.last_step IS NULL AND excluded.last_step IS NOT NULL) THEN excluded.last_seen"
             " ELSE runs.last_progress END,"
             " last_heartbeat=CASE WHEN %(hb)s THEN excluded.last_seen ELSE runs.last_heartbeat END,"
-            " paused=COALESCE(%(paused)s, runs.paused)",
-            {"run": run_id, "project": project, "labels": json.dumps(labels), "devices": json.dumps([device]),
-             "now": now, "step": step, "hb": heartbeat, "paused0": int(bool(paused)),
-             "paused": None if paused is None else int(paused)})
+            " paused=COALESCE(%(paused)s, runs.paused) RETURNING (xmax = 0) AS inserted",
+            {"run": run_id, "project": t.project, "labels": json.dumps(t.labels),
+             "devices": json.dumps(t.devices or [t.device]), "merge": bool(t.devices), "now": t.now, "step": t.step,
+             "hb": t.heartbeat, "paused0": int(bool(t.paused)), "paused": None if t.paused is None else int(t.paused)}
+        ).fetchone()
+        inserted = row is not None and bool(row["inserted"])
+        members = self._members.get(run_id)
+        if members is None or inserted:  # new to this process, or a new row (another replica pruned the run)
+            members = self._members[run_id] = set()
+            while len(self._members) > 10_000:
+                self._members.popitem(last=False)
+        members.update(t.devices or [t.device])
+
+    def flush_runs(self, now: float | None = None) -> int:
+        """The runs' held updates (touch_run's `defer`), one upsert per run, in one transaction on the `lax`
+        connection; how many runs. `now`: a run's last_seen is at least that (see Store.flush_runs)."""
+        if not self._held:
+            return 0
+        held, self._held = self._held, {}
+        lax = self._lax()
+        with lax.transaction():
+            for run_id, t in held.items():
+                if now is not None and now > t.now:
+                    t.now = now
+                self._upsert(lax, run_id, t)
+        return len(held)
 
     def change_mark(self) -> int:
         """A mark for `changed_alerts`: the oldest transaction still running (txid_snapshot_xmin). Every alert
@@ -376,6 +455,29 @@ class PostgresStore(Store):
         r = self.pg.raw("SELECT txid_snapshot_xmin(txid_current_snapshot()) AS x").fetchone()
         assert r is not None
         return int(r["x"])
+
+    def project_of(self, run_id: str) -> str | None:
+        """As Store.project_of. Every job request asks it: while this replica listens (`listen`), what it read is
+        kept for OWNER_TTL seconds, dropped at once when any replica prunes the run; else read each time."""
+        if self._listening:
+            hit = self._owners.get(run_id)
+            if hit is not None and hit[1] > time.monotonic():
+                return hit[0]
+        r = self.pg.raw("SELECT project FROM runs WHERE run_id=%s", (run_id,)).fetchone()
+        if r is None:
+            return None
+        project = str(r["project"])
+        if self._listening:
+            self._owners[run_id] = (project, time.monotonic() + OWNER_TTL)
+            self._owners.move_to_end(run_id)
+            while len(self._owners) > 10_000:
+                self._owners.popitem(last=False)
+        return project
+
+    def _pruned(self, run_id: str) -> None:
+        """In prune_runs' transaction: every replica's listener drops the run's project when it commits."""
+        self._owners.pop(run_id, None)
+        self.pg.raw("SELECT pg_notify(%s, %s)", (self.channel, PRUNED + run_id))
 
     def silences(self, now: float | None = None) -> list[Any]:
         self._silence_cache = None  # another replica may have added one: read each time
@@ -409,21 +511,33 @@ class PostgresStore(Store):
 
     async def listen(self, on_command: Callable[[str | None], None], stop: Any) -> None:
         """LISTEN on this schema's channel until `stop` is set: `on_command(run_id)` per notification, and
-        `on_command(None)` after each (re)connection (what was queued while it was away: look again)."""
-        delay = 1.0
-        while not stop.is_set():
-            try:
-                async with await psycopg.AsyncConnection.connect(self.pg.conninfo, autocommit=True,
-                                                                 connect_timeout=10) as conn:
-                    await conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))
-                    on_command(None)
-                    delay = 1.0
-                    while not stop.is_set():
-                        async for n in conn.notifies(timeout=0.5):
-                            on_command(n.payload)
-            except (psycopg.Error, OSError) as exc:
-                log.warning("msmon bot: LISTEN for commands on %s failed (%s); long polls here wake only at their "
-                            "timeout until it is back; retrying in %.0f s", self.path, exc, delay)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-                delay = min(delay * 2, 30.0)
+        `on_command(None)` after each (re)connection (what was queued while it was away: look again). A run
+        another replica pruned (PRUNED + its id) leaves `project_of`'s memory; while not listening it keeps none."""
+        try:
+            delay = 1.0
+            while not stop.is_set():
+                try:
+                    async with await psycopg.AsyncConnection.connect(self.pg.conninfo, autocommit=True,
+                                                                     connect_timeout=10) as conn:
+                        await conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))
+                        self._owners.clear()
+                        self._listening = True  # a replica's prune reaches us now: project_of may keep what it read
+                        on_command(None)
+                        delay = 1.0
+                        while not stop.is_set():
+                            async for n in conn.notifies(timeout=0.5):
+                                if n.payload.startswith(PRUNED):
+                                    self._owners.pop(n.payload[len(PRUNED):], None)
+                                else:
+                                    on_command(n.payload)
+                except (psycopg.Error, OSError) as exc:
+                    self._listening = False
+                    self._owners.clear()
+                    log.warning("msmon bot: LISTEN for commands on %s failed (%s); long polls here wake only at their "
+                                "timeout until it is back; retrying in %.0f s", self.path, exc, delay)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+                    delay = min(delay * 2, 30.0)
+        finally:
+            self._listening = False
+            self._owners.clear()

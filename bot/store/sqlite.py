@@ -98,9 +98,17 @@ class Store:
         # request asks it (project_of), so a known run's costs no read
         self._projects: OrderedDict[str, str] = OrderedDict()
         self._silence_cache: list[Silence] | None = None
+        self._held: dict[str, dict[str, Any]] = {}  # run -> columns of its update held for flush_runs (touch_run)
 
     def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self.flush_runs()  # the runs' last held updates (a request waiting for them was answered 503 or not yet)
         self.db.close()
+
+    @property
+    def holding(self) -> bool:
+        """Whether runs' updates are held for the next `flush_runs` (touch_run's `defer`)."""
+        return bool(self._held)
 
     @property
     def where(self) -> str:
@@ -144,6 +152,7 @@ class Store:
         """Call `on_command(run_id)` when another replica queues a command; one process has none."""
 
     def tx(self) -> contextlib.AbstractContextManager[Any]:
+        self.flush_runs()  # the runs' held updates first, in their own commit (a rollback here keeps them)
         return _Tx(self.db, self._forget)
 
     def _forget(self) -> None:
@@ -154,12 +163,17 @@ class Store:
     # -- runs -----------------------------------------------------------------------------------
 
     def touch_run(self, run_id: str, project: str, labels: dict[str, str], device: str, step: int | None,
-                  now: float, heartbeat: bool = False, paused: bool | None = None) -> None:
+                  now: float, heartbeat: bool = False, paused: bool | None = None, defer: bool = False) -> None:
         """The run's liveness, last step and devices. The devices' and labels' JSON are written only when they
-        changed: a run of thousands of ranks does not rewrite (or even encode) its list of devices per envelope."""
+        changed: a run of thousands of ranks does not rewrite (or even encode) its list of devices per envelope.
+
+        `defer`: a known run's update is held (merged with the run's other held updates) until `flush_runs`, which
+        writes every run's in one transaction: the group commit of envelopes without events (bot/ingest/commit.py),
+        whose 202 waits for it. A new run's row is written at once."""
         seen = self._run_cache.get(run_id)
         labels_json = json.dumps(labels) if labels else "{}"
         if seen is None:
+            self.flush_runs()
             row = self.db.execute("SELECT devices, labels, last_step FROM runs WHERE run_id=?", (run_id,)).fetchone()
             if row is not None:
                 devices = json.loads(row["devices"])
@@ -172,28 +186,50 @@ class Store:
                  now if heartbeat else None, now, int(bool(paused))))
             self._remember_run(run_id, _RunSeen([device], {device}, labels_json, step))
             return
-        sets, args = ["last_seen=?, gone=0"], list[Any]([now])  # the project stays its creator's
+        held = self._held.get(run_id) if defer else None
+        sets: dict[str, Any] = {"gone": 0} if held is None else held  # the project stays its creator's
+        sets["last_seen"] = now
         if device not in seen.members:
             seen.devices = [*seen.devices, device]
             seen.members.add(device)
-            sets.append("devices=?")
-            args.append(json.dumps(seen.devices))
+            sets["devices"] = seen.devices  # encoded when written: once per batch
         if labels_json != seen.labels:
             seen.labels = labels_json
-            sets.append("labels=?")
-            args.append(labels_json)
+            sets["labels"] = labels_json
         if step is not None and (seen.last_step is None or step > seen.last_step):
             seen.last_step = step
-            sets.append("last_step=?, last_progress=?")
-            args += [step, now]
+            sets["last_step"], sets["last_progress"] = step, now
         if heartbeat:
-            sets.append("last_heartbeat=?")
-            args.append(now)
+            sets["last_heartbeat"] = now
         if paused is not None:
-            sets.append("paused=?")
-            args.append(int(paused))
-        self.db.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id=?", (*args, run_id))  # noqa: S608 - fixed parts
+            sets["paused"] = int(paused)
         self._remember_run(run_id, seen)
+        if defer:
+            self._held[run_id] = sets
+            return
+        self.flush_runs()  # what is held was heard before this: written first
+        self._update_run(run_id, sets)
+
+    def _update_run(self, run_id: str, sets: dict[str, Any]) -> None:
+        if "devices" in sets:
+            sets["devices"] = json.dumps(sets["devices"])
+        self.db.execute(f"UPDATE runs SET {'=?, '.join(sets)}=? WHERE run_id=?",  # noqa: S608 - our column names
+                        (*sets.values(), run_id))
+
+    def flush_runs(self, now: float | None = None) -> int:
+        """Write the runs' held updates (touch_run's `defer`) in one transaction; how many runs. Called before
+        anything else writes or reads the runs table here, so nothing reads behind them. `now` (the group commit's
+        clock): a run's last_seen is at least that, so a pass that asks which runs were seen since it last looked
+        (the watchdog) never misses one held while it looked."""
+        if not self._held:
+            return 0
+        held, self._held = self._held, {}
+        with contextlib.nullcontext() if self.db.in_transaction else self.tx():
+            for run_id, sets in held.items():
+                if now is not None and now > sets["last_seen"]:
+                    sets["last_seen"] = now
+                self._update_run(run_id, sets)
+        return len(held)
 
     def _remember_run(self, run_id: str, seen: _RunSeen) -> None:
         self._run_cache[run_id] = seen
@@ -202,6 +238,7 @@ class Store:
             self._run_cache.popitem(last=False)
 
     def runs(self) -> list[RunRow]:
+        self.flush_runs()
         latest = self.attempts.latest_all()
         return [self._run(r, latest.get(r["run_id"])) for r in
                 self.db.execute("SELECT * FROM runs ORDER BY last_seen DESC")]
@@ -209,6 +246,7 @@ class Store:
     def runs_page(self, project: str | None, after: tuple[float, str] | None, limit: int) -> list[RunRow]:
         """Up to `limit` runs (of `project`; None: every project), most recently seen first, after the run
         `after` (its last_seen and run id: a page's cursor): a page read, never every run."""
+        self.flush_runs()
         q, args = "SELECT * FROM runs WHERE 1=1", list[Any]()
         if project is not None:
             q += " AND project=?"
@@ -237,6 +275,7 @@ class Store:
         return project
 
     def run(self, run_id: str) -> RunRow | None:
+        self.flush_runs()
         r = self.db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
         return None if r is None else self._run(r, self.attempts.latest(run_id))
 
@@ -258,17 +297,20 @@ class Store:
 
     def set_paused(self, run_id: str, paused: bool, now: float) -> None:
         """A job reported it paused or resumed (its progress restarts now)."""
+        self.flush_runs()
         self.db.execute("UPDATE runs SET paused=?, last_progress=CASE WHEN ? THEN last_progress ELSE ? END"
                         " WHERE run_id=?", (int(paused), bool(paused), now, run_id))
 
     def restart_run(self, run_id: str, now: float) -> None:
         """A new attempt of the run (bot/ingest/runs.py): its steps start again (the last step may go back), it is
         neither paused nor gone, its progress counts from now."""
+        self.flush_runs()
         self.db.execute("UPDATE runs SET last_step=NULL, last_progress=?, paused=0, gone=0 WHERE run_id=?",
                         (now, run_id))
         self._run_cache.pop(run_id, None)
 
     def mark_gone(self, run_id: str, gone: bool) -> None:
+        self.flush_runs()
         self.db.execute("UPDATE runs SET gone=? WHERE run_id=?", (int(gone), run_id))
 
     def prune_runs(self, before: float, limit: int = 500) -> list[str]:
@@ -289,7 +331,11 @@ class Store:
                                 (run_id, run_id))
                 self._run_cache.pop(run_id, None)
                 self._projects.pop(run_id, None)
+                self._pruned(run_id)
         return ids
+
+    def _pruned(self, run_id: str) -> None:
+        """A run's row deleted (in prune_runs' transaction): the other replicas forget its project (PostgreSQL)."""
 
     # -- alerts and what was sent for them (the notification log) -------------------------------
 
