@@ -38,27 +38,36 @@ def alert(run: str, rule: str = "loss", device: str = "0", status: str = "firing
     return AlertRow(f"{run}|{rule}|{device}", run, rule, device, severity, status, 5, at, event=event)
 
 
-def test_each_kind_of_alert_change_is_read_once_from_the_mark_before_it(store: Store) -> None:
+def test_each_kind_of_alert_change_is_read_from_the_mark_before_it(store: Store) -> None:
+    # SQLite: exactly what changed since the mark. PostgreSQL: that and maybe more (the mark is the oldest running
+    # transaction in the whole cluster: another session's open transaction holds it back, so earlier changes may be
+    # read again; never fewer)
+    exact = store.dialect == "sqlite"
+
+    def changed(mark: int, want: set[tuple[str, str]]) -> int:
+        keys, nxt = store.changed_alerts(mark)
+        assert len(keys) == len(set(keys))  # each once
+        assert want <= set(keys) and (not exact or set(keys) == want), (keys, want)
+        return nxt
+
     with store.tx():
         store.save_alerts([alert(f"run-{i}") for i in range(50)])
     mark = store.change_mark()
-    assert store.changed_alerts(mark)[0] == []  # nothing since
+    changed(mark, set())  # nothing since
     with store.tx():
         assert store.ack("run-3", "loss", None, "alice") == ["run-3|loss|0"]  # an ack of an old alert
-    keys, mark = store.changed_alerts(mark)
-    assert keys == [("run-3", "loss")]
-    assert store.changed_alerts(mark)[0] == []
+    mark = changed(mark, {("run-3", "loss")})
+    changed(mark, set())
     with store.tx():
         store.touch_alerts([(9, 200.0, "run-4|loss|0")])  # a suppressed repeat: its last step only
-    assert store.changed_alerts(mark)[0] == []
+    changed(mark, set())
     with store.tx():
         store.save_alerts([alert("run-5", status="resolved"), alert("run-6", severity="WARNING"),
                            alert("run-7", event='{"x": 1}'), alert("run-8", device="1")])
-    keys, mark = store.changed_alerts(mark)
-    assert sorted(keys) == [("run-5", "loss"), ("run-6", "loss"), ("run-7", "loss"), ("run-8", "loss")]
+    mark = changed(mark, {("run-5", "loss"), ("run-6", "loss"), ("run-7", "loss"), ("run-8", "loss")})
     with store.tx():  # an operator's UPDATE by hand: the trigger sees it too
         store.db.execute("UPDATE alerts SET acked_by='bob' WHERE run_id='run-9'")
-    assert store.changed_alerts(mark)[0] == [("run-9", "loss")]
+    changed(mark, {("run-9", "loss")})
 
 
 def test_a_change_number_is_never_reused_after_the_newest_rows_are_pruned(tmp_path: Any) -> None:
@@ -96,10 +105,10 @@ def test_a_replica_commit_after_the_mark_with_an_older_clock_is_still_read() -> 
             t.start()
             assert written.wait(10)
             keys, mark = a.changed_alerts(mark)
-            assert keys == []  # not committed yet: not visible
+            assert ("late", "loss") not in keys  # not committed yet: not visible
             go.set()
             t.join(10)
-            assert a.changed_alerts(mark)[0] == [("late", "loss")]  # read after its commit, from the same mark
+            assert ("late", "loss") in a.changed_alerts(mark)[0]  # read after its commit, from the mark taken before
         finally:
             a.close()
             b.close()
