@@ -5,6 +5,12 @@ is stored grows tenfold per column.
 
     .venv/bin/python bench/bench_growth.py [--sizes 1000,10000,100000] [--changed 10]
 
+Each figure is the CPU time of the pass's thread (time.thread_time: what other processes on the machine do moves it
+far less than wall time; the load average is printed with it) and, for the passes that read SQLite, the instructions
+SQLite's virtual machine ran for it (its progress handler: the same on any machine, whatever the load; a scan of N
+rows is at least N of them); for the rank rules' tick of one run, the lines of Python it ran (sys.settrace), as
+load-free a count.
+
 1. Watchdog (bot/ingest/watchdog.py, every 2 s): a SQLite store of N runs (inserted directly, heard from an hour
    ago and judged by a first pass), then `--changed` runs heard from; the median of 5 passes.
 2. Escalator (bot/escalation/scheduler.py, every 1 s): N firing alerts (ten rules on each of N/10 runs), one route
@@ -18,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
@@ -39,17 +47,50 @@ from bot.shared import BotState  # noqa: E402
 from bot.store.sqlite import Store  # noqa: E402
 from msmon.contract.wire import Envelope, Event, Sample, Severity, Status, encode  # noqa: E402
 
+Figure = tuple[float, int | None]  # (ms of CPU, SQLite VM instructions or None)
 
-def median_ms(fn: Callable[[], object], reps: int = 5) -> float:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
+
+def python_lines(fn: Callable[[], object]) -> int:
+    """The lines of Python one call of `fn` runs (sys.settrace's line events: the same on any machine; a loop over N
+    runs is at least N of them)."""
+    n = [0]
+
+    def trace(frame: Any, event: str, arg: object) -> Any:
+        if event == "line":
+            n[0] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
         fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    finally:
+        sys.settrace(None)
+    return n[0]
 
 
-def watchdog(tmp: str, runs: int, changed: int) -> float:
+def median_ms(fn: Callable[[], object], reps: int = 5, db: sqlite3.Connection | None = None) -> Figure:
+    """The median CPU time of `reps` calls, and the median of the SQLite VM instructions they ran on `db`."""
+    times, steps = [], []
+    count = [0]
+
+    def step() -> int:
+        count[0] += 1
+        return 0
+
+    for _ in range(reps):
+        count[0] = 0
+        if db is not None:
+            db.set_progress_handler(step, 1)
+        t = time.thread_time()
+        fn()
+        times.append(time.thread_time() - t)
+        if db is not None:
+            db.set_progress_handler(None, 1)
+        steps.append(count[0])
+    return statistics.median(times) * 1e3, (int(statistics.median(steps)) if db is not None else None)
+
+
+def watchdog(tmp: str, runs: int, changed: int) -> Figure:
     path = os.path.join(tmp, f"dog-{runs}.sqlite")
     fill_runs(path, runs)
     now = [time.time()]
@@ -66,10 +107,10 @@ def watchdog(tmp: str, runs: int, changed: int) -> float:
             store.touch_run(f"run-{(i * 7919) % runs:06d}", "p", {}, "0", 200, now[0], heartbeat=True)
         dog.check()
 
-    return median_ms(tick)
+    return median_ms(tick, db=store.db)
 
 
-def escalator(tmp: str, firing: int) -> float:
+def escalator(tmp: str, firing: int) -> Figure:
     from bot.escalation.scheduler import Escalator
     from bot.store.sqlite import AlertRow
 
@@ -90,10 +131,10 @@ def escalator(tmp: str, firing: int) -> float:
                                  for i in range(firing)])
     esc = Escalator(state)
     esc.sync()  # the first pass starts an escalation for each
-    return median_ms(esc.sync)
+    return median_ms(esc.sync, db=state.store.db)
 
 
-def ranks(n: int, quiet: bool, per_run: int = 64) -> float:
+def ranks(n: int, quiet: bool, per_run: int = 64) -> Figure:
     """One check over N ranks in runs of `per_run`: every run reported since the previous check, or (`quiet`) one."""
     cfg = RanksConfig(history=4, max_runs=max(n // per_run + 1, 1), max_ranks=per_run)
     views = RankViews(cfg.max_runs, cfg.max_ranks, cfg.history)
@@ -118,7 +159,8 @@ def ranks(n: int, quiet: bool, per_run: int = 64) -> float:
                 step_time=0.1)]), later[0])
         check(views, cfg, later[0], since=later[0] - 1.0)
 
-    return median_ms(tick)
+    ms = median_ms(tick)[0]
+    return ms, python_lines(tick)
 
 
 def main() -> None:
@@ -127,17 +169,22 @@ def main() -> None:
     ap.add_argument("--changed", type=int, default=10)
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, list[Figure]] = {}
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        rows[f"watchdog pass, {args.changed} runs heard from (ms)"] = [watchdog(tmp, n, args.changed) for n in sizes]
-        rows["escalator pass, nothing due (ms)"] = [escalator(tmp, n) for n in sizes]
-    rows["cross-rank rules, every run reported (ms)"] = [ranks(n, quiet=False) for n in sizes]
-    rows["cross-rank rules, one run of 64 reported (ms)"] = [ranks(n, quiet=True) for n in sizes]
+        rows[f"watchdog pass, {args.changed} runs heard from"] = [watchdog(tmp, n, args.changed) for n in sizes]
+        rows["escalator pass, nothing due"] = [escalator(tmp, n) for n in sizes]
+    rows["cross-rank rules, every run reported"] = [ranks(n, quiet=False) for n in sizes]
+    rows["cross-rank rules, one run of 64 reported"] = [ranks(n, quiet=True) for n in sizes]
+    load = max(load, os.getloadavg()[0])
     print(f"one tick of each periodic pass against what is stored ({', '.join(f'{n:,}' for n in sizes)} runs / "
-          f"firing alerts / ranks), median of 5, Python {sys.version.split()[0]}")
-    print(f"{'':<48}" + "".join(f"{n:>12,}" for n in sizes))
+          f"firing alerts / ranks), median of 5: ms of CPU [SQLite VM instructions; for one run of 64: "
+          f"Python lines run], Python "
+          f"{sys.version.split()[0]}, load average (1 min) up to {load:.2f} on {os.cpu_count()} CPUs")
+    print(f"{'':<42}" + "".join(f"{n:>22,}" for n in sizes) + f"{'100k / 1k':>12}")
     for name, values in rows.items():
-        print(f"{name:<48}" + "".join(f"{v:>12.2f}" for v in values))
+        cells = [f"{ms:.2f}" + (f" [{vm:,}]" if vm is not None else "") for ms, vm in values]
+        print(f"{name:<42}" + "".join(f"{c:>22}" for c in cells) + f"{values[-1][0] / max(values[0][0], 1e-9):>11.1f}x")
 
 
 if __name__ == "__main__":
