@@ -431,7 +431,9 @@ class Store:
         return list(dict.fromkeys((r["run_id"], r["rule"]) for r in rows)), nxt
 
     def runs_seen_since(self, t: float) -> list[str]:
-        """The runs whose last_seen is at or after `t` (the index runs_last_seen): heard from since then."""
+        """The runs whose last_seen is at or after `t` (the index runs_last_seen): heard from since then (the held
+        updates written first, as for every read of the runs)."""
+        self.flush_runs()
         return [r["run_id"] for r in self.db.execute("SELECT run_id FROM runs WHERE last_seen>=?", (t,))]
 
     # -- outbox ---------------------------------------------------------------------------------
