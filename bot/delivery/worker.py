@@ -164,8 +164,10 @@ class Outbox:
                                  frozenset(n for n, r in receivers.items() if getattr(r, "self_paced", False)))
         self._busy: dict[tuple[str, str], asyncio.Task[int]] = {}  # lane (receiver, channel) -> its task sending
         # A posted message whose chart is still being drawn or attached -> its rows' ids: a lane goes on past it, and
-        # no round takes those rows again until it settles them
+        # no round takes those rows again until it settles them; nor its group's new rows (more devices joining:
+        # the message is rewritten with every device once the first rows are delivered)
         self._following: dict[asyncio.Task[bool], frozenset[int]] = {}
+        self._following_groups: dict[asyncio.Task[bool], GroupKey] = {}
         self.trace = Trace.from_env()  # each message's time per stage, for bench/bench_error_latency.py (trace.py)
         self._loop: asyncio.AbstractEventLoop | None = None  # while run delivers: a ring starts a round (wake)
         self._soon = False  # a round is to start at the loop's next step
@@ -270,7 +272,8 @@ class Outbox:
         lanes: dict[tuple[str, str], list[GroupKey]] = {}
         if self._following:  # rows of a posted message whose chart is still on its way are its task's
             following = frozenset().union(*self._following.values())
-            rows = [r for r in rows if r.id not in following]
+            groups = frozenset(self._following_groups.values())
+            rows = [r for r in rows if r.id not in following and r.group not in groups]
         for gk in self.scheduler.groups(rows, now):
             if (gk[0], gk[1]) not in self._busy:
                 lanes.setdefault((gk[0], gk[1]), []).append(gk)
@@ -293,6 +296,8 @@ class Outbox:
         sent = 0
         for gk in groups:
             try:
+                if gk in self._following_groups.values():  # its first rows' chart is on its way: after it
+                    continue
                 claimed = self.store.claim(gk, self.clock())  # none: another replica is delivering this group
                 if not claimed:
                     continue
@@ -328,11 +333,13 @@ class Outbox:
         if task.done():
             return task.result()
         self._following[task] = frozenset(r.id for r in rows)
+        self._following_groups[task] = rows[0].group
         task.add_done_callback(self._followed)
         return False
 
     def _followed(self, task: asyncio.Task[bool]) -> None:
         self._following.pop(task, None)
+        self._following_groups.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("msmon bot: a chart's follow-up failed: %s", task.exception())
         self.doorbell.set()
