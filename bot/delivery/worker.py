@@ -272,8 +272,8 @@ class Outbox:
         lanes: dict[tuple[str, str], list[GroupKey]] = {}
         if self._following:  # rows of a posted message whose chart is still on its way are its task's
             following = frozenset().union(*self._following.values())
-            groups = frozenset(self._following_groups.values())
-            rows = [r for r in rows if r.id not in following and r.group not in groups]
+            held = frozenset(self._following_groups.values())
+            rows = [r for r in rows if r.id not in following and r.group not in held]
         for gk in self.scheduler.groups(rows, now):
             if (gk[0], gk[1]) not in self._busy:
                 lanes.setdefault((gk[0], gk[1]), []).append(gk)
