@@ -52,9 +52,12 @@ log = logging.getLogger("msmon.bot")
 WATCHDOG_RULES = ("job_gone", "job_stalled")
 LEASE = 30.0  # seconds an owner holds an escalation without acting on it
 UNREADABLE_RETRY = 60.0  # seconds before an escalation whose alert's event does not decode is looked at again
+# the columns of an open escalation the escalator keeps (Picture): what deciding and taking a step read
+KEPT = ("id", "run_id", "rule", "policy", "receiver", "channel", "started_at", "next_step", "state", "paused_at",
+        "shift", "mail_root")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Group:
     """The firing alerts of one run's rule, as an escalation sees them."""
 
@@ -99,6 +102,7 @@ class Picture:
         self.silences: dict[int, Silence] = {}
 
     def add(self, row: dict[str, Any], next_at: float | None) -> None:
+        row = {k: row[k] for k in KEPT}  # what a pass reads of it (a tenth less memory per open escalation)
         key = (row["run_id"], row["rule"])
         self.open[row["id"]] = row
         self.by_key[key] = row["id"]
@@ -411,8 +415,7 @@ class Escalator:
         closed_at = now if new.state != "active" else None
         self.store.escalations.save(esc.id, next_step=new.next_step, state=new.state, paused_at=new.paused_at,
                                     shift=new.shift, acked_by=acked_by, closed_at=closed_at)
-        row.update(next_step=new.next_step, state=new.state, paused_at=new.paused_at, shift=new.shift,
-                   acked_by=acked_by, closed_at=closed_at)
+        row.update(next_step=new.next_step, state=new.state, paused_at=new.paused_at, shift=new.shift)
         self._plan(esc.id, d.next_at)
         return len(d.steps), d.next_at
 
