@@ -441,12 +441,20 @@ class PostgresStore(Store):
             return 0
         held, self._held = self._held, {}
         lax = self._lax()
-        with lax.transaction():
-            for run_id, t in held.items():
-                if now is not None and now > t.now:
-                    t.now = now
-                self._upsert(lax, run_id, t)
+        try:
+            with lax.transaction():
+                for run_id, t in held.items():
+                    if now is not None and now > t.now:
+                        t.now = now
+                    self._upsert(lax, run_id, t)
+        except BaseException:
+            self._members.clear()  # what the rolled-back upserts merged is not there: merged again when next heard
+            raise
         return len(held)
+
+    def _forget(self) -> None:
+        super()._forget()
+        self._members.clear()  # a rolled-back transaction's merges are not in the rows
 
     def change_mark(self) -> int:
         """A mark for `changed_alerts`: the oldest transaction still running (txid_snapshot_xmin). Every alert

@@ -116,3 +116,13 @@ def test_a_replica_keeps_a_runs_project_only_until_another_prunes_it(pg_pair: tu
         return seen
 
     assert asyncio.run(scenario()) == ["p1", "p2", "p2"]
+
+
+def test_a_device_merged_in_a_rolled_back_transaction_is_merged_again(store: Store) -> None:  # noqa: F811
+    store.touch_run("r", "llm", {}, "0", 1, 100.0)
+    with pytest.raises(RuntimeError), store.tx():
+        store.touch_run("r", "llm", {}, "5", 2, 101.0)
+        raise RuntimeError("the envelope's transaction fails after its run was touched")
+    store.touch_run("r", "llm", {}, "5", 3, 102.0)
+    r = store.run("r")
+    assert r is not None and r["devices"] == ["0", "5"]
