@@ -39,7 +39,7 @@ def _is_config(v: Any) -> bool:
 
 def _names(obj: Any) -> Iterator[str]:
     """The attribute names an object holds: its __dict__'s and every __slots__ entry up its class tree."""
-    seen: set[str] = set()
+    seen: set[str] = set(getattr(obj, "TRANSIENT", ()))  # caches a class names as not state
     for name in getattr(obj, "__dict__", {}):
         seen.add(name)
         yield name
@@ -152,6 +152,8 @@ def _obj(v: dict[str, Any], body: Any, where: str) -> Any:
         raise StateError(f"{where}: {cls.__name__} has no attribute(s) {', '.join(sorted(set(attrs) - slots))}: "
                          "the state was saved by another msmon version")
     obj = cls.__new__(cls)
+    for name in getattr(cls, "TRANSIENT", ()):
+        object.__setattr__(obj, name, None)
     for name, x in attrs.items():
         object.__setattr__(obj, name, decode(x, f"{where}.{name}"))
     return obj

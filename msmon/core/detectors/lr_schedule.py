@@ -162,15 +162,14 @@ class LrSchedule:
             self.peak_step = s.step
         if self.settled_at is None and self.peak_step is None:
             self._track_level(s.step, lr, prev)
-        total, warmup = self.ctx.total_steps, self._warmup_end()
-        near_end = total is not None and s.step >= self.end_fraction * total
+        total = self.ctx.total_steps
         change = self._change(s, lr, prev, prev_step)
         if lr <= self.epsilon:
             if self.zero_run == 0:
                 self.zero_since = s.step
             self.zero_run += 1
-            if not near_end:
-                found = self._zero(s.step, lr, prev, total, warmup)
+            if not (total is not None and s.step >= self.end_fraction * total):  # not near the end
+                found = self._zero(s.step, lr, prev, total, self._warmup_end())
                 if found is not None:
                     return found
         else:
@@ -196,10 +195,15 @@ class LrSchedule:
         change, whether it jumped or crept there; a rise back to it (a restart, a return from a dip) is not."""
         dstep = s.step - prev_step
         rate = 0.0 if prev is None or dstep <= 0 else (lr - prev) / dstep
-        steepest = max(self.rates, default=0.0)
-        self.rates.append(max(rate, 0.0))
-        recent = max(self.lrs, default=lr)
-        self.lrs.append(lr)
+        try:
+            return self._judge_change(s, lr, prev, rate)
+        finally:  # the recent rises and LRs take this sample after it was judged against them
+            self.rates.append(max(rate, 0.0))
+            self.lrs.append(lr)
+
+    def _judge_change(self, s: Sample, lr: float, prev: float | None, rate: float) -> Finding | None:
+        """`_change` with this sample not yet in the recent rises and LRs (their maxima, a pass over them each, are
+        taken only where a decision needs them)."""
         if self.announced:
             self.announced -= 1
             if prev is not None and abs(lr - prev) > self.SAME * prev:
@@ -217,13 +221,15 @@ class LrSchedule:
             self.max_lr = max(self.max_lr, lr)
             self._remember(s)
             return None
+        steepest = 0.0
         if not new_high:  # below the peak: a change only if it jumped to a level neither recent nor the peak's
             self.since_max += 1
-            change = (settled and lr > prev * (1 + self.jump) and lr > recent * (1 + self.OVER_PEAK)
+            change = (settled and lr > prev * (1 + self.jump) and lr > max(self.lrs, default=lr) * (1 + self.OVER_PEAK)
                       and lr < self.RESTART * self.max_lr)
         elif settled:
             change = lr > self.max_lr * (1 + self.OVER_PEAK)
         else:
+            steepest = max(self.rates, default=0.0)
             change = lr > prev * (1 + self.jump) and rate > self.JUMP_RATE * steepest
         if not change:
             if new_high and not settled:  # warmup goes on; a settled peak stays where it was

@@ -5,12 +5,19 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
+from typing import ClassVar
 
 
 class RollingQuantiles:
-    """The last `size` values, kept sorted: median and IQR in O(1), an update in O(log n) + memmove."""
+    """The last `size` values, kept sorted: median and IQR in O(1), an update in O(log n) + memmove.
 
-    __slots__ = ("_ring", "_next", "_sorted", "size", "n")
+    The median and (median, sigma) are kept once computed until the next `add` or `clear`: a rule that asks
+    for them several times on one sample (a gross-jump check, the level check, the slow-rise check) computes
+    them once, and what it is given is the same float it computed before."""
+
+    __slots__ = ("_ring", "_next", "_sorted", "size", "n", "_med", "_ms")
+    # caches, not state: not saved by Monitor.state_dict (msmon.core.state), None again when a state is loaded
+    TRANSIENT: ClassVar[tuple[str, ...]] = ("_med", "_ms")
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -18,12 +25,15 @@ class RollingQuantiles:
         self._ring: list[float] = []  # insertion order; a ring once full
         self._next = 0  # ring slot of the oldest value, once full
         self._sorted: list[float] = []
+        self._med: float | None = None
+        self._ms: tuple[float, float] | None = None
 
     def __len__(self) -> int:
         return self.n
 
     def add(self, x: float) -> None:
         """Add a finite value (NaN would break the order; callers filter it)."""
+        self._med = self._ms = None
         s = self._sorted
         ring = self._ring
         if self.n < self.size:
@@ -41,6 +51,7 @@ class RollingQuantiles:
         self._sorted.clear()
         self._next = 0
         self.n = 0
+        self._med = self._ms = None
 
     def quantile(self, q: float) -> float:
         s = self._sorted
@@ -50,13 +61,19 @@ class RollingQuantiles:
         return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
     def median(self) -> float:
-        s = self._sorted
-        n = len(s)
-        m = n >> 1
-        return s[m] if n & 1 else 0.5 * (s[m - 1] + s[m])
+        med = self._med
+        if med is None:
+            s = self._sorted
+            n = len(s)
+            m = n >> 1
+            med = self._med = s[m] if n & 1 else 0.5 * (s[m - 1] + s[m])
+        return med
 
     def median_sigma(self) -> tuple[float, float]:
         """(median, robust sigma) in one pass over the index arithmetic."""
+        ms = self._ms
+        if ms is not None:
+            return ms
         s = self._sorted
         n = len(s)
         m = n >> 1
@@ -67,7 +84,8 @@ class RollingQuantiles:
         pos = 0.75 * (n - 1)
         lo = int(pos)
         q3 = s[lo] + (s[lo + 1] - s[lo]) * (pos - lo) if lo + 1 < n else s[lo]
-        return med, (q3 - q1) / 1.349
+        ms = self._ms = (med, (q3 - q1) / 1.349)
+        return ms
 
     def sigma(self) -> float:
         """Robust standard deviation: IQR / 1.349 (equals sigma for normal noise, ignores outliers)."""
@@ -81,7 +99,10 @@ class SlidingFit:
     when they are also recomputed from the buffer, so rounding error cannot build up.
     """
 
-    __slots__ = ("size", "n", "_xs", "_ys", "_x0", "_n_added", "_sx", "_sy", "_sxx", "_sxy", "_syy")
+    __slots__ = ("size", "n", "_xs", "_ys", "_x0", "_n_added", "_sx", "_sy", "_sxx", "_sxy", "_syy", "_line_at",
+                 "_fit_at")
+    # caches of the line and the fit until the next point (a rule asks for the fit twice on one sample), not state
+    TRANSIENT: ClassVar[tuple[str, ...]] = ("_line_at", "_fit_at")
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -91,11 +112,14 @@ class SlidingFit:
         self._x0 = 0.0
         self._n_added = 0
         self._sx = self._sy = self._sxx = self._sxy = self._syy = 0.0
+        self._line_at: tuple[int, float, float, float, float, float] | None = None
+        self._fit_at: tuple[float, float, float] | None = None
 
     def __len__(self) -> int:
         return self.n
 
     def clear(self) -> None:
+        self._line_at = self._fit_at = None
         self._xs.clear()
         self._ys.clear()
         self.n = 0
@@ -103,6 +127,7 @@ class SlidingFit:
         self._sx = self._sy = self._sxx = self._sxy = self._syy = 0.0
 
     def add(self, x: float, y: float) -> None:
+        self._line_at = self._fit_at = None
         xs, ys = self._xs, self._ys
         if self.n == self.size:
             ox = xs.popleft() - self._x0
@@ -151,6 +176,9 @@ class SlidingFit:
 
     def _line(self) -> tuple[int, float, float, float, float, float] | None:
         """(n, mean x, mean y, Sxx, slope, residual variance per point); None when no line fits."""
+        line = self._line_at
+        if line is not None:
+            return line
         n = self.n
         if n < 3:
             return None
@@ -162,17 +190,22 @@ class SlidingFit:
         sxy = self._sxy - n * mx * my
         slope = sxy / sxx
         resid = max(self._syy - n * my * my - slope * sxy, 0.0) / (n - 2)
-        return n, mx, my, sxx, slope, resid
+        line = self._line_at = (n, mx, my, sxx, slope, resid)
+        return line
 
     def fit(self) -> tuple[float, float, float] | None:
         """(slope, value of the line at the newest x, t-statistic of the slope); None if degenerate."""
+        fit = self._fit_at
+        if fit is not None:
+            return fit
         line = self._line()
         if line is None:
             return None
         _, mx, my, sxx, slope, resid = line
         se = math.sqrt(resid / sxx)
         t = slope / se if se > 0.0 else math.copysign(math.inf, slope) if slope else 0.0
-        return slope, my + slope * ((self._xs[-1] - self._x0) - mx), t
+        fit = self._fit_at = (slope, my + slope * ((self._xs[-1] - self._x0) - mx), t)
+        return fit
 
     def noise(self) -> tuple[float, float] | None:
         """(residual variance per point, sum of squared x deviations) of the current fit."""
