@@ -35,6 +35,7 @@ from msmon.core.whatif import Recent
 from .config import MonitorConfig, load_config
 from .config.model import ActionConfig
 from .outputs import BackgroundWriter, CsvSink, Sink, format_log_line
+from .outputs.logline import LineRecords
 from .transport import BotTransport
 from .world import World, detect, refuse_lone_actions
 
@@ -142,6 +143,7 @@ class Monitor:
         self._n_samples = 0
         self._closed = False
         self._held_at: float | None = None  # hold_clock(): when a pause on purpose began
+        self._line_record = LineRecords(log, __file__, _LOG_LINE_AT, "step")
         _ensure_visible_logging()
         self._writer: BackgroundWriter | None = None
         self.transport: BotTransport | None = None
@@ -386,9 +388,8 @@ class Monitor:
         li = self._li
         if li and step % li == 0 and log.isEnabledFor(logging.INFO):
             # the record made here, not by log.info: its caller is known, and logging's search of the stack for it
-            # (findCaller) costs more than the rest of the line
-            log.handle(log.makeRecord(log.name, logging.INFO, __file__, _LOG_LINE_AT, "%s",
-                                      (format_log_line(sample, with_device=self._per_device),), None, "step"))
+            # (findCaller) costs more than the rest of the line; LineRecords makes it as makeRecord would, cheaper
+            log.handle(self._line_record(format_log_line(sample, with_device=self._per_device)))
         if not self._alerting:
             return _EMPTY
         phase = self._phase

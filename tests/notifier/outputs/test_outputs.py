@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from msmon.contract.wire import Sample
 from notifier import Monitor
 from notifier.outputs import CSV_COLUMNS, BackgroundWriter
-from notifier.outputs.logline import format_log_line
+from notifier.outputs.logline import _sci, format_log_line
 from tests.fakes.helpers import FakeClock, ListSink, config
 
 
@@ -211,3 +211,89 @@ def test_csv_rows_read_back_exactly_as_the_csv_module_writes_them(tmp_path):
                 assert row[col] == "nan"
             else:
                 assert float(row[col]) == want
+
+
+def _slow_log_line(s: Sample) -> str:
+    """format_log_line's general path, written out: what its one-pass form for the usual line must equal."""
+    return (f"[step {s.step}] loss: {s.loss:.4g} | lr: {_sci(s.learning_rate)} | grad_norm: {s.grad_norm:.3g} | "
+            f"throughput: {s.tokens_per_s:.0f} tokens/s")
+
+
+@pytest.mark.parametrize("loss, lr, grad, tps", [
+    (2.3412, 1.2e-5, 1.0234, 1520.4), (1e-9, 3e-4, 1234567.0, 0.4), (float("nan"), 0.1, float("inf"), 1e12),
+    (123456.0, 1e-12, 0.0, 2.5), (-0.5, 6e-4, 15.0, 999999.5)])
+def test_log_line_usual_form_is_the_general_one(loss, lr, grad, tps):
+    s = Sample(run_id="r", device="0", step=123, time=0.0, loss=loss, learning_rate=lr, grad_norm=grad,
+               tokens_per_s=tps)
+    assert format_log_line(s) == _slow_log_line(s)
+
+
+class _Keep(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self.lines.append(self.format(record))
+
+
+def _logged(factory=None) -> _Keep:
+    log = logging.getLogger("msmon")
+    keep = _Keep()
+    keep.setFormatter(logging.Formatter("%(levelname)s %(name)s %(filename)s:%(lineno)d %(funcName)s %(module)s "
+                                        "%(threadName)s %(processName)s %(message)s"))
+    keep.addFilter(lambda r: "[step 20]" not in r.getMessage())  # the program's own filter applies
+    old_level, old_prop = log.level, log.propagate
+    log.addHandler(keep)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    old_factory = logging.getLogRecordFactory()
+    if factory is not None:
+        logging.setLogRecordFactory(factory)
+    try:
+        mon = Monitor(config(step_interval=1, log_interval=10), "r", clock=FakeClock())
+        for step in range(31):
+            mon.step(step, loss=2.0, lr=1e-4, grad_norm=1.0, tokens=100.0)
+        mon.close()
+    finally:
+        logging.setLogRecordFactory(old_factory)
+        log.removeHandler(keep)
+        log.setLevel(old_level)
+        log.propagate = old_prop
+    return keep
+
+
+def test_step_line_record_is_the_one_makerecord_makes():
+    """LineRecords' record has every attribute makeRecord gives, with the same values (the time aside), and the
+    program's formatter and filters apply to it."""
+    keep = _logged()
+    steps = [r for r in keep.records if r.getMessage().startswith("[step ")]
+    assert [r.getMessage().split("]")[0] for r in steps] == ["[step 0", "[step 10", "[step 30"]
+    record = steps[-1]
+    made = logging.getLogger("msmon").makeRecord("msmon", logging.INFO, record.pathname, record.lineno,
+                                                 record.getMessage(), (), None, "step")
+    assert set(vars(record)) == set(vars(made)) | ({"message"} & set(vars(record)))
+    for k, v in vars(made).items():
+        if k in ("created", "msecs", "relativeCreated"):
+            assert abs(getattr(record, k) - v) < 60_000, k
+        else:
+            assert getattr(record, k) == v, k
+    assert record.msecs == int((record.created - int(record.created)) * 1000)
+    line = keep.lines[keep.records.index(record)]
+    assert line.startswith(f"INFO msmon monitor.py:{record.lineno} step monitor MainThread MainProcess [step 30] ")
+
+
+def test_step_line_with_the_programs_own_record_factory():
+    """A program's record factory makes the step line's record too."""
+    base = logging.getLogRecordFactory()
+
+    def factory(*a, **kw):
+        r = base(*a, **kw)
+        r.job = "mine"
+        return r
+
+    keep = _logged(factory=factory)
+    steps = [r for r in keep.records if r.getMessage().startswith("[step ")]
+    assert len(steps) == 3 and all(getattr(r, "job", None) == "mine" for r in steps)
