@@ -21,6 +21,8 @@ Arms (the first group is msmon's Monitor.step, all 12 rules on, step_interval 1)
   tensorboardX direct   SummaryWriter.add_scalar for the 4 scalars
   wandb offline         wandb.init(mode="offline"); wandb.log({4 scalars}, step=i)
   swanlab local         swanlab.init(mode="local"); swanlab.log({4 scalars}, step=i)
+With --per-rule, also msmon with alerting off and each rule alone (outputs off): a rule's arm minus the
+alerting-off arm is what that rule costs a step, plus the ~2k every rule shares (the alert loop's set-up).
 The peers run with --peers-python (a virtual environment with wandb, swanlab and tensorboardX
 installed: `python -m venv /tmp/msmon-peers && /tmp/msmon-peers/bin/pip install wandb swanlab
 tensorboardX`); a peer that does not import there is reported as such. tensorboardX runs in the
@@ -42,6 +44,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from msmon.core.detectors import RULES  # noqa: E402
+
 BUDGET = 300_000  # the goal for msmon with every output on, instructions per recorded step
 
 MSMON_ARMS = {
@@ -53,6 +58,8 @@ MSMON_ARMS = {
     "msmon all, log every 100th": dict(csv=True, tb=True, log=100),
 }
 PEER_ARMS = ("tensorboardX direct", "wandb offline", "swanlab local")
+# --per-rule: msmon with alerting off, then each rule alone (outputs off): what each rule costs a step
+RULE_ARMS = ("msmon alerting off", *(f"rule {name}" for name in RULES))
 
 
 # -- the child: one arm, one step count, run under callgrind ---------------------------------------------
@@ -72,13 +79,12 @@ def child(arm: str, steps: int, out: str) -> None:
             loss, lr, grad, tokens = metrics(i)
             t += 0.2
         return
-    if arm.startswith("msmon"):
+    if arm.startswith(("msmon", "rule ")):
         import logging
 
-        sys.path.insert(0, ROOT)
         from notifier import Monitor
 
-        opts = MSMON_ARMS[arm]
+        opts = MSMON_ARMS.get(arm, dict(csv=False, tb=False, log=0))
         log = logging.getLogger("msmon")
         log.setLevel(logging.INFO)
         log.propagate = False
@@ -92,6 +98,10 @@ def child(arm: str, steps: int, out: str) -> None:
             "csv": {"enable": opts["csv"], "path": os.path.join(out, "{run_id}.csv")},
             "tensorboard": {"enable": opts["tb"], "log_dir": os.path.join(out, "tb")},
         }}
+        if arm == "msmon alerting off":
+            cfg["monitor_config"]["alert"]["enable"] = False
+        elif arm.startswith("rule "):
+            cfg["monitor_config"]["alert"]["rules"] = {r: {"enable": f"rule {r}" == arm} for r in RULES}
         mon = Monitor(cfg, "bench")
         step = mon.step
         for i in range(steps):
@@ -165,7 +175,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", default="500,2500", help="the two step counts to difference")
     ap.add_argument("--peers-python", default="/tmp/msmon-peers/bin/python")
-    ap.add_argument("--arms", default="", help="comma-separated subset of the arms")
+    ap.add_argument("--arms", default="", help="subset of the arms, separated by semicolons")
+    ap.add_argument("--per-rule", action="store_true",
+                    help="also msmon with alerting off and each rule alone (a rule's cost: its arm minus alerting off)")
     ap.add_argument("--jobs", type=int, default=2, help="callgrind processes at once")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -180,6 +192,8 @@ def main() -> None:
     peers = args.peers_python if os.path.exists(args.peers_python) else ""
     plan: dict[str, tuple[str, str]] = {"loop": (ours, "")}
     plan.update({arm: (ours, "") for arm in MSMON_ARMS})
+    if args.per_rule:
+        plan.update({arm: (ours, "") for arm in RULE_ARMS})
     for arm, module in zip(PEER_ARMS, ("tensorboardX", "wandb", "swanlab"), strict=True):
         python = ours if arm == "tensorboardX direct" else peers
         if not python or not imports(python, module):
@@ -187,7 +201,7 @@ def main() -> None:
         else:
             plan[arm] = (python, "")
     if args.arms:
-        keep = {"loop", *args.arms.split(",")}
+        keep = {"loop", *args.arms.split(";")}
         plan = {k: v for k, v in plan.items() if k in keep}
     jobs = [(arm, n) for arm, (py, why) in plan.items() if not why for n in (lo, hi)]
     with ThreadPoolExecutor(args.jobs) as pool:

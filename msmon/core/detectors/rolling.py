@@ -143,7 +143,12 @@ class SlidingFit:
             self.n += 1
         xs.append(x)
         ys.append(y)
-        self._count(x, y)
+        dx = x - self._x0  # self._count(x, y), inlined: the hot path of every trend rule
+        self._sx += dx
+        self._sy += y
+        self._sxx += dx * dx
+        self._sxy += dx * y
+        self._syy += y * y
         self._n_added += 1
         if self._n_added == self.size:
             self._n_added = 0
