@@ -41,8 +41,9 @@ def _names(obj: Any) -> Iterator[str]:
     """The attribute names an object holds: its __dict__'s and every __slots__ entry up its class tree."""
     seen: set[str] = set(getattr(obj, "TRANSIENT", ()))  # caches a class names as not state
     for name in getattr(obj, "__dict__", {}):
-        seen.add(name)
-        yield name
+        if name not in seen:
+            seen.add(name)
+            yield name
     for cls in type(obj).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:

@@ -231,7 +231,8 @@ class EarlyBaselineRule(BaselineRule):
         The levels themselves are judged by `BaselineRule.judge` with scaled levels, so whatever wraps
         `judge` (msmon calibrate's probes) sees every value the rule judges."""
         w = self.window
-        k = self.looseness(self.warmup.at(s))
+        warm = self.warmup.at(s)
+        k = 1.0 if w.n >= w.size and not warm else self.looseness(warm)  # a full window after warmup: full levels
         if gross is not None and w.n >= self.GROSS_AFTER:
             ratio = self.gross_ratio(x, w)
             if ratio >= gross:

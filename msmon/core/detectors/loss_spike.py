@@ -60,6 +60,7 @@ class LossSpike(EarlyBaselineRule):
                            "back within a few hundred steps, save a checkpoint, then scale the LR down or roll back.")
 
     GROSS_SIGMA: ClassVar[float] = 10.0  # a gross jump is also this many sigma above the median
+    TRANSIENT: ClassVar[tuple[str, ...]] = ("_scored_ms", "_scored_x", "_scored")
 
     def __init__(self, p: LossSpikeParams, ctx: DetectorContext) -> None:
         super().__init__(p.window, ctx.warmup_steps)
@@ -71,11 +72,21 @@ class LossSpike(EarlyBaselineRule):
         self.low_medians: deque[float] = deque(maxlen=blocks)  # one median per `window` learned samples
         self.low_steps: deque[int] = deque(maxlen=blocks)
         self.block_n = 0  # learned samples since the last median was kept
+        # the last score, by the window's (median, sigma) it was taken on and the value: a cache, not state
+        self._scored_ms: tuple[float, float] | None = None
+        self._scored_x: float | None = None
+        self._scored = (0.0, 0.0, 0.0)
 
     def score(self, x: float, w: RollingQuantiles) -> tuple[float, float]:
-        med, sigma = w.median_sigma()
+        ms = w.median_sigma()
+        if ms is self._scored_ms and x is self._scored_x:  # asked again for this value on this window (gross, level)
+            self.sigma = self._scored[2]
+            return self._scored[0], self._scored[1]
+        med, sigma = ms
         self.sigma = sigma = max(sigma, self.min_fluctuation * abs(med), 1e-12)
-        return (x - med) / sigma, med
+        z = (x - med) / sigma
+        self._scored_ms, self._scored_x, self._scored = ms, x, (z, med, sigma)
+        return z, med
 
     def gross_ratio(self, x: float, w: RollingQuantiles) -> float:
         z, med = self.score(x, w)
