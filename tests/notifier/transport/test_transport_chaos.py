@@ -23,14 +23,16 @@ from tests.fakes.helpers import wait_for
 
 @pytest.fixture
 def faulty():
-    b = FaultyBot()
+    # a hang outlasts the job's timeout below; both well above what a busy 2-core CI machine can delay a proper
+    # answer by (a 202 read after the timeout is resent, rightly, and would count here as a duplicate)
+    b = FaultyBot(hang_s=3.0)
     yield b
     b.stop()
 
 
 def chaos_monitor(bot: FaultyBot, tmp_path: Any, **kw: Any) -> Monitor:
     transport = BotTransport(bot.url, "chaos", "0", token="t", spool_dir=str(tmp_path / "spool"),
-                             flush_interval=0.05, heartbeat_interval=0.1, timeout=0.5,
+                             flush_interval=0.05, heartbeat_interval=0.1, timeout=2.0,
                              backoff=(0.05, 0.3), **kw)
     transport.listen(lambda cmds: None)  # the command long-poll thread runs too
     cfg = {"monitor_config": {"monitor_on": True, "step_interval": 1, "csv": {"enable": False},
@@ -50,7 +52,7 @@ def test_every_error_arrives_once_through_every_broken_answer(faulty, tmp_path):
     assert tr is not None
     raised: list[int] = []
     step = 0
-    deadline = time.monotonic() + 8.0
+    deadline = time.monotonic() + 15.0
     while (faulty.script or step < 200) and time.monotonic() < deadline:
         for ev in mon.step(step, loss=2.0, grad_norm=100.0 if step % 3 != 2 else 1.0):
             if ev.severity is Severity.ERROR and ev.status is Status.FIRING:
