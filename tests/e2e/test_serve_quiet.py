@@ -120,7 +120,11 @@ def test_serve_with_a_job_and_a_waiting_cmd_writes_alerts_and_lifecycle_lines_on
         text = bot.stop()
     lines = _not_alerts(seen_text)
     lifecycle = [line for line in lines if re.search(r"msmon bot: command c\d+ `", line)]
-    other = [line for line in lines if line not in lifecycle]
+    # the bot's own overload changes (bot/ingest/overload.py: one line when the level changes, never per request)
+    # come when a busy test machine starves its loop; they are state changes, not the per-tick noise looked for
+    overload = [line for line in lines if re.search(r"msmon bot: ingest (no longer )?overloaded", line)]
+    other = [line for line in lines if line not in lifecycle and line not in overload]
+    assert len(overload) <= 6, overload  # a few changes of level at most, never one per envelope
     print(f"{window:.0f} s of two jobs (one hung), a pause, a msmon cmd waiting 25 s on the hung one and a "
           f"resume: {len(lines)} non-alert lines ({len(lifecycle)} the commands' own lifecycle lines, "
           f"{len(other)} time-driven or other)")
