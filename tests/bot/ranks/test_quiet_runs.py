@@ -6,11 +6,27 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import pytest
+
 import bot.ranks as ranks_mod
 from bot.config import RanksConfig
 from bot.ranks import check
 from bot.ranks.view import RankViews
 from msmon.contract.wire import Envelope, Sample
+
+
+@pytest.fixture
+def judged(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The runs each check judges, in order (bot/ranks `track` counted)."""
+    seen: list[str] = []
+    track = ranks_mod.track
+
+    def counted(rules, ctx, run):  # type: ignore[no-untyped-def]
+        seen.append(run.run_id)
+        return track(rules, ctx, run)
+
+    monkeypatch.setattr(ranks_mod, "track", counted)
+    return seen
 
 
 def _report(views: RankViews, run: str, ranks: int, step: int, now: float, slow: int | None = None) -> None:
@@ -20,17 +36,9 @@ def _report(views: RankViews, run: str, ranks: int, step: int, now: float, slow:
             step_time=0.5 if r == slow else 0.1)]), now)
 
 
-def test_a_check_passes_over_quiet_runs_and_still_finds_a_straggler(monkeypatch):
+def test_a_check_passes_over_quiet_runs_and_still_finds_a_straggler(judged: list[str]) -> None:
     cfg = RanksConfig(history=4, straggler_checks=2)
     views = RankViews(cfg.max_runs, cfg.max_ranks, cfg.history)
-    judged: list[str] = []
-    track = ranks_mod.track
-
-    def counted(rules, ctx, run):  # type: ignore[no-untyped-def]
-        judged.append(run.run_id)
-        return track(rules, ctx, run)
-
-    monkeypatch.setattr(ranks_mod, "track", counted)
     now = 1000.0
     for k in range(4):
         for q in range(50):
@@ -56,17 +64,10 @@ class _NoScan(OrderedDict):  # type: ignore[type-arg]
     items = keys = __iter__ = values  # type: ignore[assignment]
 
 
-def test_a_check_after_the_first_never_walks_every_run_and_still_looks_at_a_quiet_run_with_an_alert(monkeypatch):
+def test_a_check_after_the_first_never_walks_every_run_and_still_looks_at_a_quiet_run_with_an_alert(
+        judged: list[str]) -> None:
     cfg = RanksConfig(history=4, straggler_checks=2)
     views = RankViews(cfg.max_runs, cfg.max_ranks, cfg.history)
-    judged: list[str] = []
-    track = ranks_mod.track
-
-    def counted(rules, ctx, run):  # type: ignore[no-untyped-def]
-        judged.append(run.run_id)
-        return track(rules, ctx, run)
-
-    monkeypatch.setattr(ranks_mod, "track", counted)
     now = 1000.0
     for q in range(200):
         _report(views, f"quiet-{q}", 8, 0, now)

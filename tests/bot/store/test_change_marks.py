@@ -6,31 +6,12 @@ taken, with an older clock, is still read. The runs heard from since a time, and
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from bot.store.sqlite import AlertRow, Store
 from tests.fakes import postgres
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
-    if request.param == "sqlite":
-        s = Store(str(tmp_path / "s.sqlite"))
-        yield s
-        s.close()
-        return
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    from bot.store.postgres import PostgresStore
-
-    with postgres.fresh_schema() as schema:
-        s = PostgresStore(postgres.PG_URL, schema, lease=1.0)
-        yield s
-        s.close()
 
 
 def alert(run: str, rule: str = "loss", device: str = "0", status: str = "firing", severity: str = "ERROR",

@@ -9,7 +9,6 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,42 +23,12 @@ from msmon.config.errors import ConfigError
 from msmon.contract.wire import Severity
 from tests.fakes import postgres
 
-STORES = ["sqlite", "postgresql"]
-
 
 def _pg_or_skip() -> None:
     reason = postgres.unavailable()
     if reason is not None:
         pytest.skip(reason)
 
-
-@pytest.fixture(params=STORES)
-def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
-    if request.param == "sqlite":
-        s = Store(str(tmp_path / "s.sqlite"))
-        yield s
-        s.close()
-        return
-    _pg_or_skip()
-    from bot.store.postgres import PostgresStore
-
-    with postgres.fresh_schema() as schema:
-        s = PostgresStore(postgres.PG_URL, schema, lease=1.0)
-        yield s
-        s.close()
-
-
-@pytest.fixture
-def pg_pair() -> Iterator[tuple[Any, Any]]:
-    """Two PostgreSQL stores on one schema: two replicas (lease 1 s)."""
-    _pg_or_skip()
-    from bot.store.postgres import PostgresStore
-
-    with postgres.fresh_schema() as schema:
-        a, b = PostgresStore(postgres.PG_URL, schema, lease=1.0), PostgresStore(postgres.PG_URL, schema, lease=1.0)
-        yield a, b
-        a.close()
-        b.close()
 
 
 def entry(key: str = "k1", kind: str = "alert", now: float = 100.0, run: str = "run-1") -> OutboxEntry:

@@ -13,7 +13,6 @@ import pytest
 
 from bot.ingest.commit import Commits
 from bot.store.sqlite import Store
-from tests.bot.store.test_store_contract import pg_pair, store  # noqa: F401 - fixtures: both stores; two replicas
 
 
 def _raw(s: Store) -> tuple[object, ...]:
@@ -23,7 +22,7 @@ def _raw(s: Store) -> tuple[object, ...]:
     return tuple(r)
 
 
-def test_held_updates_are_merged_then_written_in_one_commit(store: Store) -> None:  # noqa: F811
+def test_held_updates_are_merged_then_written_in_one_commit(store: Store) -> None:
     store.touch_run("r", "llm", {}, "0", 10, 100.0)  # a new run: written at once
     store.touch_run("r", "llm", {}, "1", 12, 101.0, defer=True)
     store.touch_run("r", "llm", {}, "0", 11, 102.0, heartbeat=True, defer=True)
@@ -38,7 +37,7 @@ def test_held_updates_are_merged_then_written_in_one_commit(store: Store) -> Non
     assert r is not None and r["devices"] == ["0", "1", "2"] and 101.0 <= r["last_progress"] <= 103.5
 
 
-def test_what_is_written_after_a_held_update_comes_after_it(store: Store) -> None:  # noqa: F811
+def test_what_is_written_after_a_held_update_comes_after_it(store: Store) -> None:
     store.touch_run("r", "llm", {}, "0", 10, 100.0)
     store.touch_run("r", "llm", {}, "1", 20, 101.0, defer=True)
     with store.tx():  # an envelope with events: its own transaction, the held update first
@@ -51,7 +50,7 @@ def test_what_is_written_after_a_held_update_comes_after_it(store: Store) -> Non
     assert r is not None and r["last_step"] == 30 and r["devices"] == ["0", "1", "3"]
 
 
-def test_a_device_the_row_holds_does_not_rewrite_the_list(store: Store) -> None:  # noqa: F811
+def test_a_device_the_row_holds_does_not_rewrite_the_list(store: Store) -> None:
     for d in range(3):
         store.touch_run("r", "llm", {}, str(d), d, 100.0 + d)
     store.flush_runs()
@@ -90,7 +89,7 @@ def test_the_group_commit_answers_after_the_commit_and_fails_every_waiter_with_i
         asyncio.run(failing())
 
 
-def test_a_replica_keeps_a_runs_project_only_until_another_prunes_it(pg_pair: tuple[Any, Any]) -> None:  # noqa: F811
+def test_a_replica_keeps_a_runs_project_only_until_another_prunes_it(pg_pair: tuple[Any, Any]) -> None:
     a, b = pg_pair
     b.touch_run("r", "p1", {}, "0", 1, 100.0)
 
@@ -118,7 +117,7 @@ def test_a_replica_keeps_a_runs_project_only_until_another_prunes_it(pg_pair: tu
     assert asyncio.run(scenario()) == ["p1", "p2", "p2"]
 
 
-def test_a_device_merged_in_a_rolled_back_transaction_is_merged_again(store: Store) -> None:  # noqa: F811
+def test_a_device_merged_in_a_rolled_back_transaction_is_merged_again(store: Store) -> None:
     store.touch_run("r", "llm", {}, "0", 1, 100.0)
     with pytest.raises(RuntimeError), store.tx():
         store.touch_run("r", "llm", {}, "5", 2, 101.0)
