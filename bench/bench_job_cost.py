@@ -45,7 +45,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from msmon.core.detectors import RULES  # noqa: E402
 
 BUDGET = 300_000  # the goal for msmon with every output on, instructions per recorded step
 
@@ -58,8 +57,19 @@ MSMON_ARMS = {
     "msmon all, log every 100th": dict(csv=True, tb=True, log=100),
 }
 PEER_ARMS = ("tensorboardX direct", "wandb offline", "swanlab local")
-# --per-rule: msmon with alerting off, then each rule alone (outputs off): what each rule costs a step
-RULE_ARMS = ("msmon alerting off", *(f"rule {name}" for name in RULES))
+
+
+def rule_names() -> list[str]:
+    """msmon's rules, imported only where msmon runs: the peers' arms run in a Python without msmon's dependencies
+    (importing them at the top made every peer arm fail: no msgspec there)."""
+    from msmon.core.detectors import RULES
+
+    return list(RULES)
+
+
+def rule_arms() -> tuple[str, ...]:
+    """--per-rule: msmon with alerting off, then each rule alone (outputs off): what each rule costs a step."""
+    return ("msmon alerting off", *(f"rule {name}" for name in rule_names()))
 
 
 # -- the child: one arm, one step count, run under callgrind ---------------------------------------------
@@ -101,7 +111,7 @@ def child(arm: str, steps: int, out: str) -> None:
         if arm == "msmon alerting off":
             cfg["monitor_config"]["alert"]["enable"] = False
         elif arm.startswith("rule "):
-            cfg["monitor_config"]["alert"]["rules"] = {r: {"enable": f"rule {r}" == arm} for r in RULES}
+            cfg["monitor_config"]["alert"]["rules"] = {r: {"enable": f"rule {r}" == arm} for r in rule_names()}
         mon = Monitor(cfg, "bench")
         step = mon.step
         for i in range(steps):
@@ -193,7 +203,7 @@ def main() -> None:
     plan: dict[str, tuple[str, str]] = {"loop": (ours, "")}
     plan.update({arm: (ours, "") for arm in MSMON_ARMS})
     if args.per_rule:
-        plan.update({arm: (ours, "") for arm in RULE_ARMS})
+        plan.update({arm: (ours, "") for arm in rule_arms()})
     for arm, module in zip(PEER_ARMS, ("tensorboardX", "wandb", "swanlab"), strict=True):
         python = ours if arm == "tensorboardX direct" else peers
         if not python or not imports(python, module):
