@@ -280,6 +280,19 @@ def _counted(pid: int) -> int:
     return sum(int(x.replace(",", "")) for x in found)
 
 
+def _bot_yaml(tmp: str, port: int, ranks_period: float, extra: str = "") -> str:
+    """The bench bot's bot.yaml in `tmp` (SQLite there, the bench token for every project, `ranks.period` as
+    given, the straggler rule's history and checks of this bench); its path."""
+    path = os.path.join(tmp, "bot.yaml")
+    with open(path, "w") as f:
+        f.write(f"bot:\n  port: {port}\n  state_path: {tmp}/bot.sqlite\n"
+                f"  tokens: [{{project: '*', env: BENCH_TOKEN}}]\n"
+                f"  console: {{charts: false}}\n  max_request_bytes: 1048576\n{extra}"
+                f"  ranks: {{period: {ranks_period}, history: {HISTORY}, straggler_checks: {CHECKS}, "
+                f"max_ranks: 100000}}\n")
+    return path
+
+
 def instructions_per_envelope(tree: str, ranks: int, rounds: int, clients: int, idle: float = 10.0
                               ) -> tuple[float, float, float]:
     """(instructions per envelope, of which the bot's timed tasks, per second idle): the bot (tree `tree`) under
@@ -288,12 +301,7 @@ def instructions_per_envelope(tree: str, ranks: int, rounds: int, clients: int, 
     is taken out."""
     with tempfile.TemporaryDirectory() as tmp:
         port = _free_port()
-        cfg_path = os.path.join(tmp, "bot.yaml")
-        with open(cfg_path, "w") as f:
-            f.write(f"bot:\n  port: {port}\n  state_path: {tmp}/bot.sqlite\n"
-                    f"  tokens: [{{project: '*', env: BENCH_TOKEN}}]\n"
-                    f"  console: {{charts: false}}\n  max_request_bytes: 1048576\n  overload: {{enable: false}}\n"
-                    f"  ranks: {{period: 3600.0, history: {HISTORY}, straggler_checks: {CHECKS}, max_ranks: 100000}}\n")
+        cfg_path = _bot_yaml(tmp, port, ranks_period=3600.0, extra="  overload: {enable: false}\n")
         env = {**os.environ, "BENCH_TOKEN": TOKEN, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
         code = f"import sys; sys.path.insert(0, {tree!r}); from bot.server import serve; sys.exit(serve({cfg_path!r}))"
         bot = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable,
@@ -348,12 +356,7 @@ def main() -> None:
         return
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        cfg_path = os.path.join(tmp, "bot.yaml")
-        with open(cfg_path, "w") as f:
-            f.write(f"bot:\n  port: {port}\n  state_path: {tmp}/bot.sqlite\n"
-                    f"  tokens: [{{project: '*', env: BENCH_TOKEN}}]\n"
-                    f"  console: {{charts: false}}\n  max_request_bytes: 1048576\n"
-                    f"  ranks: {{period: 1.0, history: {HISTORY}, straggler_checks: {CHECKS}, max_ranks: 100000}}\n")
+        cfg_path = _bot_yaml(tmp, port, ranks_period=1.0)
         env = {**os.environ, "BENCH_TOKEN": TOKEN, "PYTHONPATH": os.path.dirname(os.path.dirname(
             os.path.abspath(__file__)))}
         code = f"import sys; from bot.server import serve; sys.exit(serve({cfg_path!r}))"
