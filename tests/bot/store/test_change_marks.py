@@ -8,10 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import pytest
-
 from bot.store.sqlite import AlertRow, Store
-from tests.fakes import postgres
 
 
 def alert(run: str, rule: str = "loss", device: str = "0", status: str = "firing", severity: str = "ERROR",
@@ -64,42 +61,30 @@ def test_a_change_number_is_never_reused_after_the_newest_rows_are_pruned(tmp_pa
     store.close()
 
 
-def test_a_replica_commit_after_the_mark_with_an_older_clock_is_still_read() -> None:
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    from bot.store.postgres import PostgresStore
+def test_a_replica_commit_after_the_mark_with_an_older_clock_is_still_read(pg_pair: tuple[Any, Any]) -> None:
+    a, b = pg_pair
+    mark = a.change_mark()
+    written, go = threading.Event(), threading.Event()
 
-    with postgres.fresh_schema() as schema:
-        a, b = PostgresStore(postgres.PG_URL, schema, lease=1.0), PostgresStore(postgres.PG_URL, schema, lease=1.0)
-        try:
-            mark = a.change_mark()
-            written, go = threading.Event(), threading.Event()
+    def late() -> None:  # b's transaction writes, then waits while a looks, then commits
+        with b.tx():
+            b.save_alerts([alert("late", at=1.0)])  # its clock far behind a's
+            written.set()
+            go.wait(10)
 
-            def late() -> None:  # b's transaction writes, then waits while a looks, then commits
-                with b.tx():
-                    b.save_alerts([alert("late", at=1.0)])  # its clock far behind a's
-                    written.set()
-                    go.wait(10)
-
-            t = threading.Thread(target=late)
-            t.start()
-            assert written.wait(10)
-            keys, mark = a.changed_alerts(mark)
-            assert ("late", "loss") not in keys  # not committed yet: not visible
-            go.set()
-            t.join(10)
-            assert ("late", "loss") in a.changed_alerts(mark)[0]  # read after its commit, from the mark taken before
-        finally:
-            a.close()
-            b.close()
+    t = threading.Thread(target=late)
+    t.start()
+    assert written.wait(10)
+    keys, mark = a.changed_alerts(mark)
+    assert ("late", "loss") not in keys  # not committed yet: not visible
+    go.set()
+    t.join(10)
+    assert ("late", "loss") in a.changed_alerts(mark)[0]  # read after its commit, from the mark taken before
 
 
 def test_the_runs_heard_from_since_a_time_and_the_ends_of_some_runs(store: Store) -> None:
     for i in range(20):
         store.touch_run(f"run-{i}", "p", {}, "0", 1, 100.0 + i, heartbeat=True)
-    if hasattr(store, "flush_runs"):
-        store.flush_runs()
     assert sorted(store.runs_seen_since(117.0)) == ["run-17", "run-18", "run-19"]
     store.escalations.end_run("run-2", 150.0, 9)
     store.escalations.end_run("run-3", 160.0, 9)
