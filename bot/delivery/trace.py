@@ -24,6 +24,7 @@ API records its requests):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterable
@@ -107,5 +108,11 @@ class Trace:
         if received_at is not None:  # the bot's wall clock, as monotonic
             stages["received"] = received_at - time.time() + now
         line = json.dumps({"run": run_id, "kind": kind, "state": state, "deferred": deferred, "stages": stages})
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as exc:  # a benchmark's file: never the delivery's trouble; tracing stops, said once
+            logging.getLogger("msmon.bot").warning("msmon bot: the delivery trace cannot be written to %s (%s); "
+                                                   "tracing is off until the bot restarts (%s)", self.path, exc, ENV)
+            self.path = None
+            self._rows.clear()
