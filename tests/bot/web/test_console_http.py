@@ -246,9 +246,15 @@ def test_the_stream_sends_samples_and_alerts_as_they_arrive(bot):
     assert _stream_events(bot.port, "/console/api/stream?run=nope", auth, "}").startswith("HTTP/1.1 404")
 
 
-def test_a_client_that_stops_reading_is_dropped_and_holds_no_memory(bot):
+def test_a_client_that_stops_reading_is_dropped_and_holds_no_memory(tmp_path, monkeypatch, bot_server):
     """The stream writes at the client's pace: with the client's socket full, its one pending write times out
-    (console.web.stream_write_timeout, 1 s here) and the stream ends; the bot keeps serving."""
+    (console.web.stream_write_timeout, 1 s here) and the stream ends; the bot keeps serving. The flood of
+    samples that fills the socket would, on a busy machine, put the ingest into overload, which sheds samples
+    before they reach the stream (bot/ingest/overload.py): shedding is off here so the stream has data to write."""
+    monkeypatch.setenv("MSMON_TEST_TOKEN", "job-token")
+    monkeypatch.setenv("ALICE_TOKEN", "alice-token")
+    bot = _console_bot(bot_server, tmp_path, {"stream_interval": 0.1, "stream_write_timeout": 1.0},
+                       overload={"enable": False})
     report(bot, steps=range(1, 2))
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -350,9 +356,9 @@ def test_static_files_are_served_from_the_package(bot):
     assert c("GET", "/console/static/console.js")[0] == 200
 
 
-def _console_bot(bot_server: Any, tmp_path: Any, web: dict[str, Any]) -> BotServer:
+def _console_bot(bot_server: Any, tmp_path: Any, web: dict[str, Any], **bot: Any) -> BotServer:
     return bot_server({"bot": {
-        "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
+        **bot, "port": 0, "state_path": str(tmp_path / "bot.sqlite"),
         "tokens": [{"project": "llm", "env": "MSMON_TEST_TOKEN"}], "pipeline": {"group_wait": 0},
         "console": {"charts_dir": str(tmp_path), "charts": False, "web": web},
         "commands": {"operators": [{"user": "cli:alice", "env": "ALICE_TOKEN"}]}}})
