@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterable
 
 ENV = "MSMON_DELIVERY_TRACE"
+log = logging.getLogger("msmon.bot")
 KEPT = 10_000  # rows traced at once (a dead receiver's backlog is not kept without bound)
 
 
@@ -112,7 +113,7 @@ class Trace:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
         except OSError as exc:  # a benchmark's file: never the delivery's trouble; tracing stops, said once
-            logging.getLogger("msmon.bot").warning("msmon bot: the delivery trace cannot be written to %s (%s); "
-                                                   "tracing is off until the bot restarts (%s)", self.path, exc, ENV)
+            log.warning("msmon bot: the delivery trace cannot be written to %s (%s); tracing is off until the bot "
+                        "restarts (%s)", self.path, exc, ENV)
             self.path = None
             self._rows.clear()
