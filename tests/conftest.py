@@ -117,9 +117,7 @@ def schema() -> Iterator[str]:
     when PostgreSQL does not answer."""
     from tests.fakes import postgres
 
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
+    postgres.required()
     with postgres.fresh_schema() as name:
         yield name
 

@@ -106,8 +106,7 @@ def test_a_store_that_fails_answers_the_job_routes_with_the_spec_s_503_and_its_r
     from tests.fakes import postgres
     from tests.fakes.records import envelope, event
 
-    if (reason := postgres.unavailable()) is not None:
-        pytest.skip(reason)
+    postgres.required()
     from urllib.parse import urlsplit
 
     monkeypatch.setenv("MSMON_ST_JOB", JOB)

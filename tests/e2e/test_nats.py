@@ -352,9 +352,7 @@ def test_two_replicas_on_postgres_share_the_nats_consumer_through_a_nats_restart
     replica reaches the job's NATS poll, whichever replica holds it."""
     from tests.fakes import postgres
 
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
+    postgres.required()
     prefix, stream = names
     with postgres.fresh_schema() as schema, NatsServer(tmp_path / "nats") as server:
         cfg = _bot_config(tmp_path, slack, server.url, prefix, stream, ack_wait=3)

@@ -63,13 +63,9 @@ def with_test_store(config: dict[str, Any]) -> dict[str, Any]:
     bot = config.get("bot") or {}
     if os.environ.get("MSMON_TEST_STORE", "sqlite") != "postgresql" or "store" in bot:
         return config
-    import pytest
-
     from tests.fakes import postgres
 
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
+    postgres.required()
     return {**config, "bot": {**bot, "store": postgres.store_config(str(bot.get("state_path", "msmon-bot.sqlite")))}}
 
 

@@ -38,6 +38,15 @@ def unavailable() -> str | None:
     return None
 
 
+def required() -> None:
+    """Skip the calling test, with the reason, when PostgreSQL cannot be used here."""
+    reason = unavailable()
+    if reason is not None:
+        import pytest
+
+        pytest.skip(reason)
+
+
 # pytest-xdist's worker ("gw0", "gw1"...; "main" without xdist) in every schema's name: workers running at once,
 # and other sessions on the same database, never share a schema (nor drop another's at exit)
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")

@@ -144,9 +144,7 @@ def test_the_kept_picture_takes_exactly_the_steps_of_reading_everything_each_pas
 
 
 def test_the_escalating_replica_sees_an_alert_another_commits_late_and_an_ack_made_there():
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
+    postgres.required()
     from bot.store.postgres import PostgresStore
 
     with postgres.fresh_schema() as schema:

@@ -19,9 +19,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
         yield s
         s.close()
         return
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
+    postgres.required()
     from bot.store.postgres import PostgresStore
 
     with postgres.fresh_schema() as schema:
@@ -33,9 +31,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
 @pytest.fixture
 def pg_pair() -> Iterator[tuple[Any, Any]]:
     """Two PostgreSQL stores on one schema: two replicas (lease 1 s)."""
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
+    postgres.required()
     from bot.store.postgres import PostgresStore
 
     with postgres.fresh_schema() as schema:

@@ -24,13 +24,6 @@ from msmon.contract.wire import Severity
 from tests.fakes import postgres
 
 
-def _pg_or_skip() -> None:
-    reason = postgres.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-
-
-
 def entry(key: str = "k1", kind: str = "alert", now: float = 100.0, run: str = "run-1") -> OutboxEntry:
     return OutboxEntry(now, "slack", "#ml", kind, key, run, '{"x": 1}', now)
 
@@ -415,7 +408,7 @@ class CutProxy:
 
 
 def test_an_envelope_while_the_database_is_away_is_a_503_to_retry_then_accepted(monkeypatch: Any) -> None:
-    _pg_or_skip()
+    postgres.required()
     from urllib.parse import urlsplit
 
     from tests.fakes.bot_server import BotServer
