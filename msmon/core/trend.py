@@ -65,7 +65,8 @@ def level_shift(points: Sequence[tuple[int, float]]) -> Shift | None:
     shows one: the last T points (T = 10, 12, 15, ... x1.25 up to all but `SHIFT_BEFORE`) mostly (`SHIFT_SHARE`)
     `SHIFT_ABOVE` sigma above the median of the (up to) 3T points before, their median `SHIFT_SIGMA` sigma and
     `SHIFT_RATIO` above it. Its start: the first of the high points at the end (an isolated low one among them
-    allowed); its level: their median."""
+    allowed; low points after the last high one, a loss on its way back, are not where it starts); its level: the
+    median from there on."""
     n = len(points)
     t = 10
     while n - t >= SHIFT_BEFORE:
@@ -76,6 +77,8 @@ def level_shift(points: Sequence[tuple[int, float]]) -> Shift | None:
         if (level - m0 >= max(SHIFT_SIGMA * sigma, SHIFT_RATIO * abs(m0))
                 and sum(x > high for x in tail) >= SHIFT_SHARE * t):
             i = n - 1
+            while points[i][1] <= high:  # the last high point (the tail has some: the loss may have come back since)
+                i -= 1
             while i > 0 and (points[i - 1][1] > high or (i > 1 and points[i - 2][1] > high)):
                 i -= 1
             since = i if points[i][1] > high else i + 1
