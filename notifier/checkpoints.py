@@ -7,10 +7,13 @@ each one by what the rules said about its step:
   tens of steps), so it is trusted only once `confirm_steps` steps passed after it without an alert;
 - a checkpoint saved while an alert of the marking severity is firing is *unhealthy* at once;
 - an alert at step A makes every checkpoint from step A - `suspect_steps` on *unhealthy*, pending or not;
+- an alert at step A makes a checkpoint written fewer than `confirm_steps` steps before it, but more than
+  `suspect_steps`, *doubted*: it is never confirmed healthy (an alert came in its confirm window), yet it is older
+  than that alert's suspects, so a rewind before the alert may load it;
 - a rewind to step C drops every checkpoint after C: they belong to the abandoned attempt.
 
 `choose` picks the checkpoint a rewind loads (the newest healthy one at or before a step; before an alert, the
-newest healthy or pending one at least suspect_steps + 1 steps before it) or says why there is none. Eviction
+newest healthy, pending or doubted one at least suspect_steps + 1 steps before it) or says why there is none. Eviction
 keeps the `keep` newest and never the newest healthy one: a long stretch of unhealthy checkpoints cannot push
 out the last good one.
 
@@ -32,6 +35,7 @@ from typing import Any
 class Health(str, enum.Enum):
     PENDING = "pending"
     HEALTHY = "healthy"
+    DOUBTED = "doubted"  # an alert came in its confirm window, but not within suspect_steps after it
     UNHEALTHY = "unhealthy"
 
 
@@ -40,17 +44,34 @@ class Mark(str, enum.Enum):
 
     CONFIRM = "confirm"  # confirm_steps passed after it without an alert
     ALERT = "alert"  # an alert at or within suspect_steps after its step
+    LATE_ALERT = "late_alert"  # an alert more than suspect_steps but fewer than confirm_steps after its step
 
 
-# (health, mark) -> health. Unhealthy is final: a checkpoint the rules once doubted is never loaded by itself.
+# (health, mark) -> health. Unhealthy is final: a checkpoint the rules once suspected is never loaded by itself.
+# Doubted is never confirmed: "healthy" means confirm_steps passed after it without an alert (docs/rewind.md); a
+# healthy one learns of a late alert only from a rewind naming an older alert step (JobControl._mark_ring).
 TRANSITIONS: dict[tuple[Health, Mark], Health] = {
     (Health.PENDING, Mark.CONFIRM): Health.HEALTHY,
     (Health.PENDING, Mark.ALERT): Health.UNHEALTHY,
+    (Health.PENDING, Mark.LATE_ALERT): Health.DOUBTED,
     (Health.HEALTHY, Mark.CONFIRM): Health.HEALTHY,
     (Health.HEALTHY, Mark.ALERT): Health.UNHEALTHY,
+    (Health.HEALTHY, Mark.LATE_ALERT): Health.DOUBTED,
+    (Health.DOUBTED, Mark.CONFIRM): Health.DOUBTED,
+    (Health.DOUBTED, Mark.ALERT): Health.UNHEALTHY,
+    (Health.DOUBTED, Mark.LATE_ALERT): Health.DOUBTED,
     (Health.UNHEALTHY, Mark.CONFIRM): Health.UNHEALTHY,
     (Health.UNHEALTHY, Mark.ALERT): Health.UNHEALTHY,
+    (Health.UNHEALTHY, Mark.LATE_ALERT): Health.UNHEALTHY,
 }
+
+
+def _curve(value: Any) -> tuple[str, float | None, float | None] | None:
+    """A stored curve back as (text, mean, noise); None for anything else (an older ring's state has none)."""
+    if not isinstance(value, (list, tuple)) or len(value) != 3 or not isinstance(value[0], str):
+        return None
+    mean, noise = (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in value[1:])
+    return value[0], mean, noise
 
 
 @dataclasses.dataclass
@@ -66,6 +87,9 @@ class Entry:
     attempt: int
     health: Health = Health.PENDING
     why: str = "saved; confirmed healthy once no alert came for a while"
+    # the pre-fault loss curve when it was written: (text, mean, noise) of the last samples (a rewind's follow-up
+    # compares with it; the samples the monitor keeps may no longer reach back to the checkpoint's step)
+    curve: tuple[str, float | None, float | None] | None = None
 
     def mark(self, m: Mark, why: str) -> bool:
         """Apply `m`; whether the health changed."""
@@ -77,13 +101,17 @@ class Entry:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "time": self.time, "path": self.path, "data": self.data,
-                "attempt": self.attempt, "health": self.health.value, "why": self.why}
+                "attempt": self.attempt, "health": self.health.value, "why": self.why,
+                "curve": None if self.curve is None else list(self.curve)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Entry:
         return cls(step=int(d["step"]), time=float(d["time"]), path=str(d["path"]),
                    data=None if d.get("data") is None else int(d["data"]), attempt=int(d.get("attempt", 0)),
-                   health=Health(d["health"]), why=str(d.get("why", "")))
+                   health=Health(d["health"]), why=str(d.get("why", "")), curve=_curve(d.get("curve")))
+
+
+_EXPLAINED = (Health.UNHEALTHY, Health.DOUBTED)  # marks whose reason status shows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,11 +143,12 @@ class Ring:
         return p.every_seconds is not None and now - self._last_save >= p.every_seconds
 
     def saved(self, step: int, now: float, path: str, data: int | None, attempt: int,
-              firing: str | None = None) -> list[Entry]:
+              firing: str | None = None, curve: tuple[str, float | None, float | None] | None = None) -> list[Entry]:
         """Record a checkpoint written at `step`; `firing` names an alert of the marking severity firing now (it
-        is then unhealthy at once). Returns the entries evicted (their files are the caller's to delete)."""
+        is then unhealthy at once); `curve` the loss curve up to it. Returns the entries evicted (their files are
+        the caller's to delete)."""
         self._last_save = now
-        e = Entry(step, now, path, data, attempt)
+        e = Entry(step, now, path, data, attempt, curve=curve)
         if firing:
             e.mark(Mark.ALERT, f"saved while {firing} was firing")
         self.entries = [x for x in self.entries if x.step < step]  # (a step saved again replaces it)
@@ -150,10 +179,24 @@ class Ring:
         return out
 
     def alert(self, step: int, why: str) -> list[Entry]:
-        """An alert of the marking severity at `step`: checkpoints from step - suspect_steps on are unhealthy.
-        Those marked now."""
-        since = step - self.policy.suspect_steps
-        return [e for e in self.entries if e.step >= since and e.mark(Mark.ALERT, why)]
+        """An alert of the marking severity at `step`: checkpoints from step - suspect_steps on are unhealthy,
+        those fewer than confirm_steps steps before it and older are doubted. Those marked now."""
+        p = self.policy
+        since = step - p.suspect_steps
+        out = []
+        for e in self.entries:
+            if e.step >= since:
+                changed = e.mark(Mark.ALERT, why)
+            elif step - e.step < p.confirm_steps:
+                changed = e.mark(Mark.LATE_ALERT, f"{why}, {step - e.step} steps after it: not confirmed healthy "
+                                                  f"(an alert within confirm_steps, {p.confirm_steps}), but older "
+                                                  f"than its suspect_steps ({p.suspect_steps}): a rewind before "
+                                                  "that alert may load it")
+            else:
+                changed = False
+            if changed:
+                out.append(e)
+        return out
 
     # -- rewinding ----------------------------------------------------------------------------------
 
@@ -174,10 +217,11 @@ class Ring:
             bounds.append(before - self.policy.suspect_steps - 1)
         limit = min(bounds) if bounds else None
         found = self.newest(Health.HEALTHY, limit)
-        if before is not None:  # before an alert: a pending one old enough counts (that alert is the only one since)
-            pending = self.newest(Health.PENDING, limit)
-            if pending is not None and (found is None or pending.step > found.step):
-                found = pending
+        if before is not None:  # before an alert: a pending or doubted one older than the alert's suspects counts
+            for health in (Health.PENDING, Health.DOUBTED):
+                other = self.newest(health, limit)
+                if other is not None and (found is None or other.step > found.step):
+                    found = other
         if found is not None:
             return found
         where = "" if limit is None else f" at or before step {limit}"
@@ -201,7 +245,7 @@ class Ring:
 
     def describe(self, entries: Iterable[Entry] | None = None) -> str:
         """`500 healthy, 1000 healthy, 1500 unhealthy (loss_spike ERROR at step 1510)`: what status shows."""
-        return ", ".join(f"{e.step} {e.health.value}" + (f" ({e.why})" if e.health is Health.UNHEALTHY else "")
+        return ", ".join(f"{e.step} {e.health.value}" + (f" ({e.why})" if e.health in _EXPLAINED else "")
                          for e in (self.entries if entries is None else entries))
 
     def state_dict(self) -> dict[str, Any]:

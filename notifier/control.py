@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from msmon.common.safenames import slug
-from msmon.contract.actions import ACTIONS
+from msmon.contract.actions import ACTIONS, ParamError, check_param
 from msmon.contract.wire import ActionRequest, ActionResult, Command, Event, RingCheckpoint, Severity, Status
 
 from .checkpoints import BudgetPolicy, Entry, RewindBudget, Ring, RingPolicy, Spend
@@ -115,6 +115,39 @@ class RewindReport:
     noise: float | None
     diverged: float | None  # the loss when the rewind was asked
     params: dict[str, Any]
+
+
+@dataclasses.dataclass
+class _RewindPlan:
+    """What one rank would do for a rewind, checked and changing nothing yet (JobControl._rewind_plan)."""
+
+    entry: Entry
+    loaded: Any  # the checkpoint's contents, read and checked (RewindBackend.read_checkpoint)
+    pos_now: int | None
+    target: int | None  # the data position to move to (None: the data does not move)
+    spend: Spend
+    why: str | None  # why the rewind is over the budget, if it is
+
+
+_REFUSED, _MOOT = -1, -2  # a rank's rewind verdict when it loads nothing (else the step it would load)
+
+
+def _disagreement(rank: int | None, verdict: int, why: str, refused: list[int]) -> str:
+    """The answer of a rewind the ranks did not all agree to: which ranks refused, and this rank's own reason (each
+    rank's answer carries its own: the bot's report lists them all)."""
+    me = f"rank {rank}" if rank is not None else "this rank"
+    ranks = ", ".join(str(r) for r in refused)
+    if verdict == _REFUSED:
+        head = f"not rewound: {me} refused: {why.removeprefix('not rewound: ')}"
+    elif refused:
+        many = len(refused) > 1
+        head = (f"not rewound: rank{'s' if many else ''} {ranks} refused (see {'their' if many else 'its'} answer); "
+                f"{me} could have loaded " + (f"step {verdict}" if verdict >= 0 else "nothing (moot)"))
+    else:
+        head = ("not rewound: the ranks would not all load the same checkpoint ("
+                + (f"{me}: step {verdict}" if verdict >= 0 else f"{me}: moot, {why}") + ")")
+    tail = f" (ranks refusing: {ranks})" if refused and verdict == _REFUSED else ""
+    return f"{head}{tail}; nothing was changed on any rank, training goes on"
 
 
 class Request:
@@ -493,6 +526,12 @@ class JobControl:
                 tr.progress(step, paused=False)
             return self._result(step, req, True, o.detail, None, planned=False)
         handler = HANDLERS[req.action]
+        try:  # the bounds the bot checked already, again here on every rank (any source: code, a rule, a command)
+            for name, value in req.params.items():
+                if ACTIONS[req.action].param(name) is not None:
+                    check_param(req.action, name, value)
+        except ParamError as exc:
+            return self._result(step, req, False, f"not applied: {exc}; nothing was changed, training goes on", None)
         try:
             inspect.signature(handler).bind(self, step, run_context, **req.params)
         except TypeError as exc:  # parameters the handler does not take, or one missing (a hand-made command)
@@ -674,7 +713,7 @@ class JobControl:
             return
         firing = self._firing_text()
         data = self._data_position(run_context)
-        gone = ring.saved(step, self._clock(), path, data, self.attempt, firing)
+        gone = ring.saved(step, self._clock(), path, data, self.attempt, firing, self._curve(step))
         self._delete(gone)
         log.debug("msmon: health checkpoint of step %d in %.1f ms: %s", step, 1e3 * (time.perf_counter() - started),
                   path)
@@ -744,6 +783,35 @@ class JobControl:
 
     def _do_rewind(self, step: int, run_context: Any, to: int | None = None, before: int | None = None,
                    skip: int | None = None, alert: str | None = None, attempt: int | None = None) -> tuple[str, str]:
+        """All or none across ranks (docs/rewind.md): every rank first decides what it would load and checks it
+        without changing anything (`_rewind_plan`: the checkpoint chosen, its file read and checked, the data's
+        new position checked against the batches left); then the ranks agree on the verdict in one all-reduce at
+        this step boundary (the one every rank applies the command at); then every rank loads, or none does."""
+        try:
+            plan: _RewindPlan | None = self._rewind_plan(step, run_context, to, before, skip, alert, attempt)
+            verdict, why = plan.entry.step if plan is not None else _MOOT, ""
+        except Moot as exc:
+            plan, verdict, why = None, _MOOT, str(exc)
+        except Exception as exc:  # noqa: BLE001 - this rank's refusal: agreed on below, then answered
+            plan, verdict, why = None, _REFUSED, (str(exc) if isinstance(exc, ActionError) else
+                                                  f"{type(exc).__name__}: {exc}")
+        agree = getattr(self._rewinder(), "agree", None)
+        if agree is not None and self.monitor.world.multi:
+            same, refused = agree(verdict, verdict == _REFUSED)
+            if not same or refused:
+                raise ActionError(_disagreement(self.monitor.world.rank, verdict, why, refused))
+        if verdict == _MOOT:
+            raise Moot(why)
+        if plan is None:
+            raise ActionError(why if why.startswith("not rewound") or why.startswith("rewind refused") else
+                              f"not rewound: {why}" + ("" if "nothing was changed" in why else
+                                                       "; nothing was changed, training goes on"))
+        return self._rewind_apply(step, run_context, plan)
+
+    def _rewind_plan(self, step: int, run_context: Any, to: Any, before: Any, skip: Any, alert: Any,
+                     attempt: Any) -> _RewindPlan:
+        """What this rank would load, checked: the checkpoint chosen, its file read into memory (changes nothing),
+        the data's new position. Raises ActionError (refused), Moot (nothing to do)."""
         mon, ring, backend = self.monitor, self.ring, self._rewinder()
         if ring is None:
             raise ActionError("no health checkpoints to rewind to: this run keeps none (monitor_config "
@@ -774,35 +842,42 @@ class JobControl:
         if before is not None:
             self._mark_ring(before, f"{alert or 'an alert'} at step {before} (rewind)")
         chosen = ring.choose(to, before)
-        agree = getattr(backend, "agree", None)
-        if agree is not None and mon.world.multi and not agree(  # every rank must load the same step, or none may
-                chosen.step if isinstance(chosen, Entry) else -1):
-            raise ActionError("not rewound: the ranks would not all load the same checkpoint (this rank: "
-                              f"{'step ' + str(chosen.step) if isinstance(chosen, Entry) else 'none'}); nothing "
-                              "was changed on any rank")
         if not isinstance(chosen, Entry):
             raise ActionError(f"not rewound: {chosen}. Nothing was changed; training goes on")
         entry = chosen
         pos_now = self._data_position(run_context)
-        seek = getattr(backend, "seek_data", None)
         target: int | None = None
         if entry.data is not None and pos_now is not None:
             target = pos_now if skip is None else entry.data + skip
         elif skip is not None:
             raise ActionError("not rewound: skip needs the data position, which this backend does not report "
                               "(data_position/seek_data); nothing was changed")
-        loaded = backend.read_checkpoint(entry.path)  # changes nothing: a bad file is refused here
-        started = time.perf_counter()
-        moved = ""
         if target is not None and target != pos_now:
-            if seek is None:
+            if getattr(backend, "seek_data", None) is None:
                 raise ActionError("not rewound: this backend cannot move the data position (seek_data); nothing "
                                   "was changed")
-            moved = seek(target, run_context)
+            check = getattr(backend, "check_seek", None)
+            if check is not None:  # past the last batch, sink mode: refused before anything moves
+                check(target, run_context)
+        loaded = backend.read_checkpoint(entry.path)  # changes nothing: a bad file is refused here
+        return _RewindPlan(entry, loaded, pos_now, target, spend, why)
+
+    def _rewind_apply(self, step: int, run_context: Any, plan: _RewindPlan) -> tuple[str, str]:
+        """Every rank agreed: move the data, load. A failure from here on stops the job (no step may run on
+        half-moved data or half-loaded weights)."""
+        mon, ring, backend = self.monitor, self.ring, self._rewinder()
+        assert ring is not None and backend is not None
+        entry, target, pos_now, spend, why = plan.entry, plan.target, plan.pos_now, plan.spend, plan.why
+        started = time.perf_counter()
+        moved = ""
         diverged, before_curve = self._loss_now(), self._curve(entry.step)
+        if entry.curve is not None and entry.curve[0]:  # recorded when the checkpoint was written: pre-fault
+            before_curve = entry.curve
         try:
-            restored = backend.restore(loaded)
-        except Exception as exc:  # weights half-loaded: no step may run on them
+            if target is not None and target != pos_now:
+                moved = backend.seek_data(target, run_context)
+            restored = backend.restore(plan.loaded)
+        except Exception as exc:  # data moved or weights half-loaded: no step may run on them
             self.stop_requested = True
             backend.stop(run_context)
             raise ActionError(f"the checkpoint of step {entry.step} failed to load half-way ({type(exc).__name__}: "
@@ -919,9 +994,10 @@ class JobControl:
         self._result(step, req, True, text, None, planned=False)
 
     def _do_clip_grad(self, step: int, run_context: Any, max_norm: float) -> tuple[str, None]:
-        value = float(max_norm)
-        if not (math.isfinite(value) and value >= 0):
-            raise ActionError(f"max_norm is a finite number >= 0 (0: no clipping), not {max_norm!r}")
+        try:
+            value = float(check_param("clip_grad", "max_norm", max_norm))  # type: ignore[arg-type]
+        except ParamError as exc:
+            raise ActionError(f"{exc}; nothing was changed") from None
         clip = getattr(self._need_backend("clip gradients"), "clip_grad", None)
         if clip is None:
             raise ActionError("this backend cannot clip gradients (clip_grad): use notifier.mindspore's train cells")

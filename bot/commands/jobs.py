@@ -17,13 +17,15 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from bot.commands.origin import Origin
 from bot.commands.parse import format_duration
 from bot.receivers import Note
 from bot.shared import BotState
 from bot.store.rows import FINAL, CommandRow, CommandStatus, RunRow
 from bot.store.sqlite import OutboxEntry
-from msmon.contract.actions import ACTIONS, AUTOMATIC
+from msmon.contract.actions import ACTIONS, AUTOMATIC, ParamError, check_params
 from msmon.contract.wire import ActionRequest, ActionResult, Command, encode
 
 
@@ -76,7 +78,7 @@ def rule_request(state: BotState, apply_step: Callable[[RunRow, float], int], re
                                     "no configured action can reach the ranks of a multi-rank run")
     if req.action not in AUTOMATIC:
         raise RuleRequestError(422, f"{req.action!r} is not an action a rule may run; those are {', '.join(AUTOMATIC)}")
-    _check_params(req)
+    req = _check_params(req)
     run = state.store.run(req.run_id)
     if run is None:
         raise RuleRequestError(409, f"run {req.run_id!r} has not reported yet; ask again in a moment", retry=True)
@@ -101,23 +103,22 @@ def rule_request(state: BotState, apply_step: Callable[[RunRow, float], int], re
     return cmd, True
 
 
-_POSITIVE = {"factor": 100.0, "timeout": 30 * 86400.0}  # the bounds monitor_config's actions: give them
+def _check_params(req: ActionRequest) -> ActionRequest:
+    """The action's own parameters only, each as the action table's kind allows (msmon/contract/actions.py, the
+    bounds the job's monitor_config and every rank apply too): every rank is handed them, so a request that would
+    fail there is refused here, once, with a 422 that names the key. The parameters as every rank gets them."""
+    try:
+        params = check_params(req.action, req.params)
+    except ParamError as exc:
+        raise RuleRequestError(422, str(exc)) from None
+    for name in params:
+        p = ACTIONS[req.action].param(name)
+        if p is not None and not p.rule_key and name not in _JOB_FILLED:
+            raise RuleRequestError(422, f"{req.action}'s {name} is not a parameter a rule's request may set")
+    return msgspec.structs.replace(req, params=params)
 
 
-def _check_params(req: ActionRequest) -> None:
-    """The action's own parameters only, each a number in its bounds (what the job's config allows): every
-    rank is handed them, so a request that would fail there is refused here, once."""
-    action = ACTIONS[req.action]
-    for name, value in req.params.items():
-        if action.param(name) is None:
-            raise RuleRequestError(422, f"{req.action} takes no parameter {name[:40]!r}")
-        hi = _POSITIVE.get(name)
-        if hi is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                   and 0 < value <= hi):
-            raise RuleRequestError(422, f"{req.action}'s {name} must be a number in (0, {hi:g}]")
-    for p in action.params:
-        if p.required and p.name not in req.params:
-            raise RuleRequestError(422, f"{req.action} needs a {p.name}, e.g. {p.example}")
+_JOB_FILLED = ("before", "alert", "attempt")  # a rule's rewind: the job fills these in (JobControl.take_event)
 
 
 LEVEL_ACTIONS = ("set_threshold", "loosen_threshold", "restore_threshold")

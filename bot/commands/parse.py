@@ -40,7 +40,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
-from msmon.contract.actions import ACTIONS
+from msmon.contract.actions import ACTIONS, VERB_ACTION, ParamError, check_param
 
 MAX_DURATION_S = 30 * 86400.0
 MAX_LR_FACTOR = 100.0
@@ -282,7 +282,7 @@ def _rewind(verb: str, args: Sequence[str]) -> Parsed:
 def _clip_grad(verb: str, args: Sequence[str]) -> Parsed:
     _arity(args, ("<run>", "<max_norm|off>"), 2)
     word = args[1].lower()
-    value = 0.0 if word in ("off", "none", "0") else _positive(args[1], "max_norm", maximum=1e12)
+    value = 0.0 if word in ("off", "none", "0") else _number(args[1])
     return Parsed(verb, run=_run(args[0]), max_norm=value)
 
 
@@ -403,7 +403,15 @@ def parse(text: str) -> Parsed:
         return Parsed("help")
     verb = _resolve(tokens[0])
     try:
-        return COMMANDS[verb].parser(verb, tokens[1:])
+        parsed = COMMANDS[verb].parser(verb, tokens[1:])
+        action = VERB_ACTION.get(verb)
+        for param in ACTIONS[action].params if action else ():  # the bounds job and bot share
+            value = getattr(parsed, param.name, None)
+            if value is not None:
+                check_param(action or "", param.name, value)
+        return parsed
+    except ParamError as exc:
+        raise CommandError(f"{verb}: {exc}. {_usage_hint(verb)}", verb) from None
     except CommandError as exc:
         if exc.verb is not None:
             raise

@@ -24,11 +24,21 @@ from bot.ranks.table import lines as rank_lines
 from bot.receivers.render import median, num
 from bot.shared import BotState
 from bot.store.rows import AlertView, CommandRow, CommandStatus, RunRow
-from msmon.contract.actions import ACTIONS, VERB_ACTION
+from msmon.contract.actions import ACTIONS, VERB_ACTION, ParamError, check_params
 from msmon.contract.wire import Event, RingCheckpoint, Severity, Status, Window
 from msmon.core.trend import summarize
 
 log = logging.getLogger("msmon.bot")
+
+
+STALE = 30.0  # seconds: a status older than this says how old it is
+
+
+def heard(ago: float, what: str = "last heard") -> str:
+    """", last heard 12 min ago" when `ago` seconds is old enough to matter (else nothing)."""
+    if ago < STALE:
+        return ""
+    return f", {what} {format_duration(round(ago))} ago"
 
 
 @dataclasses.dataclass
@@ -167,6 +177,14 @@ class CommandService:
                   if getattr(p, param.name, None) is not None}
         if action == "rewind" and params.get("before") == -1:
             params.update(self._alert_onset(run["run_id"]))
+        try:  # what the parser checked, again on what goes to the ranks (a Parsed built in code, the alert onset)
+            params = check_params(action, params)
+        except ParamError as exc:
+            return self._refuse(p, run, origin, now, str(exc))
+        to = params.get("to")
+        if isinstance(to, int) and to > max(self.apply_step(run, now), int(run["last_step"] or 0)):
+            return self._refuse(p, run, origin, now, f"cannot rewind forward: step {to:,} is after the step the run "
+                                                     f"would apply it at ({self.apply_step(run, now):,})")
         cmd, waiting = self._enqueue(p, run, origin, now, action, params)
         apply_step = int(cmd["apply_step"] or 0)
         log.info("msmon bot: command %s `%s` from %s (%s): every rank of run %s applies it at step %d", cmd["id"],
@@ -180,6 +198,12 @@ class CommandService:
                 f"{self.cfg.commands.expire_after:.0f} s for it." if run["gone"] else "")
         return Answer(f"`{p.text()}` queued as {cmd['id']}: {who} {when}. The result will be reported here.{gone}",
                       command=cmd)
+
+    def _refuse(self, p: Parsed, run: RunRow, origin: Origin, now: float, why: str) -> Answer:
+        """A job action whose parameters no rank would take: answered here, recorded, nothing queued."""
+        msg = f"`{p.text()}` not queued: {why}. Nothing was sent to run {run['run_id']}."
+        self._audit(now, origin, p.text(), p.verb, run["run_id"], CommandStatus.INVALID, msg, run["project"])
+        return Answer(msg, ok=False, status=422, private=True)
 
     def _alert_onset(self, run_id: str) -> dict[str, Any]:
         """`rewind <run> before-alert`: the first step of the run's earliest firing alert, the same for every rank
@@ -231,11 +255,11 @@ class CommandService:
     def _status(self, run: RunRow) -> Answer:
         run_id = run["run_id"]
         self.state.flush()
-        state = (f"ENDED ({run['end_reason']})" if run["ended"] else "GONE (no heartbeat)" if run["gone"]
-                 else "PAUSED" if run["paused"] else "running")
+        state = (f"{run['state'].upper()} ({run['end_reason']})" if run["ended"] else "GONE (no heartbeat)"
+                 if run["gone"] else "PAUSED" if run["paused"] else "running")
         attempt = f", attempt {run['attempt']}" if run["attempt"] > 1 else ""
         lines = [f"*{run_id}* ({run['project']}{attempt}): step {run['last_step'] or 0:,}, {state}, devices "
-                 f"{', '.join(run['devices'])}"]
+                 f"{', '.join(run['devices'])}{heard(self.clock() - (run['last_seen'] or self.clock()))}"]
         lines += [f"attempt {a['attempt']}: {a['end_reason'] or 'going on'} at step {a['last_step'] or 0:,}"
                   for a in self.store.attempts.of(run_id)[-4:] if a["attempt"] < run["attempt"]]
         ring = _ring_line(self.state.windows.checkpoints.get(run_id))
@@ -243,6 +267,10 @@ class CommandService:
             lines.append(ring)
         hist = self._history(run)
         if hist:
+            behind = (run["last_step"] or 0) - hist[-1].step
+            if behind > 0:  # its samples were shed (the bot was overloaded) or not sent: say how old these are
+                lines.append(f"metrics as of step {hist[-1].step:,}, {behind:,} steps before the last reported step"
+                             f"{heard(self.clock() - hist[-1].time, 'sampled')}")
             window = Window.of(hist)
             for name, values in (("loss", window.loss), ("lr", window.learning_rate),
                                  ("grad norm", window.grad_norm), ("tokens/s", window.tokens_per_s)):
@@ -364,7 +392,7 @@ def _ring_line(devices: Mapping[str, list[RingCheckpoint]] | None) -> str | None
     device, ring = next(iter(sorted(devices.items())))
     if not ring:
         return f"health checkpoints (device {device}): none yet"
-    shown = ", ".join(f"step {c.step:,} {c.health}" + (f" ({c.why})" if c.health == "unhealthy" and c.why else "")
+    shown = ", ".join(f"step {c.step:,} {c.health}" + (f" ({c.why})" if c.health in ("unhealthy", "doubted") and c.why else "")
                       for c in ring[-8:])
     steps = [c.step for c in ring]
     same = sum(1 for r in devices.values() if [c.step for c in r] == steps)

@@ -8,7 +8,7 @@ from typing import Any, Literal, TypeVar
 
 from msmon.config.errors import closest, shown
 from msmon.config.validate import Context, add_bounds, parse_fields, setting, spec, url_problem
-from msmon.contract.actions import ACTIONS, AUTOMATIC
+from msmon.contract.actions import ACTIONS, AUTOMATIC, ParamError, check_param
 from msmon.core.detectors import RULES
 from msmon.core.detectors.base import RuleParams
 
@@ -198,6 +198,11 @@ class ActionConfig:
             if param is None and getattr(self, key) is not None:
                 takers = " or ".join(a for a in AUTOMATIC if ACTIONS[a].param(key))
                 yield key, f"only {takers} takes a {key}, not {self.action}"
+            elif param is not None and getattr(self, key) is not None:
+                try:  # the bounds the bot and every rank apply (msmon/contract/actions.py)
+                    check_param(self.action, key, getattr(self, key))
+                except ParamError as exc:
+                    yield key, str(exc)
 
 
 @dataclasses.dataclass

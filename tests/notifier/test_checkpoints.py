@@ -62,6 +62,29 @@ def test_an_alert_marks_the_checkpoints_from_suspect_steps_before_it():
     assert r.entries[1].why == "grad_norm ERROR at step 115"
 
 
+def test_an_alert_after_the_suspect_window_but_within_the_confirm_window_leaves_it_doubted():
+    """issue 36: a checkpoint an ERROR followed 27 steps later (suspect_steps 20, confirm_steps 50) was confirmed
+    "healthy: no alert in the 50 steps after it". It is doubted: never confirmed, never loaded by a plain rewind,
+    but old enough for a rewind before that alert."""
+    r = Ring(RingPolicy(keep=5, every_steps=100, confirm_steps=50, suspect_steps=20))
+    r.saved(100, 0.0, "p100", 100, 0)
+    r.advance(150)
+    r.saved(200, 0.0, "p200", 200, 0)
+    assert [e.step for e in r.alert(227, "loss_spike ERROR at step 227")] == [200]
+    r.advance(300)
+    e = r.entries[1]
+    assert e.health is Health.DOUBTED and "27 steps after it" in e.why and "no alert" not in e.why
+    assert r.choose().step == 100  # `rewind <run>`: the newest healthy one
+    assert r.choose(to=260).step == 100
+    assert r.choose(before=227).step == 200  # before that alert: it is older than its suspects
+    assert "200 doubted (loss_spike ERROR at step 227, 27 steps after it" in r.describe()
+    late = Ring(RingPolicy(keep=5, every_steps=100, confirm_steps=50, suspect_steps=20))
+    late.saved(100, 0.0, "p100", 100, 0)
+    late.advance(400)  # confirmed, then a rewind names an alert 30 steps after it (the bot's alert onset)
+    late.alert(130, "loss_spike at step 130 (rewind)")
+    assert late.entries[0].health is Health.DOUBTED
+
+
 def test_a_checkpoint_saved_while_an_alert_fires_is_unhealthy_at_once():
     r = ring()
     r.saved(50, 0.0, "a", 50, 0, firing="nonfinite ERROR")
@@ -173,7 +196,7 @@ class RingMachine(RuleBasedStateMachine):
         chosen = self.ring.choose(before=target) if before else self.ring.choose(to=target)
         if isinstance(chosen, str):
             return
-        assert chosen.health is Health.HEALTHY or before and chosen.health is Health.PENDING
+        assert chosen.health is Health.HEALTHY or before and chosen.health in (Health.PENDING, Health.DOUBTED)
         assert chosen.step <= (target - 6 if before else target)
         # no alert within suspect_steps after it, in its own timeline
         assert not any(chosen.step >= a - 5 for a in self.alerts if a >= chosen.step)
@@ -191,9 +214,11 @@ class RingMachine(RuleBasedStateMachine):
     @invariant()
     def healthy_means_confirmed_and_clean(self) -> None:
         for e in self.ring.entries:
-            if e.health is Health.HEALTHY:  # confirmed with no alert of its timeline close after it
+            if e.health is Health.HEALTHY:  # docs/rewind.md: confirm_steps passed after it without an alert
                 assert "no alert in the" in e.why
-                assert not any(a - 5 <= e.step for a in self.alerts if a >= e.step)
+                assert not any(a - e.step < 15 for a in self.alerts if a >= e.step), (e, self.alerts)
+            if e.health is Health.DOUBTED:  # an alert in its confirm window, none in its suspect window
+                assert any(5 < a - e.step < 15 for a in self.alerts if a >= e.step), (e, self.alerts)
 
 
 TestRing = RingMachine.TestCase

@@ -235,9 +235,13 @@ def test_clip_grad(tmp_path):
     job.train(2)
     job.ctl.request("clip_grad", "command c1 from @ops", max_norm=1.5)
     job.ctl.request("clip_grad", "command c2 from @ops", max_norm=-1)
+    job.ctl.request("clip_grad", "command c3 from @ops", max_norm=1e-50)  # 0 in a float32: clipping off
+    job.ctl.request("clip_grad", "command c4 from @ops", max_norm="abc")
     job.train(1)
-    ok, bad = job.results[-2:]
-    assert ok.ok and job.backend.clip == 1.5 and not bad.ok and ">= 0" in bad.detail
+    ok, *bad = job.results[-4:]
+    assert ok.ok and job.backend.clip == 1.5, ok
+    assert all(not b.ok and not b.applied and "max_norm must be 0 (no clipping) or a number" in b.detail
+               and "nothing was changed" in b.detail for b in bad), bad
 
 
 def test_after_a_rewind_the_rules_raise_what_a_run_that_never_went_past_the_checkpoint_raises(tmp_path):
