@@ -42,6 +42,7 @@ from bot.integrations import chat_integrations
 from bot.metrics import BotMetrics, project_runs
 from bot.pipeline.ratelimit import RateLimiter
 from bot.pipeline.schedule import Policy
+from bot.ranks.missing import RULE as MISSING_RULE
 from bot.ranks.watch import RankWatch
 from bot.receivers import Receiver
 from bot.receivers.alertmanager.inbound import ROUTE as ALERTMANAGER_ROUTE
@@ -55,7 +56,18 @@ from bot.store import open_store
 from bot.store.rows import RunRow
 from bot.store.sqlite import Store
 from bot.web import add_console_routes, console_link
-from msmon.contract.wire import ActionRequest, Envelope, Heartbeat, Poll, PollAnswer, decode, encode, tag_nonfinite
+from msmon.contract.wire import (
+    ActionRequest,
+    Envelope,
+    Event,
+    Heartbeat,
+    Poll,
+    PollAnswer,
+    Status,
+    decode,
+    encode,
+    tag_nonfinite,
+)
 
 log = logging.getLogger("msmon.bot")
 
@@ -621,7 +633,13 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     watchdog = Watchdog(cfg, store, app[INGEST], clock)
-    ranks = RankWatch(state.ranks, cfg.ranks, app[INGEST].event, store.run, clock, state.wake_outbox)  # bot/ranks
+    def rank_event(ev: Event, project: str, labels: dict[str, str], now: float, rank: int | None = None) -> int:
+        queued = app[INGEST].event(ev, project, labels, now, rank)
+        if ev.rule == MISSING_RULE and ev.status is Status.FIRING:
+            app[INGEST].runs.settle(ev.run_id)  # the others may have ended: the run died (bot/ingest/runs.py)
+        return queued
+
+    ranks = RankWatch(state.ranks, cfg.ranks, rank_event, store.run, clock, state.wake_outbox)  # bot/ranks
 
     async def background(app: web.Application) -> Any:
         chat_tasks: list[Task] = []  # Slack's Socket Mode, Matrix's /sync loop

@@ -7,6 +7,9 @@ carried out on the store, the view across ranks, the metric windows and the aler
               ─► (the ingest records it)
               ─► `ended`: its final heartbeat leaves every rank ended ─► the attempt ends ("ended
                  normally"), logged once for the run, its firing alerts close with "run ended"
+              ─► `ended` / a rank gone missing: every rank ended or missing while an ERROR fires or a rank is
+                 missing ─► the attempt "failed: ..." (the lifecycle's FAILED): its alerts stay as they are (it
+                 died of them), one ERROR `run_failed` says the last step, the last finite loss and what fired
 
 An alert closes as any other resolution does: a resolved event through the ingest's stages (dedup,
 routes, grouping, the outbox), its message saying why. The attempts' history stays in the store
@@ -21,9 +24,9 @@ from typing import Any
 
 import msgspec
 
-from bot.runs.lifecycle import RUN_ENDED, RunPhase, new_attempt
+from bot.runs.lifecycle import ENDED_NORMALLY, FAILED, RUN_ENDED, RunPhase, end_input, new_attempt, run_step
 from bot.shared import BotState
-from bot.store.rows import RunRow
+from bot.store.rows import AlertView, RunRow
 from msmon.contract.wire import Envelope, Event, Heartbeat, Severity, Status
 
 log = logging.getLogger("msmon.bot")
@@ -31,7 +34,22 @@ log = logging.getLogger("msmon.bot")
 Emit = Callable[[Event, str, dict[str, str], float], int]  # Ingest.event
 
 _RETIRED = 4096  # earlier attempts' processes remembered per run (a late message of one is dropped)
-_PHASES = {"ended": RunPhase.ENDED, "gone": RunPhase.GONE, "paused": RunPhase.PAUSED, "running": RunPhase.RUNNING}
+_PHASES = {p.value: p for p in RunPhase}  # a run's stored state (bot/store/rows.py's RunState) as its phase
+RUN_FAILED = "run_failed"  # the rule of the one message a run that died sends (`Runs._failed`)
+_NAMED = 8  # firing alerts a failure names (the rest counted)
+
+
+def failure(errors: list[AlertView], lost: list[str]) -> str:
+    """"while ERRORs fired: loss_nan on device 0 since step 1,200; rank 2 missing": why a run failed (job data: the
+    receivers escape it)."""
+    parts = [f"{a['rule']} on device {a['device']} since step {a['first_step']:,}" for a in errors[:_NAMED]]
+    if len(errors) > _NAMED:
+        parts.append(f"{len(errors) - _NAMED} more")
+    said = f"while ERRORs fired: {', '.join(parts)}" if parts else ""
+    if lost:
+        missing = f"{', '.join(lost[:_NAMED])}{f' and {len(lost) - _NAMED} more' if len(lost) > _NAMED else ''} missing"
+        said = f"{said}; {missing}" if said else f"with {missing}"
+    return said
 
 
 class Runs:
@@ -66,31 +84,70 @@ class Runs:
         return bool(proc) and ranks is not None and proc in ranks.retired
 
     def ended(self, beats: list[Heartbeat]) -> None:
-        """After the ingest recorded them: a final heartbeat that leaves every rank of its run ended (as many
-        as the job's world, when it said its size) ends the run's attempt."""
+        """After the ingest recorded them: a final heartbeat that leaves every rank of its run ended or missing (as
+        many as the job's world, when it said its size) ends the run's attempt (`settle`)."""
         final = [hb for hb in beats if hb.final and not self.stale(hb.run_id, hb.proc)]
         if not final:
             return
         hb = final[-1]
-        now = self.state.clock()
-        self.state.store.escalations.end_run(hb.run_id, now, hb.step)  # the watchdog: no job_gone after it
-        run = self.state.store.run(hb.run_id)
+        self.state.store.escalations.end_run(hb.run_id, self.state.clock(), hb.step)  # the watchdog: no job_gone
+        self.settle(hb.run_id, hb.world, hb.step)
+
+    def settle(self, run_id: str, world: int | None = None, step: int | None = None) -> None:
+        """Whether the run's attempt has ended, and how (the lifecycle's `end_input` and `run_step`): after a final
+        heartbeat (`step`: its step, `world`: the size it says) and after one of the run's ranks went missing.
+        Every rank said final and no ERROR fires: "ended normally", its alerts close. Every rank said final or is
+        missing, while an ERROR fires or a rank is missing: "failed", its alerts stay as they are (it died of them)
+        and the run says so once (`_failed`)."""
+        run = self.state.store.run(run_id)
         if run is None or run["ended"]:
             return
-        ranks = self.state.ranks.run(hb.run_id) if self.state.cfg.ranks.enable else None
-        if ranks is not None and not ranks.ended(ranks.world):
-            return  # other ranks go on (or are missing): the run has not ended
-        if ranks is None and (hb.world or 1) > 1:
+        now = self.state.clock()
+        ranks = self.state.ranks.run(run_id) if self.state.cfg.ranks.enable else None
+        errors = [a for a in self.state.store.alerts(run_id, "firing") if a["severity"] == Severity.ERROR.value]
+        lost: list[str] = []
+        if ranks is not None:
+            members = list(ranks.members.values())
+            lost = [m.name() for m in members if m.missing]
+            inp = end_input(sum(m.ended for m in members), len(lost), len(members), ranks.world, bool(errors))
+            step = max((m.step for m in members if m.step is not None), default=step)
+        elif step is not None and (world or 1) <= 1:
+            inp = end_input(1, 0, 1, world, bool(errors))
+        else:
             return  # one of many ranks, and no view of the others (ranks.enable false): the watchdog's end only
+        if inp is None:
+            return  # other ranks go on (or are late): the run has not ended
+        phase = run_step(_PHASES[run["state"]], inp)
         n = len(ranks.members) if ranks is not None else 1
-        step = max((m.step for m in ranks.members.values() if m.step is not None), default=hb.step) \
-            if ranks is not None else hb.step
-        self.state.store.attempts.end(hb.run_id, run["attempt"], run["attempt_started"], now, step, "ended normally")
+        if phase is RunPhase.FAILED:
+            self._failed(run, now, step, errors, lost)
+            return
+        self.state.store.attempts.end(run_id, run["attempt"], run["attempt_started"], now, step, ENDED_NORMALLY)
         if ranks is not None:
             ranks.firing.clear()  # its alerts close below, once, as the run's
-        log.info("msmon bot: run %s%s ended normally at step %s (%d rank%s)", hb.run_id,
+        log.info("msmon bot: run %s%s ended normally at step %s (%d rank%s)", run_id,
                  f" attempt {run['attempt']}" if run["attempt"] > 1 else "", step, n, "s" if n != 1 else "")
-        self._close(run, now, f"{RUN_ENDED}: {hb.run_id} ended normally at step {step}")
+        self._close(run, now, f"{RUN_ENDED}: {run_id} ended normally at step {step}")
+
+    def _failed(self, run: RunRow, now: float, step: int | None, errors: list[AlertView], lost: list[str]) -> None:
+        """The attempt ended while it was dying: recorded "failed: ...", its alerts left firing, and one ERROR
+        `run_failed` through the ingest's stages (chat, console, escalation) saying the last step, the last finite
+        loss and which alerts were firing."""
+        run_id = run["run_id"]
+        why = failure(errors, lost)
+        self.state.store.attempts.end(run_id, run["attempt"], run["attempt_started"], now, step, f"{FAILED}: {why}")
+        curve = self.state.windows.curves.get(run_id)
+        loss = curve.said("loss") if curve is not None else "no loss was reported"
+        attempt = f" attempt {run['attempt']}" if run["attempt"] > 1 else ""
+        text = f"{run_id}{attempt} FAILED at step {step or 0:,}: it ended {why}; {loss}"
+        log.warning("msmon bot: run %s", text)
+        ev = Event(run_id=run_id, device="*", step=step or 0, time=now, rule=RUN_FAILED, severity=Severity.ERROR,
+                   status=Status.FIRING, value=float(len(errors)), threshold=0.0, message=text,
+                   hint="The run died of the alerts above: they stay open until acknowledged or a new attempt starts. "
+                        "The console keeps its whole curve, downsampled; restart from a checkpoint before the first "
+                        "alert.")
+        if self.emit(ev, run["project"], run["labels"], now):
+            self.state.wake_outbox()
 
     def _new_attempt(self, run: RunRow, now: float) -> None:
         run_id, n = run["run_id"], run["attempt"]

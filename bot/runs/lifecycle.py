@@ -6,7 +6,11 @@
 
     a run:   (created by its job's own first message) ─► running ⇄ paused
              running ─no progress─► stalled ─► gone (no heartbeat)   ended (every rank said final)
-             ended / gone ─ a process of a new start ─► running, attempt n+1
+             any ─ every rank said final or is missing, while an ERROR fires or a rank is missing ─► failed
+             ended / failed / gone ─ a process of a new start ─► running, attempt n+1
+
+A run that ends while it is dying (NaN to its last step, a rank killed) has not "ended normally": it is
+`failed`, its alerts keep their state (they are why it died; bot/ingest/runs.py), and the run says so once.
 
 What moves them is a table, as in h11's `_state.py`: `RANK_TABLE[(phase, input)]` and
 `RUN_TABLE[(phase, input)]`; a pair not in the table is a bug (LifecycleError), never a silent guess.
@@ -28,6 +32,8 @@ import enum
 from collections.abc import Iterable
 
 RUN_ENDED = "run ended"  # the resolution reason of an alert closed with its run's attempt (bot/ingest/runs.py)
+ENDED_NORMALLY = "ended normally"  # an attempt's end reason (run_attempts.end_reason)
+FAILED = "failed"  # the first word of a failed attempt's end reason: "failed: ..." (`ended_phase`)
 
 
 class LifecycleError(Exception):
@@ -157,7 +163,8 @@ class RunPhase(str, enum.Enum):
     PAUSED = "paused"
     STALLED = "stalled"  # heartbeats, no progress (job_stalled)
     GONE = "gone"  # no heartbeat (job_gone)
-    ENDED = "ended"  # every rank said final
+    ENDED = "ended"  # every rank said final, and no ERROR fired then
+    FAILED = "failed"  # it ended while an ERROR fired or with a rank missing: it died of them
 
 
 class RunInput(str, enum.Enum):
@@ -167,26 +174,31 @@ class RunInput(str, enum.Enum):
     NO_PROGRESS = "no_progress"  # a tick: heartbeats without a step for stall_timeout
     NO_HEARTBEAT = "no_heartbeat"  # a tick: silent for heartbeat_timeout
     ALL_FINAL = "all_final"  # every rank said final
+    DIED = "died"  # every rank said final or is missing, while an ERROR fires or a rank is missing (`end_input`)
     NEW_ATTEMPT = "new_attempt"  # a process of a new start of the job
     BOT_RESTART = "bot_restart"  # the bot itself started: what it holds of the run's liveness is old
 
 
 _RU, _PA, _ST, _GO, _EN = RunPhase.RUNNING, RunPhase.PAUSED, RunPhase.STALLED, RunPhase.GONE, RunPhase.ENDED
+_FA = RunPhase.FAILED
+_LIVE = (_RU, _PA, _ST, _GO)
 RUN_TABLE: dict[tuple[RunPhase, RunInput], RunPhase] = {
     **{(p, RunInput.PROGRESS): _RU for p in (_RU, _ST, _GO)},
-    (_PA, RunInput.PROGRESS): _PA, (_EN, RunInput.PROGRESS): _EN,  # a late message of an ended attempt
-    **{(p, RunInput.PAUSE): _PA for p in (_RU, _PA, _ST, _GO)},
-    **{(p, RunInput.RESUME): _RU for p in (_RU, _PA, _ST, _GO)},
+    (_PA, RunInput.PROGRESS): _PA,
+    **{(p, RunInput.PAUSE): _PA for p in _LIVE},
+    **{(p, RunInput.RESUME): _RU for p in _LIVE},
     (_RU, RunInput.NO_PROGRESS): _ST, (_ST, RunInput.NO_PROGRESS): _ST,
     (_PA, RunInput.NO_PROGRESS): _PA,  # a paused run heartbeats without stepping on purpose
     (_GO, RunInput.NO_PROGRESS): _GO,
-    **{(p, RunInput.NO_HEARTBEAT): _GO for p in (_RU, _PA, _ST, _GO)},
-    **{(p, RunInput.ALL_FINAL): _EN for p in RunPhase},
+    **{(p, RunInput.NO_HEARTBEAT): _GO for p in _LIVE},
+    **{(p, RunInput.ALL_FINAL): _EN for p in _LIVE},
+    **{(p, RunInput.DIED): _FA for p in _LIVE},
     **{(p, RunInput.NEW_ATTEMPT): _RU for p in RunPhase},
-    **{(p, RunInput.BOT_RESTART): p for p in (_RU, _PA, _ST, _EN)},
+    **{(p, RunInput.BOT_RESTART): p for p in (_RU, _PA, _ST)},
     (_GO, RunInput.BOT_RESTART): _RU,  # judged again from the bot's start: the grace period
-    (_EN, RunInput.PAUSE): _EN, (_EN, RunInput.RESUME): _EN,
-    (_EN, RunInput.NO_PROGRESS): _EN, (_EN, RunInput.NO_HEARTBEAT): _EN,
+    # an attempt that ended (normally or not) stays as it ended: a late message, a tick, a bot restart or a second
+    # end (a rank's final heartbeat retried) moves nothing; only a new attempt leaves it
+    **{(p, i): p for p in (_EN, _FA) for i in RunInput if i is not RunInput.NEW_ATTEMPT},
 }
 
 
@@ -195,6 +207,21 @@ def run_step(phase: RunPhase, inp: RunInput) -> RunPhase:
         return RUN_TABLE[(phase, inp)]
     except KeyError:
         raise LifecycleError(f"a run in phase {phase.value} cannot take {inp.value}") from None
+
+
+def end_input(ended: int, missing: int, ranks: int, world: int | None, error_firing: bool) -> RunInput | None:
+    """What the ends of a run's ranks say of the run (pure): `ended` of its `ranks` said final, `missing` are silent
+    while the others went on; `world`: the job's size, when it said it. ALL_FINAL: every rank said final and no ERROR
+    fires; DIED: every rank said final or is missing (one at least said final) while an ERROR fires or a rank is
+    missing; None: ranks go on (or too few are known)."""
+    if ended == 0 or ended + missing < max(ranks, world or 0):
+        return None
+    return RunInput.DIED if missing or error_firing else RunInput.ALL_FINAL
+
+
+def ended_phase(end_reason: str | None) -> RunPhase:
+    """The phase of an attempt that ended, from its end reason as stored ("failed: ..." or any other)."""
+    return RunPhase.FAILED if (end_reason or "").startswith(FAILED) else RunPhase.ENDED
 
 
 def silence(last_heartbeat: float | None, last_progress: float | None, paused: bool, now: float,
@@ -217,12 +244,12 @@ def new_attempt(phase: RunPhase, known_procs: frozenset[str], proc: str, restart
     the heartbeat timeout). A message that names no process (an older notifier) starts one only after
     the run ended."""
     if not proc:
-        return phase is RunPhase.ENDED
+        return phase in (RunPhase.ENDED, RunPhase.FAILED)
     if proc in known_procs:
         return False
-    return phase in (RunPhase.ENDED, RunPhase.GONE) or restarted_rank
+    return phase in (RunPhase.ENDED, RunPhase.FAILED, RunPhase.GONE) or restarted_rank
 
 
-__all__ = ["RANK_TABLE", "RUN_TABLE", "LifecycleError", "RankInput", "RankLife", "RankPhase", "RunInput",
-           "RunPhase", "all_ended", "classify", "new_attempt", "on_message", "run_step", "silence", "step", "tick",
-           "tick_input"]
+__all__ = ["ENDED_NORMALLY", "FAILED", "RANK_TABLE", "RUN_TABLE", "LifecycleError", "RankInput", "RankLife",
+           "RankPhase", "RunInput", "RunPhase", "all_ended", "classify", "end_input", "ended_phase", "new_attempt",
+           "on_message", "run_step", "silence", "step", "tick", "tick_input"]

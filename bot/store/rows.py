@@ -26,6 +26,7 @@ class RunState(_Word):
     PAUSED = "paused"
     GONE = "gone"  # no heartbeat for a while: dead, or cut off from the bot
     ENDED = "ended"  # its attempt ended (normally, or a new attempt started)
+    FAILED = "failed"  # its attempt ended while an ERROR fired or a rank was missing (bot/ingest/runs.py)
 
 
 class CommandStatus(_Word):

@@ -22,6 +22,7 @@ import msgspec
 from bot.pipeline.flow import NotifyState
 from bot.pipeline.schedule import GroupKey, OutboxRow, Verdict
 from bot.pipeline.silence import Silence
+from bot.runs.lifecycle import ended_phase
 from bot.store import migrations
 from bot.store.rows import AlertView, CommandRow, CommandStatus, RunRow, RunState
 from msmon.contract.wire import Severity
@@ -291,8 +292,8 @@ class Store:
         d["ended_at"] = attempt["ended_at"] if attempt else None
         d["end_reason"] = attempt["end_reason"] if attempt else None
         d["ended"] = d["ended_at"] is not None
-        d["state"] = (RunState.ENDED if d["ended"] else RunState.GONE if d["gone"] else RunState.PAUSED if d["paused"]
-                      else RunState.RUNNING)
+        d["state"] = (RunState(ended_phase(d["end_reason"]).value) if d["ended"] else RunState.GONE if d["gone"]
+                      else RunState.PAUSED if d["paused"] else RunState.RUNNING)
         return cast(RunRow, d)
 
     def set_paused(self, run_id: str, paused: bool, now: float) -> None:

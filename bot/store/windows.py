@@ -9,6 +9,7 @@ from array import array
 from collections import OrderedDict, deque
 from typing import Any
 
+from bot.runs.curve import Curve
 from msmon.contract.wire import ActionResult, Heartbeat, RingCheckpoint, Sample
 
 FIELDS = ("loss", "learning_rate", "grad_norm", "samples_per_s", "tokens_per_s", "step_time", "max_step_time",
@@ -86,6 +87,8 @@ class Windows:
         self.plans: OrderedDict[str, tuple[int | None, float | None]] = OrderedDict()  # total_steps, target_loss
         # the health checkpoints each device's heartbeat lists (docs/rewind.md), at most RING_DEVICES devices a run
         self.checkpoints: OrderedDict[str, OrderedDict[str, list[RingCheckpoint]]] = OrderedDict()
+        # each run's whole curve, downsampled (bot/runs/curve.py): what a run that ended or died went through
+        self.curves: OrderedDict[str, Curve] = OrderedDict()
 
     def add_plan(self, hb: Heartbeat) -> None:
         if hb.checkpoints is not None:
@@ -122,6 +125,14 @@ class Windows:
         if ring is None:
             ring = run[s.device] = Ring(self.per_device, s.run_id, s.device)
         ring.add(s)
+        curve = self.curves.get(s.run_id)
+        if curve is None:
+            curve = self.curves[s.run_id] = Curve(s.device)
+            while len(self.curves) > self.max_runs:
+                self.curves.popitem(last=False)
+        else:
+            self.curves.move_to_end(s.run_id)
+        curve.add(s)
 
     def add_action(self, a: ActionResult) -> None:
         q = self.actions.get(a.run_id)

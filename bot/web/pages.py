@@ -90,6 +90,16 @@ def _state_badge(r: dict[str, Any]) -> Markup:
                 a=f", attempt {attempt}" if attempt > 1 else "")
 
 
+def _ended(r: dict[str, Any]) -> Markup:
+    """How the run's attempt ended ("failed: while ERRORs fired: ..."), and each curve's last finite value."""
+    if not r.get("end_reason"):
+        return Markup("")
+    last = "; ".join(f"last finite {f.replace('_', ' ')} {v['value']:.4g} at step {v['step']:,}"
+                     for f, v in r.get("last_finite", {}).items())
+    return page('<p class="ended state-{s}" id="run-end">{why}{last}</p>', s=r["state"], why=r["end_reason"],
+                last=f" ({last})" if last else "")
+
+
 def _progress(r: dict[str, Any]) -> Markup:
     if r["total_steps"]:
         return page('<progress max="{total}" value="{step}"></progress> {pct}', total=r["total_steps"],
@@ -186,11 +196,11 @@ def run_page(detail: dict[str, Any], user: str, csrf: str) -> Markup:
         '<div id="page" data-page="run" data-run="{run}"><h1>Run <span class="run-id">{run}</span></h1>'
         '<p class="summary">project {project} &middot; <span id="run-state">{state}</span> &middot; step '
         '<span id="run-step">{step}</span>{progress}{eta} &middot; devices <span id="run-devices">{devices}</span>'
-        '</p><section class="charts">{charts}</section><section><h2>Alerts</h2>{alerts}</section>{box}'
+        '</p>{ended}<section class="charts">{charts}</section><section><h2>Alerts</h2>{alerts}</section>{box}'
         '<section><h2>Commands</h2><table class="commands" id="commands"><thead><tr><th>id</th><th>who</th>'
         '<th>command</th><th>status</th><th>result</th></tr></thead><tbody>{cmds}</tbody></table></section></div>',
         run=r["run_id"], project=r["project"], state=_state_badge(r), step=f"{r['step']:,}",
-        progress=_progress(r), eta=eta, devices=", ".join(r["devices"]), charts=charts,
+        progress=_progress(r), eta=eta, devices=", ".join(r["devices"]), charts=charts, ended=_ended(r),
         alerts=alerts_table(detail["alerts"], csrf, with_run=False), box=command_box(r["run_id"], csrf),
         cmds=command_rows(detail["commands"]))
     return layout(f"run {r['run_id']}", body, user, csrf)

@@ -244,7 +244,8 @@ class Console:
         if run is None:
             return _json({"error": f"no run {request.match_info['run_id']!r}"}, 404)
         self.state.flush()
-        return _json({**views.run_detail(self.state, run), "series": views.series(self.state, run["run_id"])})
+        return _json({**views.run_detail(self.state, run),
+                      "series": views.series(self.state, run["run_id"], whole=bool(run["ended"] or run["gone"]))})
 
     async def api_alerts(self, request: web.Request) -> web.StreamResponse:
         firing = request.query.get("firing", "") in ("1", "true")

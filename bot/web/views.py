@@ -22,6 +22,7 @@ CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 _FIELDS = ("loss", "learning_rate", "grad_norm", "tokens_per_s", "samples_per_s", "step_time")
 MAX_COMMANDS = 20
+WHOLE = "whole run"  # the series of a run's whole curve, downsampled (bot/runs/curve.py), beside its devices'
 
 
 def _num(v: Any) -> float | str | None:
@@ -49,13 +50,15 @@ def run_summary(state: BotState, run: RunRow) -> dict[str, Any]:
     step = int(run["last_step"] or 0)
     firing = state.store.alerts(run["run_id"], "firing")
     pace = state.windows.pace(run["run_id"])
+    curve = state.windows.curves.get(run["run_id"])
     return {"run_id": run["run_id"], "project": run["project"], "state": run_state(run), "step": step,
             "attempt": run.get("attempt", 1),
             "total_steps": total, "progress": (min(step / total, 1.0) if total else None),
             "steps_per_s": pace[0] if pace else None, "devices": list(run["devices"]),
             "last_seen": run["last_seen"], "seen_ago": max(state.clock() - (run["last_seen"] or 0.0), 0.0),
             "firing": len(firing),
-            "errors": sum(1 for a in firing if a["severity"] == "ERROR")}
+            "errors": sum(1 for a in firing if a["severity"] == "ERROR"),
+            "end_reason": run.get("end_reason"), "last_finite": curve.last_finite() if curve is not None else {}}
 
 
 def runs(state: BotState, project: str) -> list[dict[str, Any]]:
@@ -63,10 +66,16 @@ def runs(state: BotState, project: str) -> list[dict[str, Any]]:
     return [run_summary(state, r) for r in state.store.runs() if visible(project, r)]
 
 
-def series(state: BotState, run_id: str, after: dict[str, int] | None = None) -> dict[str, dict[str, list[Any]]]:
+def series(state: BotState, run_id: str, after: dict[str, int] | None = None, whole: bool = False
+           ) -> dict[str, dict[str, list[Any]]]:
     """Per device (rank), the samples kept in the bot's window (newer than `after[device]` when given):
-    {device: {"steps": [...], "loss": [...], "learning_rate": [...], ..., "throughput": [...]}}."""
+    {device: {"steps": [...], "loss": [...], "learning_rate": [...], ..., "throughput": [...]}}. `whole`: and the
+    run's whole curve, downsampled, as the series `WHOLE` (a run that ended or died: its window may hold only its
+    last, NaN, samples)."""
     out: dict[str, dict[str, list[Any]]] = {}
+    curve = state.windows.curves.get(run_id) if whole and not after else None
+    if curve is not None:
+        out[WHOLE] = {k: v if k == "steps" else [_num(x) for x in v] for k, v in curve.columns().items()}
     devices = sorted(state.windows.runs.get(run_id, {}), key=lambda d: (len(d), d))
     for dev in devices:
         since = (after or {}).get(dev)

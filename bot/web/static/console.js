@@ -348,7 +348,7 @@
       if (chart) chart.destroy();
       var series = [{label: "step", value: function (u, s) { return s === null ? "" : fmtStep(s) + " " + nearestClock(state.clock, state.xs, s); }}];
       al.devs.forEach(function (d, i) {
-        series.push({label: al.devs.length > 1 ? "rank " + d : key, stroke: COLORS[i % COLORS.length], width: 1.5,
+        series.push({label: d === "whole run" ? "whole run (downsampled)" : al.devs.length > 1 ? "rank " + d : key, stroke: COLORS[i % COLORS.length], width: 1.5,
                      spanGaps: false, points: {show: false}});
       });
       chart = state.charts[key] = new uPlot({

@@ -21,6 +21,8 @@ from bot.runs.lifecycle import (
     RunInput,
     RunPhase,
     all_ended,
+    end_input,
+    ended_phase,
     new_attempt,
     on_message,
     run_step,
@@ -260,9 +262,12 @@ def test_a_process_reporting_several_devices_ends_them_all_with_its_final_heartb
 
 def test_the_run_table_is_total_and_only_a_new_attempt_leaves_ended():
     assert set(RUN_TABLE) == {(p, i) for p in RunPhase for i in RunInput}
-    assert {i for (p, i), to in RUN_TABLE.items() if p is RunPhase.ENDED and to is not RunPhase.ENDED} == {
-        RunInput.NEW_ATTEMPT}
+    for done in (RunPhase.ENDED, RunPhase.FAILED):
+        assert {i for (p, i), to in RUN_TABLE.items() if p is done and to is not done} == {RunInput.NEW_ATTEMPT}
     assert {p for (p, i), to in RUN_TABLE.items() if i is RunInput.NO_HEARTBEAT} == set(RunPhase)
+    live = set(RunPhase) - {RunPhase.ENDED, RunPhase.FAILED}
+    assert {p for p in live if RUN_TABLE[(p, RunInput.DIED)] is RunPhase.FAILED} == live  # a dying run fails
+    assert RUN_TABLE[(RunPhase.ENDED, RunInput.DIED)] is RunPhase.ENDED  # a second end moves nothing
     assert RUN_TABLE[(RunPhase.PAUSED, RunInput.NO_PROGRESS)] is RunPhase.PAUSED  # paused on purpose: no stall
 
 
@@ -272,5 +277,23 @@ def test_any_sequence_of_run_inputs_moves_by_the_table(inputs):
     phase = RunPhase.RUNNING
     for inp in inputs:
         before, phase = phase, run_step(phase, inp)
-        if before is RunPhase.ENDED and inp is not RunInput.NEW_ATTEMPT:
-            assert phase is RunPhase.ENDED  # a late message, a tick or a bot restart never revives an ended run
+        if before in (RunPhase.ENDED, RunPhase.FAILED) and inp is not RunInput.NEW_ATTEMPT:
+            assert phase is before  # a late message, a tick or a bot restart never revives an ended run
+
+
+@given(st.integers(0, 64), st.integers(0, 64), st.integers(0, 64), st.none() | st.integers(1, 128), st.booleans())
+def test_a_run_ends_when_every_rank_ended_or_is_missing_and_fails_when_it_dies(ended, missing, extra, world, error):
+    ranks = ended + missing + extra  # `extra`: ranks still reporting (or late)
+    inp = end_input(ended, missing, ranks, world, error)
+    if extra or ended == 0 or ended + missing < (world or 0):
+        assert inp is None  # some rank goes on, none said final, or the job's world is not all here
+    elif missing or error:
+        assert inp is RunInput.DIED  # ended while an ERROR fired or with a rank missing: it died
+    else:
+        assert inp is RunInput.ALL_FINAL
+
+
+def test_an_ended_attempts_phase_is_read_from_its_end_reason():
+    assert ended_phase("failed: while ERRORs fired: loss_nan on device 0 since step 9") is RunPhase.FAILED
+    for reason in ("ended normally", "gone", "replaced by attempt 2", None):
+        assert ended_phase(reason) is RunPhase.ENDED

@@ -22,6 +22,7 @@ from notifier.transport import BotTransport
 from tests.bot.test_project_isolation import A as TOKEN
 from tests.bot.test_project_isolation import B as VISION
 from tests.bot.test_project_isolation import env  # noqa: F401 - the job, vision, operator and Slack tokens
+from tests.bot.web.test_console_http import Client
 from tests.fakes.bot_server import wait_for
 from tests.fakes.process import terminate
 from tests.fakes.recording_bot import RecordingBot
@@ -104,25 +105,37 @@ def test_another_project_cannot_squat_a_run_id_a_job_then_uses(tmp_path, slack, 
 # -- ends and attempts ---------------------------------------------------------------------------------
 
 
-def test_an_ended_run_is_shown_ended_with_its_alerts_closed_and_a_rerun_is_a_new_attempt(tmp_path, slack, bot_server):
+def test_a_run_that_ends_while_an_error_fires_failed_keeps_its_alerts_and_a_rerun_is_a_new_attempt(tmp_path, slack,
+                                                                                                   bot_server):
     bot = bot_server(config(tmp_path, slack))
     first = job(bot, "rerun", tmp_path)
     for s in range(1, 9):
-        first.sample(Sample(run_id="rerun", device="0", step=s * 100, time=time.time(), loss=2.0))
-    first.event(error("rerun", 800))
+        first.sample(Sample(run_id="rerun", device="0", step=s * 100, time=time.time(), loss=2.0 + s / 100))
+    first.sample(Sample(run_id="rerun", device="0", step=850, time=time.time(), loss=math.nan))
+    first.event(error("rerun", 850))
     assert first.flush(10)
     assert wait_for(lambda: run_view(bot, "rerun")["firing"], timeout=10)
-    first.close(final=True)
-    ended_at = time.time()
-    assert wait_for(lambda: run_view(bot, "rerun")["state"] == "ended", timeout=30)
+    first.close(final=True)  # NaN to its last step: it died of it, it did not end normally
+    assert wait_for(lambda: run_view(bot, "rerun")["state"] == "failed", timeout=30)
     view = run_view(bot, "rerun")
-    assert (view["ended"], view["end_reason"], view["firing"], view["gone"]) == (True, "ended normally", [], False)
-    (alert,) = view["alerts"]
-    assert alert["status"] == "resolved"
-    assert time.time() - ended_at < 30
-    assert slack.wait_for(lambda s: any("run ended" in x for x in texts(s)), timeout=15), texts(slack)
+    assert view["ended"] and view["end_reason"].startswith("failed: while ERRORs fired: nonfinite on device 0")
+    assert sorted(a["rule"] for a in view["firing"]) == ["nonfinite", "run_failed"]  # kept: why it died
+    assert slack.wait_for(lambda s: any("run_failed" in x for x in texts(s)), timeout=15), texts(slack)
+    said = [x for x in texts(slack) if "run_failed" in x]
+    assert "rerun FAILED at step 850" in said[0] and "last finite loss 2.08 at step 800" in said[0], said
+    assert not any("run ended" in x for x in texts(slack))  # nothing says it ended normally
     _, listed = bot.request("GET", "/v1/runs")
-    assert [(r["run_id"], r["state"], r["gone"]) for r in listed["runs"]] == [("rerun", "ended", False)]
+    assert [(r["run_id"], r["state"], r["gone"]) for r in listed["runs"]] == [("rerun", "failed", False)]
+    console = Client(bot)  # the console says so too, and keeps the whole curve (its window may hold only NaN)
+    assert console.login(os.environ["MSMON_OPERATOR"])[0] == 303
+    code, _, raw, _ = console("GET", "/console/api/runs/rerun")
+    shown = json.loads(raw)
+    assert code == 200 and shown["run"]["state"] == "failed"
+    whole = shown["series"]["whole run"]
+    assert whole["steps"] == [100, 200, 300, 400, 500, 600, 700, 800, 850] and whole["loss"][-2:] == [2.08, "NaN"]
+    assert shown["run"]["last_finite"]["loss"] == {"step": 800, "value": 2.08}
+    _, _, page, _ = console("GET", "/console/runs/rerun")
+    assert 'class="state state-failed">failed' in page and "last finite loss 2.08 at step 800" in page
 
     second = job(bot, "rerun", tmp_path)  # the same run id again (custom_loop.py run twice; a resume)
     second.sample(Sample(run_id="rerun", device="0", step=1, time=time.time(), loss=3.0))
@@ -130,8 +143,8 @@ def test_an_ended_run_is_shown_ended_with_its_alerts_closed_and_a_rerun_is_a_new
     assert wait_for(lambda: run_view(bot, "rerun")["attempt"] == 2, timeout=10)
     view = run_view(bot, "rerun")
     assert (view["state"], view["firing"], view["last_step"]) == ("running", [], 1)  # clean, its own series
-    assert [(a["attempt"], a["end_reason"], a["last_step"]) for a in view["attempts"]] == [
-        (1, "ended normally", 800), (2, None, None)]
+    assert [(a["attempt"], a["end_reason"][:6] if a["end_reason"] else None, a["last_step"])
+            for a in view["attempts"]] == [(1, "failed", 850), (2, None, None)]
     assert [s["step"] for s in view["latest"].values()] == [1]
     late = Envelope(run_id="rerun", device="0", sent_at=time.time(), project="llm", proc=first.proc,
                     samples=[Sample(run_id="rerun", device="0", step=900, time=time.time(), loss=9.0)],
@@ -146,7 +159,23 @@ def test_an_ended_run_is_shown_ended_with_its_alerts_closed_and_a_rerun_is_a_new
     assert slack.wait_for(lambda s: any(x.startswith("ERROR nonfinite") and "step 2" in x for x in texts(s)),
                           timeout=15), texts(slack)
     second.close(final=True)
-    assert wait_for(lambda: run_view(bot, "rerun")["state"] == "ended", timeout=30)
+    assert wait_for(lambda: run_view(bot, "rerun")["state"] == "failed", timeout=30)
+
+
+def test_a_run_that_ends_with_no_error_firing_ended_normally_and_its_warnings_close(tmp_path, slack, bot_server):
+    bot = bot_server(config(tmp_path, slack))
+    t = job(bot, "fine", tmp_path)
+    for s in range(1, 5):
+        t.sample(Sample(run_id="fine", device="0", step=s, time=time.time(), loss=2.0))
+    t.event(Event(run_id="fine", device="0", step=4, time=time.time(), rule="loss_spike", severity=Severity.WARNING,
+                  status=Status.FIRING, value=3.0, threshold=2.5, message="loss spiked"))
+    assert t.flush(10)
+    assert wait_for(lambda: run_view(bot, "fine")["firing"], timeout=10)
+    t.close(final=True)
+    assert wait_for(lambda: run_view(bot, "fine")["state"] == "ended", timeout=30)
+    view = run_view(bot, "fine")
+    assert (view["end_reason"], view["firing"]) == ("ended normally", [])
+    assert [a["status"] for a in view["alerts"]] == ["resolved"]
 
 
 def test_32_ranks_closing_together_page_no_missing_rank_and_end_the_run_once(tmp_path, slack, caplog, bot_server):
@@ -209,10 +238,12 @@ def test_a_killed_rank_stays_missing_when_the_others_finish(tmp_path, slack, bot
         stop.write_text("")  # the others finish normally
         for r in (0, 1, 3):
             assert procs[r].wait(30) == 0
+        assert wait_for(lambda: run_view(bot, "dp-4")["state"] == "failed", timeout=30)  # it died with its rank
         time.sleep(3.0)  # many rank checks after the others' final heartbeats
         view = run_view(bot, "dp-4")
         assert [a["device"] for a in missing()] == ["2"]  # still dead: never "back to normal"
-        assert view["state"] != "ended"
+        assert view["state"] == "failed" and "rank 2" in view["end_reason"] and "missing" in view["end_reason"]
+        assert slack.wait_for(lambda s: any("dp-4 FAILED" in x for x in texts(s)), timeout=15), texts(slack)
         assert not any("rank_missing" in x and "resolved" in x.lower() for x in texts(slack))
     finally:
         stop.write_text("")
@@ -420,8 +451,8 @@ def test_msmon_serve_a_heartbeat_first_job_then_another_projects_squat_then_its_
         assert run_view(serve, "served", token=VISION)["project"] == "vision"
         assert slack.wait_for(lambda s: any("nonfinite" in x for x in texts(s)), timeout=15), texts(slack)
         t.close(final=True)
-        assert wait_for(lambda: run_view(serve, "served@llm")["state"] == "ended", timeout=30)
-        assert run_view(serve, "served@llm")["firing"] == []
+        assert wait_for(lambda: run_view(serve, "served@llm")["state"] == "failed", timeout=30)  # its ERROR fired
+        assert sorted(a["rule"] for a in run_view(serve, "served@llm")["firing"]) == ["nonfinite", "run_failed"]
     finally:
         serve.stop()
 
