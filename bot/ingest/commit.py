@@ -7,7 +7,10 @@ changed is committed, in one transaction for every envelope that came within a f
 
 An envelope with events or job actions is not held: its own transaction commits it (and what was held before
 it) before its answer, as before. A failed commit fails every envelope that waited for it (503: they are sent
-again). Measured: bench/bench_ranks.py (one run of 1,000 ranks: one UPDATE per window instead of one per
+again). Whichever path writes the held updates (this commit, an event envelope's transaction, the delivery
+worker's, an escalation pass, a heartbeat, a read of the runs), a write that fails or a transaction that rolls
+back puts them back in the store (bot/store: `flush_runs`), so the next commit writes them and no waiter is
+answered 202 for what is not committed (tests/bot/store/test_accepted_is_stored.py). Measured: bench/bench_ranks.py (one run of 1,000 ranks: one UPDATE per window instead of one per
 envelope).
 """
 

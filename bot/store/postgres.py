@@ -264,6 +264,12 @@ class _Touch:
         if paused is not None:
             self.paused = paused
 
+    def absorb(self, newer: _Touch) -> None:
+        """`newer`, an update of the same run made after this one, merged into it (a failed write's update held
+        again under what was held since)."""
+        self.merge(newer.labels, newer.device, False, newer.step, newer.now, newer.heartbeat, newer.paused)
+        self.devices += [d for d in newer.devices if d not in self.devices]
+
 
 class PostgresStore(Store):
     dialect: migrations.Dialect = "postgresql"
@@ -278,7 +284,7 @@ class PostgresStore(Store):
         if schema is not None:
             self._create_schema(url, schema)
         self.db = self.pg = PgDb(url, schema)
-        self.lax: PgDb | None = None  # liveness writes outside a transaction (touch_run)
+        self.lax: PgDb | None = None  # liveness writes outside a transaction (touch_run, the group commit)
         current = self.pg.raw("SELECT current_schema() AS s").fetchone()
         if current is None or current["s"] is None:
             raise psycopg.OperationalError(f"no schema to create the tables in on {self.path}: its search_path names "
@@ -326,7 +332,7 @@ class PostgresStore(Store):
 
     def _lax(self) -> PgDb:
         if self.lax is None:
-            self.lax = PgDb(self.url, self.pg.schema, "-c synchronous_commit=off")
+            self.lax = PgDb(self.url, self.pg.schema)  # its commits wait for their WAL fsync: a 202 is durable
             self.lax.deadline = DEADLINE_S
         return self.lax
 
@@ -387,9 +393,9 @@ class PostgresStore(Store):
                   now: float, heartbeat: bool = False, paused: bool | None = None, defer: bool = False) -> None:
         """One upsert: the last step moved only forward, whoever wrote before; the devices merged only when one is
         new to this process (`_members`), so an envelope of a known rank costs the same at 10 or 10,000 ranks (the
-        merge parses the run's whole list). Outside a transaction (an envelope of samples, a heartbeat: liveness,
-        nothing a job waits to see kept) on the `lax` connection, whose commits do not wait for their WAL fsync: a
-        server crash can lose the last fraction of a second of these, never an event, a command or a delivery.
+        merge parses the run's whole list). Outside a transaction (an envelope of samples, a heartbeat: liveness)
+        on the `lax` connection, its own (never inside another request's transaction); its commits wait for their
+        WAL fsync like every other, so what a 202 answered survives a server crash.
         `defer`: held and merged with the run's other held updates until `flush_runs` (the group commit)."""
         known = self._members.get(run_id)
         new = known is None or device not in known
@@ -440,8 +446,8 @@ class PostgresStore(Store):
         if not self._held:
             return 0
         held, self._held = self._held, {}
-        lax = self._lax()
         try:
+            lax = self._lax()
             with lax.transaction():
                 for run_id, t in held.items():
                     if now is not None and now > t.now:
@@ -449,6 +455,11 @@ class PostgresStore(Store):
                     self._upsert(lax, run_id, t)
         except BaseException:
             self._members.clear()  # what the rolled-back upserts merged is not there: merged again when next heard
+            for run_id, t in held.items():  # held again, under what was held since: the next flush writes them
+                newer = self._held.get(run_id)
+                if newer is not None:
+                    t.absorb(newer)
+                self._held[run_id] = t
             raise
         return len(held)
 

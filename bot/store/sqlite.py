@@ -100,6 +100,9 @@ class Store:
         self._projects: OrderedDict[str, str] = OrderedDict()
         self._silence_cache: list[Silence] | None = None
         self._held: dict[str, dict[str, Any]] = {}  # run -> columns of its update held for flush_runs (touch_run)
+        # held updates flush_runs wrote inside a transaction not its own, until that transaction ends: its commit
+        # drops them, its rollback puts them back in `_held` (a group commit's waiter is never answered for them)
+        self._taken: list[dict[str, dict[str, Any]]] = []
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
@@ -154,12 +157,29 @@ class Store:
 
     def tx(self) -> contextlib.AbstractContextManager[Any]:
         self.flush_runs()  # the runs' held updates first, in their own commit (a rollback here keeps them)
-        return _Tx(self.db, self._forget)
+        return _Tx(self.db, self._rolled_back, self._committed)
+
+    def _committed(self) -> None:
+        self._taken.clear()  # written for good
+
+    def _rolled_back(self) -> None:
+        """A transaction failed: the held updates it had taken are held again, the caches are read again."""
+        taken, self._taken = self._taken, []
+        for held in taken:
+            self._restore(held)
+        self._forget()
 
     def _forget(self) -> None:
         self._run_cache.clear()
         self._projects = OrderedDict()
         self._silence_cache = None
+
+    def _restore(self, taken: dict[str, dict[str, Any]]) -> None:
+        """Held updates a failed write had taken, held again under what was held since (newer, kept over them):
+        the next flush writes them, and until one commits no group commit answers 202 for them."""
+        for run_id, old in taken.items():
+            newer = self._held.get(run_id)
+            self._held[run_id] = old if newer is None else merge_sets(old, newer)
 
     # -- runs -----------------------------------------------------------------------------------
 
@@ -212,24 +232,33 @@ class Store:
         self._update_run(run_id, sets)
 
     def _update_run(self, run_id: str, sets: dict[str, Any]) -> None:
-        if "devices" in sets:
-            sets["devices"] = json.dumps(sets["devices"])
+        values = [json.dumps(v) if k == "devices" else v for k, v in sets.items()]  # `sets` kept: a retry writes it
         self.db.execute(f"UPDATE runs SET {'=?, '.join(sets)}=? WHERE run_id=?",  # noqa: S608 - our column names
-                        (*sets.values(), run_id))
+                        (*values, run_id))
 
     def flush_runs(self, now: float | None = None) -> int:
         """Write the runs' held updates (touch_run's `defer`) in one transaction; how many runs. Called before
         anything else writes or reads the runs table here, so nothing reads behind them. `now` (the group commit's
         clock): a run's last_seen is at least that, so a pass that asks which runs were seen since it last looked
-        (the watchdog) never misses one held while it looked."""
+        (the watchdog) never misses one held while it looked.
+
+        Whatever path calls it, a write that fails puts what it took back (`_restore`): held until a flush commits
+        it. Inside a transaction not its own, they are committed with it or, on its rollback, held again."""
         if not self._held:
             return 0
         held, self._held = self._held, {}
-        with contextlib.nullcontext() if self.db.in_transaction else self.tx():
-            for run_id, sets in held.items():
-                if now is not None and now > sets["last_seen"]:
-                    sets["last_seen"] = now
-                self._update_run(run_id, sets)
+        outer = self.db.in_transaction
+        try:
+            with contextlib.nullcontext() if outer else self.tx():
+                for run_id, sets in held.items():
+                    if now is not None and now > sets["last_seen"]:
+                        sets["last_seen"] = now
+                    self._update_run(run_id, sets)
+        except BaseException:
+            self._restore(held)
+            raise
+        if outer:
+            self._taken.append(held)
         return len(held)
 
     def _remember_run(self, run_id: str, seen: _RunSeen) -> None:
@@ -787,10 +816,12 @@ class EscalationLog:
 
 
 class _Tx:
-    """`with store.tx():` one transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
+    """`with store.tx():` one transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error). A COMMIT that fails (a
+    full disk, an I/O error) is a rollback too: the transaction is ended, `on_rollback` runs, the error raises."""
 
-    def __init__(self, db: sqlite3.Connection, on_rollback: Callable[[], None]) -> None:
-        self.db, self.on_rollback = db, on_rollback
+    def __init__(self, db: sqlite3.Connection, on_rollback: Callable[[], None], on_commit: Callable[[], None]
+                 ) -> None:
+        self.db, self.on_rollback, self.on_commit = db, on_rollback, on_commit
 
     def __enter__(self) -> sqlite3.Connection:
         self.db.execute("BEGIN IMMEDIATE")
@@ -798,10 +829,36 @@ class _Tx:
 
     def __exit__(self, exc_type: Any, *rest: Any) -> None:
         if exc_type:
-            self.db.execute("ROLLBACK")
-            self.on_rollback()
-        else:
+            self._rollback()
+            return
+        try:
             self.db.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        self.on_commit()
+
+    def _rollback(self) -> None:
+        try:
+            with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled it back already (SQLITE_FULL, IOERR)
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+        finally:
+            self.on_rollback()
+
+
+def merge_sets(old: dict[str, Any], newer: dict[str, Any]) -> dict[str, Any]:
+    """Two held updates of one run's row as one: the newer's columns win, except the devices (both lists, in
+    order) and the last step (the higher, with its progress time) and the times (the later)."""
+    out = {**old, **newer}
+    if "devices" in old and "devices" in newer:
+        out["devices"] = [*old["devices"], *(d for d in newer["devices"] if d not in old["devices"])]
+    if "last_step" in old and (newer.get("last_step") is None or old["last_step"] > newer["last_step"]):
+        out["last_step"], out["last_progress"] = old["last_step"], old["last_progress"]
+    for t in ("last_seen", "last_heartbeat"):
+        if t in old and t in newer:
+            out[t] = max(old[t], newer[t])
+    return out
 
 
 class AttemptLog:
