@@ -157,7 +157,15 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
                 return resp
             request[PROJECT], request[OPERATOR] = who
         await read_in_time(request, request.app[CONFIG].read_timeout)
-        resp = await handler(request)
+        if endpoint in JOB_WORK:  # a job's message waits for the bot from here: the overload's signal
+            waiting = request.app[INGEST].overload.backlogs["ingest"]
+            token = waiting.enter(request.app[INGEST].overload.clock())
+            try:
+                resp = await handler(request)
+            finally:
+                waiting.leave(token)
+        else:
+            resp = await handler(request)
     except TooManyDevices as exc:
         resp = _error(422, str(exc))
     except web.HTTPRequestEntityTooLarge:
@@ -551,19 +559,23 @@ async def _every(period: float, fn: Callable[[], object], stop: asyncio.Event) -
             log.exception("msmon bot: %s failed; retrying in %.0f s", getattr(fn, "__name__", fn), period)
 
 
-LAG_PERIOD = 0.05  # seconds between two samples of the event loop's lag
-LAG_SAMPLES = 40  # the signal is the median of the last 40 (2 s when on time): a busy loop, not a burst
+LAG_PERIOD = 0.05  # seconds between two samples of the backlog and of the event loop's lag
+LAG_SAMPLES = 40  # the signals are the medians of the last 40 (2 s when on time): a backlog that lasts, not a burst
+JOB_WORK = ("/v1/ingest", "/v1/heartbeat")  # the requests whose wait in the bot is its ingest backlog
 
 
 async def watch_lag(ingest: Ingest, metrics: BotMetrics, stop: asyncio.Event, period: float = LAG_PERIOD) -> None:
-    """How late the event loop runs a timer sets what the ingest sheds (bot/ingest/overload.py); a change of level is
-    logged once, with what was shed in the last minute (never a line per request)."""
+    """How long the bot's own waiting work waits (and, while some waits, how late the event loop runs a timer) sets
+    what the ingest sheds (bot/ingest/overload.py); a change of level is logged once, with what was shed in the last
+    minute (never a line per request)."""
     loop = asyncio.get_running_loop()
-    overload, median = ingest.overload, Median(LAG_SAMPLES)
+    overload, lags, waits = ingest.overload, Median(LAG_SAMPLES), Median(LAG_SAMPLES)
+    backlogs = overload.backlogs
     while not stop.is_set():
         t0 = loop.time()
         await asyncio.sleep(period)
-        changed = overload.observe(median(max(0.0, loop.time() - t0 - period)))
+        lag = lags(max(0.0, loop.time() - t0 - period))
+        changed = overload.observe(waits(backlogs.age(overload.clock())), lag, backlogs.depth)
         if changed is not None:
             metrics.overload.set(int(changed))
             (log.warning if changed else log.info)("msmon bot: %s", overload.say())
@@ -602,6 +614,13 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app[CONFIG], app[STORE], app[METRICS], app[INGEST], app[OUTBOX] = cfg, store, m, Ingest(state), outbox
     overload = app[INGEST].overload
     outbox.shedding = lambda: overload.level > Level.NORMAL  # overloaded: an ERROR's text goes without its chart
+    charts_waiting = overload.backlogs["charts"]
+
+    def chart_waits() -> Callable[[], None]:
+        token = charts_waiting.enter(overload.clock())
+        return lambda: charts_waiting.leave(token)
+
+    outbox.chart_waits = chart_waits  # a chart waiting for the drawing executor is the bot's backlog too
     app[TOKENS] = _tokens(cfg)
     app[DRAINING] = asyncio.Event()
     app[REFUSED] = Counter("msmon_cross_project_refused_total", "job requests refused for another project's run, "

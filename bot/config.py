@@ -344,15 +344,22 @@ class DeliveryConfig:
 
 @dataclasses.dataclass
 class OverloadConfig:
-    """What the ingest sheds while the bot falls behind (bot/ingest/overload.py): samples, WARNINGs, never ERRORs."""
+    """What the ingest sheds while the bot falls behind its own work (bot/ingest/overload.py): samples, charts,
+    WARNING firings; never an ERROR nor a resolution. Judged by the bot's backlog, not by the machine's load."""
 
-    enable: bool = _f(True, "shed under overload (false: every envelope is taken whole, however late the bot runs)")
-    samples_lag: float = _f(0.01, "seconds late the event loop runs timers (the median of its last 40 lags, sampled "
-                                  "every 50 ms; an idle bot: under 1 ms) at which metric samples are "
-                                  "shed, and charts (an ERROR's text goes without, saying why)", gt=0, le=60)
-    warnings_lag: float = _f(0.5, "lag at which WARNING events are shed too (dropped, counted)", gt=0, le=60)
-    cool: float = _f(15.0, "seconds the lag must stay under half a level's threshold before the level is left (one "
-                           "level at a time)", ge=0, le=3600)
+    enable: bool = _f(True, "shed under overload (false: every envelope is taken whole, however far behind the bot)")
+    samples_wait: float = _f(1.0, "seconds the oldest work waiting for the bot has waited (a job's request in the "
+                                  "bot, a NATS message since it was stored, a chart in the drawing executor; the "
+                                  "median of the last 40, sampled every 50 ms; an idle bot: 0) at which metric "
+                                  "samples are shed, and charts (an ERROR's text goes without, saying why)", gt=0,
+                             le=600)
+    warnings_wait: float = _f(5.0, "wait at which WARNING firings are shed too (dropped, counted)", gt=0, le=600)
+    samples_lag: float = _f(0.25, "seconds late the event loop runs timers (the median of its last 40 lags) at which "
+                                  "samples are shed, counted only while some work waits (a busy host makes an idle "
+                                  "bot's loop 10 ms late: that is not the bot's overload)", gt=0, le=60)
+    warnings_lag: float = _f(1.0, "lag (while some work waits) at which WARNING firings are shed too", gt=0, le=60)
+    cool: float = _f(15.0, "seconds the wait and lag must stay under half a level's thresholds before the level is "
+                           "left (one level at a time)", ge=0, le=3600)
 
 
 @dataclasses.dataclass

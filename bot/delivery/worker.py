@@ -150,6 +150,9 @@ class Outbox:
         self.given_up: Callable[[list[OutboxRow]], object] | None = None
         # True while the ingest sheds (bot/ingest/overload.py, wired by app.py): no chart is drawn, the text says why.
         self.shedding: Callable[[], bool] = lambda: False
+        # A chart begins to wait for the drawing executor: the overload's backlog (wired by app.py); call what it
+        # returns when the chart is done.
+        self.chart_waits: Callable[[], Callable[[], None]] = lambda: lambda: None
         self.scheduler = Scheduler(policy, rand)
         self.doorbell = asyncio.Event()
         # Row id -> the reference of its posted message, until the row's verdict is written: a post is
@@ -521,6 +524,7 @@ class Outbox:
     async def _draw(self, key: tuple[str, tuple[int, ...]], msg: Message, ids: list[int]) -> Drawn:
         """The chart's PNG, drawn in a thread, or why it could not be drawn; kept for the group's retries."""
         chart, problem = None, None
+        done = self.chart_waits()
         try:
             self.trace.mark(ids, "chart_queued")
             chart = await charts.render_chart_off_loop(msg.lead, timed=self._chart_timer(ids))
@@ -530,6 +534,7 @@ class Outbox:
             log.warning("msmon bot: the chart of %s for run %r step %d could not be drawn (%s); the alert is sent "
                         "without it", msg.rule, msg.run_id, msg.lead.step, problem)
         finally:
+            done()
             self._drawing.pop(key, None)
         self._charts[key] = (chart, problem)
         while len(self._charts) > CHARTS_KEPT:

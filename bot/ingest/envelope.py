@@ -27,7 +27,7 @@ from bot.runs.devices import DeviceGate
 from bot.shared import BotState
 from bot.store.alertindex import Entry
 from bot.store.sqlite import AlertRow, OutboxEntry
-from msmon.contract.wire import Envelope, Event, Heartbeat, Severity, encode
+from msmon.contract.wire import Envelope, Event, Heartbeat, Severity, Status, encode
 
 
 class _Written:
@@ -57,7 +57,8 @@ class Ingest:
         self.devices = DeviceGate(state.cfg.max_devices, state.cfg.max_runs, self._stored_devices)
         self.runs = Runs(state, self.event)  # a run's attempts and its end (bot/ingest/runs.py)
         oc = state.cfg.overload  # what is shed while the bot falls behind (overload.py; bot/app.py feeds the lag)
-        self.overload = Overload(table(oc.samples_lag, oc.warnings_lag) if oc.enable else (), oc.cool, state.clock)
+        self.overload = Overload(table(oc.samples_wait, oc.warnings_wait, oc.samples_lag, oc.warnings_lag)
+                                 if oc.enable else (), oc.cool, state.clock)
         self.commits = Commits(state.store, state.clock)  # the group commit of envelopes without events (commit.py)
 
     def envelope(self, env: Envelope, defer: bool = False) -> dict[str, Any]:
@@ -92,11 +93,13 @@ class Ingest:
 
     def _shed(self, env: Envelope) -> tuple[list[Event], dict[str, int]]:
         """The events kept at the overload's level, and what is shed (counted): its samples from SAMPLES on (their
-        steps still say the run progresses), its WARNING events from WARNINGS on. Never an ERROR."""
+        steps still say the run progresses), its WARNING firings from WARNINGS on. Never an ERROR, never a resolution
+        (a WARNING's resolution shed would leave its alert firing for ever)."""
         level = self.overload.level
         if level == Level.NORMAL:
             return env.events, {"samples": 0, "warnings": 0}
-        events = env.events if level < Level.WARNINGS else [e for e in env.events if e.severity is Severity.ERROR]
+        events = env.events if level < Level.WARNINGS else [e for e in env.events if e.severity is Severity.ERROR
+                                                            or e.status is Status.RESOLVED]
         shed = {"samples": len(env.samples), "warnings": len(env.events) - len(events)}
         for what, n in shed.items():
             if n:

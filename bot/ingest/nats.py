@@ -70,6 +70,14 @@ ApplyStep = Callable[[RunRow, float], int]  # the command service's
 _STATUS = {"token": 401, "project": 403, "json": 400}  # a refusal's HTTP status in an answer (else 422)
 
 
+
+def _stored(msg: Any, now: float) -> float:
+    """When JetStream stored the message (its metadata), or `now` when it does not say."""
+    try:
+        return float(msg.metadata.timestamp.timestamp())
+    except Exception:  # noqa: BLE001 - not a JetStream message, or no timestamp: it waits from now
+        return now
+
 class Poison(Exception):
     """A message that can never be ingested: `reason` is the counter's label, the text what to do."""
 
@@ -187,11 +195,18 @@ class NatsIngest:
             if self.cfg.batch > 1:  # then what is there already, without waiting
                 with contextlib.suppress(asyncio.TimeoutError, nats.errors.TimeoutError):
                     msgs += await sub.fetch(self.cfg.batch - 1, timeout=0.05)
-            held = []  # ingested, their runs' updates held for one commit (bot/ingest/commit.py), then acked
-            for msg in errors_first(msgs, lambda m: m.subject.rpartition(".")[0], lambda m: m.data):
-                if await self._one(msg):  # ERRORs first (overload.py): a page waits behind no other run's samples
-                    held.append(msg)
-            await self._commit(held)
+            waiting = self.ingest.overload.backlogs["nats"]  # since JetStream stored them: the overload's signal
+            now = self.ingest.overload.clock()
+            tokens = [waiting.enter(_stored(m, now)) for m in msgs]
+            try:
+                held = []  # ingested, their runs' updates held for one commit (bot/ingest/commit.py), then acked
+                for msg in errors_first(msgs, lambda m: m.subject.rpartition(".")[0], lambda m: m.data):
+                    if await self._one(msg):  # ERRORs first (overload.py): a page waits behind no other run's samples
+                        held.append(msg)
+                await self._commit(held)
+            finally:
+                for token in tokens:
+                    waiting.leave(token)
 
     # -- one message ---------------------------------------------------------------------------------
 

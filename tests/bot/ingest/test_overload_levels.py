@@ -1,11 +1,13 @@
-"""bot/ingest/overload.py: the level the ingest sheds at, from the event loop's lag; hysteresis; what was shed."""
+"""bot/ingest/overload.py: the level the ingest sheds at, from the bot's own backlog (how long its oldest waiting work
+waits; the event loop's lag only while some work waits); hysteresis; what was shed. (`observe(x)` with one argument:
+a wait of x s, no lag.)"""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.ingest.overload import Level, Median, Overload, ShedCount, errors_first, table
+from bot.ingest.overload import Backlog, Level, Median, Overload, ShedCount, errors_first, table
 from msmon.contract.wire import Envelope, Severity, encode
 from tests.fakes.records import event, sample
 
@@ -85,6 +87,42 @@ def test_the_table_walked() -> None:
     assert o.observe(0.0) is None
 
 
+@given(st.lists(st.tuples(st.floats(0, 60), st.floats(0, 10)), max_size=200))
+def test_a_late_loop_with_nothing_waiting_is_not_overload(lags_: list[tuple[float, float]]) -> None:
+    """An idle bot on a busy host: its event loop runs late (10 ms, or seconds), nothing waits for it: no level."""
+    clock = Clock()
+    o = Overload(table(1.0, 5.0, 0.25, 1.0), COOL, clock)
+    for lag, dt in lags_:
+        assert o.observe(0.0, lag, depth=0) is None and o.level == Level.NORMAL
+        clock.t += dt
+
+
+@given(st.floats(0, 60), st.floats(0, 60), st.integers(0, 1000))
+def test_the_level_is_what_the_backlog_says_and_the_lag_only_with_a_backlog(wait: float, lag: float, depth: int
+                                                                             ) -> None:
+    o = Overload(table(1.0, 5.0, 0.25, 1.0), COOL, Clock())
+    o.observe(wait, lag, depth)
+    by_wait = Level.WARNINGS if wait >= 5.0 else Level.SAMPLES if wait >= 1.0 else Level.NORMAL
+    by_lag = Level.NORMAL if not depth else Level.WARNINGS if lag >= 1.0 else Level.SAMPLES if lag >= 0.25 else \
+        Level.NORMAL
+    assert o.level == max(by_wait, by_lag)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 100)), max_size=100))
+def test_a_backlog_says_its_depth_and_how_long_its_oldest_waits(ops: list[tuple[bool, float]]) -> None:
+    b, kept, now = Backlog(), {}, 0.0
+    for enter, since in ops:
+        now = max(now, since)
+        if enter or not kept:
+            kept[b.enter(since)] = since
+        else:
+            token = next(iter(kept))
+            b.leave(token)
+            del kept[token]
+        assert b.depth == len(kept)
+        assert b.age(now) == (now - min(kept.values()) if kept else 0.0)
+
+
 def test_disabled_never_sheds() -> None:
     o = Overload((), COOL, Clock())
     assert o.observe(100.0) is None and o.level == Level.NORMAL
@@ -98,7 +136,8 @@ def test_what_was_shed_in_the_last_minute_and_said_once() -> None:
     clock.t += 30
     o.count("samples", 2)
     o.count("warnings", 3)
-    assert "shedding samples (42 samples and 3 WARNINGs shed in the last minute); ERRORs go first" in o.say()
+    assert "shedding samples (42 samples and 3 WARNINGs shed in the last minute); ERRORs and resolutions go first, " \
+        "never shed" in o.say()
     clock.t += 31  # the first 40 are older than a minute
     st_ = o.status()
     assert st_["shed_last_minute"] == {"samples": 2, "warnings": 3}
