@@ -35,7 +35,7 @@ from bot.escalation.scheduler import AckLinks, Escalator
 from bot.ingest.deadlines import read_in_time
 from bot.ingest.envelope import Ingest
 from bot.ingest.overload import Level, Median
-from bot.ingest.runs import keyed
+from bot.ingest.runs import alias_problem, keyed
 from bot.ingest.watchdog import Watchdog
 from bot.integration import Context, Integration, Task
 from bot.integrations import chat_integrations
@@ -206,6 +206,9 @@ def _own(request: web.Request, run_id: str, claimed: str | None = None) -> tuple
     """(the project, the bot's key) of the job's run `run_id` (`run_owner`); a refusal is a 403, logged (no
     secret) and counted (msmon_cross_project_refused_total)."""
     token = request[PROJECT]
+    problem = alias_problem(run_id)
+    if problem is not None:
+        raise web.HTTPUnprocessableEntity(reason=problem)
     owner, key, refusal = run_owner(request.app[STORE], token, run_id, claimed)
     if refusal is None:
         return owner, key

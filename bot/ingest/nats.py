@@ -44,7 +44,7 @@ from bot.commands.service import view
 from bot.config import NatsConfig
 from bot.ingest.envelope import Ingest
 from bot.ingest.overload import errors_first
-from bot.ingest.runs import keyed
+from bot.ingest.runs import alias_problem, keyed
 from bot.runs.devices import TooManyDevices
 from bot.shared import BotState
 from bot.store.rows import RunRow
@@ -300,6 +300,9 @@ class NatsIngest:
 
     def _own(self, project: str, run_id: str, claimed: str | None) -> tuple[str | None, str]:
         """(the project, the bot's key) of the job's run (bot/app.py's `run_owner`); `Poison` when refused."""
+        problem = alias_problem(run_id)
+        if problem is not None:
+            raise Poison("schema", problem)
         owner, key, refusal = self._owner(project, run_id, claimed)
         if refusal is not None:
             raise Poison("project", refusal)

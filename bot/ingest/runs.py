@@ -39,6 +39,19 @@ RUN_FAILED = "run_failed"  # the rule of the one message a run that died sends (
 _NAMED = 8  # firing alerts a failure names (the rest counted)
 
 
+ALIAS = "@"  # "<run_id>@<project>": the bot's name for a project's run whose id another project's run has
+
+
+def alias_problem(run_id: str) -> str | None:
+    """Why a job may not name its run `run_id` (None: it may). A run id with "@" could be another project's alias
+    ("sq@B" created by project A's token would take project B's `sq` when A has one: every B envelope 403), so the
+    jobs' run ids never hold it; the bot alone makes aliases (bot/app.py's `run_owner`)."""
+    if ALIAS in run_id:
+        return (f"run_id {run_id[:80]!r} has {ALIAS!r}, which the bot keeps for its names of a project's run whose id "
+                f"another project uses (<run_id>{ALIAS}<project>): name the run without {ALIAS!r}")
+    return None
+
+
 def failure(errors: list[AlertView], lost: list[str]) -> str:
     """"while ERRORs fired: loss_nan on device 0 since step 1,200; rank 2 missing": why a run failed (job data: the
     receivers escape it)."""

@@ -14,6 +14,7 @@ import pytest
 
 from msmon.contract.wire import ActionResult, Envelope, Heartbeat, Poll, PollAnswer, Sample, decode, encode
 from tests.fakes.bot_server import send
+from tests.fakes.records import event
 from tests.fakes.slack_signing import SECRET, signed_post
 
 pytest.importorskip("aiohttp")
@@ -133,6 +134,26 @@ def test_a_run_id_cannot_be_squatted_by_another_project(bot):
     (cmd,) = decode(encode(poll(bot, run="run-v", token=A)[1]), PollAnswer).commands
     assert (cmd.run_id, cmd.action) == ("run-v", "pause")  # the job's own name for its run: it takes it
     assert decode(encode(poll(bot, run="run-v", token=B)[1]), PollAnswer).commands == []
+
+
+@pytest.mark.parametrize("route", ["/v1/ingest", "/v1/heartbeat", "/v1/commands/poll"])
+def test_a_job_cannot_name_its_run_like_another_projects_alias(bot, route):
+    """Project llm's token made `sq` and then `sq@vision`: project vision's own `sq` (kept as `sq@vision`, since llm
+    has `sq`) was 403 on every envelope, ERRORs included. A job's run id with "@" is refused, naming the field."""
+    assert report(bot, run="sq", project="llm", token=A)[0] == 202
+    now = time.time()
+    bodies = {"/v1/ingest": Envelope(run_id="sq@vision", device="0", sent_at=now, project="llm"),
+              "/v1/heartbeat": Heartbeat(run_id="sq@vision", device="0", time=now, step=1, project="llm"),
+              "/v1/commands/poll": Poll(run_id="sq@vision", device="0", wait=0.0, project="llm")}
+    code, answer = bot.request("POST", route, encode(bodies[route]), token=A)
+    assert code == 422 and "run_id 'sq@vision'" in str(answer) and "'@'" in str(answer), (code, answer)
+    assert bot.request("GET", "/v1/runs/sq@vision", token=A)[0] == 404  # nothing was made
+    # vision's own `sq` reports, ERROR and all, as its own (the bot's alias for it)
+    err = Envelope(run_id="sq", device="0", sent_at=now, project="vision", events=[event(run="sq")])
+    for _ in range(3):
+        assert bot.request("POST", "/v1/ingest", encode(err), token=B)[0] == 202
+    mine = bot.request("GET", "/v1/runs/sq@vision", token=B)[1]
+    assert (mine["project"], mine["run_id"]) == ("vision", "sq@vision") and mine["firing"]
 
 
 def test_read_routes_never_show_another_projects_runs(bot):

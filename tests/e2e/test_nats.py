@@ -246,6 +246,9 @@ def test_poison_messages_are_refused_once_counted_and_never_redelivered(tmp_path
         await js.publish(env_subject, encode(good), headers={TOKEN_HEADER: "other-token"})  # another project's token
         await js.publish(env_subject, encode(good), headers={**ok, "Nats-Msg-Id": "one"})
         await js.publish(env_subject, encode(good), headers={**ok, "Nats-Msg-Id": "one"})  # stored once
+        alias = Envelope(run_id="run-p@vision", device="0", sent_at=time.time(), project="llm",
+                         events=[event(run="run-p@vision")])  # a run id like the bot's alias of vision's run-p
+        await js.publish(subject(prefix, "llm", "run-p@vision", ENVELOPE), encode(alias), headers=ok)
         # command polls: a wrong token is answered 401 on the rank's command subject; a reply subject
         # outside msmon's command subjects gets nothing
         replies = await nc.subscribe(subject(prefix, "llm", "run-p", COMMANDS, "0"))
@@ -270,10 +273,10 @@ def test_poison_messages_are_refused_once_counted_and_never_redelivered(tmp_path
         assert got["refused"] == "401" and got["answer_status"] == "200"
         assert got["answer"] == {"commands": [], "cursor": 0}
         assert wait_for(lambda: len(_error_posts(slack)) == 1, timeout=20)
-        assert wait_for(lambda: sum(_outcomes(bot).values()) >= 6, timeout=20), _outcomes(bot)
+        assert wait_for(lambda: sum(_outcomes(bot).values()) >= 7, timeout=20), _outcomes(bot)
         time.sleep(6.0)  # past ack_wait (5 s): nothing comes back
         outcomes = _outcomes(bot)
-        assert outcomes == {"json": 1, "token": 1, "schema": 1, "subject": 1, "project": 1, "ingested": 1,
+        assert outcomes == {"json": 1, "token": 1, "schema": 2, "subject": 1, "project": 1, "ingested": 1,
                             "poll-token": 1, "poll-subject": 1}, outcomes
         info = _consumer(SHARED, stream, f"bot-{prefix}")
         assert info.num_ack_pending == 0 and info.num_pending == 0 and info.num_redelivered == 0
