@@ -6,7 +6,8 @@ column (the loss cell ignores it), so the job records which batches each step tr
 
 Environment:
 - MSMON_RW_OUT: a folder; each rank writes rank_<N>.json there at the end: `losses` [[step, loss], ...],
-  `batches` [[step, batch index], ...] (the batch each step trained on), `results` (every ActionResult), `ring`;
+  `batches` [[step, batch index], ...] (the batch each step trained on), `results` (every ActionResult), `ring`,
+  `weights` (the sha256 of every parameter of the train network at the end: weights, optimizer state, clip norm);
 - MSMON_RW_STEPS: batches in the dataset (default 700); MSMON_RW_PACE: seconds slept after each step;
 - MSMON_RW_FAULT: `batches:START:COUNT:SCALE` (batches START..START+COUNT-1 have their inputs multiplied by SCALE:
   a burst of bad data) or `lr:START:COUNT:FACTOR` (the LR multiplied by FACTOR for MindSpore's steps START..
@@ -15,6 +16,10 @@ Environment:
 - MSMON_RW_REWIND_AT=STEP[:PARAMS-JSON]: the job asks for a rewind from code at that step (an operator's command
   without a bot); MSMON_RW_PAUSE_AT=STEP: the job pauses itself at that step and asks for a rewind while paused,
   skipping 100 batches, then a resume;
+- MSMON_RW_ASK: a JSON list of [STEP, ACTION, PARAMS]: the job asks for each action from code at that step, on every
+  rank (so every rank applies it at the next step boundary, as a chat command's apply step does);
+- MSMON_RW_CORRUPT=RANK:KIND:CKPT:STEP: at step STEP, rank RANK damages its ring checkpoint of step CKPT (KIND:
+  truncated, zero, random, missing or flipped, one byte in the middle);
 - MSMON_RW_DUMP=STEP: the train network's parameters are written to dump_<STEP>.npz at that step, and to
   dump_rewound.npz right after a rewind (what the checkpoints are compared with, bit for bit);
 - MSMON_RW_RING: checkpoint_ring as JSON (default every 50 steps, keep 5); MSMON_RW_REWIND: rewind as JSON;
@@ -23,6 +28,7 @@ Environment:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -148,10 +154,18 @@ def main() -> None:
                                                      "source": r.source})
     at = os.environ.get("MSMON_RW_REWIND_AT", "")
     pause_at = int(os.environ.get("MSMON_RW_PAUSE_AT", "0") or 0)
+    asks: dict[int, list[tuple[str, dict]]] = {}
+    for ask_step, action, params in json.loads(os.environ.get("MSMON_RW_ASK") or "[]"):
+        asks.setdefault(int(ask_step), []).append((action, params))
+    corrupt = os.environ.get("MSMON_RW_CORRUPT", "").split(":")
 
     class Asker(ms.train.Callback):  # type: ignore[misc]
         def on_train_step_end(self, run_context):  # noqa: ANN001, ANN201
             step = cb.control.last_step
+            if len(corrupt) == 4 and int(corrupt[0]) == rank and step == int(corrupt[3]) and cb.control.attempt == 0:
+                damage(corrupt[1], int(corrupt[2]))
+            for i, (action, params) in enumerate(asks.pop(step, []) if cb.control.attempt == 0 else []):
+                cb.control.request(action, f"command c{100 + i} from @operator", **params)
             if at and step == int(at.split(":", 1)[0]) and not getattr(self, "done", False):
                 self.done = True
                 params = json.loads(at.split(":", 1)[1]) if ":" in at else {}
@@ -167,6 +181,18 @@ def main() -> None:
                     cb.control.request("resume", "command c3 from @operator")
 
                 threading.Thread(target=later, daemon=True).start()
+
+    def damage(kind: str, ckpt: int) -> None:
+        path = next(e.path for e in cb.control.ring.entries if e.step == ckpt)
+        data = open(path, "rb").read()  # noqa: SIM115
+        if kind == "missing":
+            os.remove(path)
+            return
+        damaged = {"truncated": data[:len(data) // 2], "zero": b"", "random": np.random.default_rng(7).bytes(len(data)),
+                   "flipped": data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:]}
+        with open(path, "wb") as f:
+            f.write(damaged[kind])
+        print(f"rank {rank}: damaged {path} ({kind})", flush=True)
 
     dump_at = int(os.environ.get("MSMON_RW_DUMP", "0") or 0)
     train_net = model.train_network
@@ -195,9 +221,12 @@ def main() -> None:
         extra = []
     model.train(1, data, callbacks=[rec, cb, *extra, Asker()], dataset_sink_mode=False)
     ring_now = [e.to_dict() for e in cb.control.ring.entries] if cb.control.ring else []
+    digest = hashlib.sha256()
+    for p in sorted(train_net.get_parameters(), key=lambda p: p.name):
+        digest.update(p.name.encode() + p.asnumpy().tobytes())
     with open(os.path.join(out, f"rank_{rank}.json"), "w", encoding="utf-8") as f:
         json.dump({"losses": rec.losses, "batches": rec.batches, "results": results, "ring": ring_now,
-                   "attempt": cb.control.attempt}, f)
+                   "attempt": cb.control.attempt, "weights": digest.hexdigest()}, f)
     print(f"rank {rank} finished at step {cb.control.last_step}", flush=True)
 
 

@@ -191,3 +191,61 @@ def test_clip_grad_bounds_the_update_from_the_next_step(tmp_path):
     moves = [float(np.linalg.norm(b - a)) for a, b in zip(weights, weights[1:], strict=False)]
     assert max(moves[:18]) > 1e-3  # unclipped steps move far more
     assert all(mv <= 0.05 * 1e-4 * 1.01 for mv in moves[21:]), moves[19:25]
+
+
+REFUSED = [  # (action, params, what the answer says): issue 36, every one FAILED with training exactly as it was
+    ("rewind", {"skip": 300}, "past the last batch of the last epoch"),  # 600 + 300 >= 700 batches: near the end
+    ("rewind", {"skip": 10**12}, "skip must be a whole number of batches"),
+    ("rewind", {"skip": -5}, "skip must be a whole number of batches"),
+    ("rewind", {"to": 10**6}, "cannot rewind forward"),
+    ("clip_grad", {"max_norm": 1e-50}, "max_norm must be 0 (no clipping) or a number"),  # 0 in the float32 clip norm
+    ("clip_grad", {"max_norm": "abc"}, "max_norm must be 0 (no clipping) or a number"),
+]
+
+
+def test_a_command_no_rank_can_honour_is_refused_and_training_goes_on_exactly_as_it_was(tmp_path, clean):
+    """`rewind skip 300` near the end of the data used to be answered FAILED and then kill Model.train at its next
+    batch ("reset step must be less than dataset_size * num_epochs"); `clip-grad 1e-50` answered "global norm 1e-50"
+    while the float32 clip norm held 0. Each is refused before anything moves: the run trains every batch to the
+    end with the clean run's losses and final weights, bit for bit."""
+    asks = [[650, action, params] for action, params, _ in REFUSED]
+    out = run_job(tmp_path, MSMON_RW_ASK=json.dumps(asks))[0]
+    answers = [x for x in out["results"] if x["source"].startswith("command c1")]
+    assert len(answers) == len(REFUSED), out["results"]
+    for x, (action, _, why) in zip(answers, REFUSED, strict=True):
+        assert x["action"] == action and not x["ok"] and not x["applied"] and why in x["detail"], x
+        assert x["step"] == 651 and "nothing was changed" in x["detail"].lower(), x
+    assert out["attempt"] == 0
+    assert [b for _, b in out["batches"]] == list(range(700))  # every batch once, in order, to the end
+    assert out["losses"] == clean["losses"]  # the same training, step for step
+    assert out["weights"] == clean["weights"]
+
+
+# Every kind of damage, each rank (issue 36: rank 1's ring checkpoint truncated made rank 0 load and rank 1 refuse,
+# and the replicas went on with different weights and step numbers). The slow suite runs one rank per kind, both
+# ranks over the kinds; MSMON_TEST_CORRUPT_MATRIX=1 runs every pair.
+DAMAGE = ["truncated", "zero", "random", "missing", "flipped"]
+PAIRS = ([(k, r) for k in DAMAGE for r in (0, 1)] if os.environ.get("MSMON_TEST_CORRUPT_MATRIX") else
+         [(k, i % 2) for i, k in enumerate(DAMAGE)])
+
+
+@pytest.mark.parametrize(("damage", "bad_rank"), PAIRS)
+def test_a_damaged_checkpoint_on_one_rank_means_no_rank_rewinds_under_msrun(tmp_path, damage, bad_rank):
+    """`rewind RUN to 275` with one rank's checkpoint of step 250 damaged: every rank checks its file first, the ranks
+    agree, and none loads; each answer says so, the damaged rank's names its file's problem, the others name the
+    rank; both ranks train on, every batch once, and end with the same weights."""
+    ranks = run_job(tmp_path, ranks=2, timeout=400, MSMON_RW_STEPS="350",
+                    MSMON_RW_CORRUPT=f"{bad_rank}:{damage}:250:305",
+                    MSMON_RW_ASK=json.dumps([[305, "rewind", {"to": 275}]]))
+    answers = [[x for x in r["results"] if x["action"] == "rewind"] for r in ranks]
+    assert all(len(a) == 1 and not a[0]["ok"] and a[0]["step"] == 306 for a in answers), answers
+    bad, good = answers[bad_rank][0]["detail"], answers[1 - bad_rank][0]["detail"]
+    assert f"rank {bad_rank} refused" in bad and "step250.ckpt" in bad, bad
+    assert ("does not load" in bad or "has no" in bad), bad  # the file's own problem, as MindSpore read it
+    assert f"rank {bad_rank} refused" in good and "could have loaded step 250" in good, good
+    assert all("nothing was changed on any rank" in a[0]["detail"] for a in answers), answers
+    for rank, r in enumerate(ranks):
+        assert r["attempt"] == 0 and not rewinds(r)
+        assert [s for s, _ in r["losses"]] == list(range(1, 351))  # never renumbered: no rank went back
+        assert [b for _, b in r["batches"]] == list(range(rank, 700, 2)), r["batches"][300:320]  # its shard, once
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # one set of weights
