@@ -11,6 +11,7 @@ import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
+from msmon.common.urls import webhook_problem
 from msmon.config.errors import ConfigError, Issue, shown
 from msmon.config.validate import Context, build, setting, url_problem
 from msmon.config.yamlio import check_shape, load_yaml, location_of
@@ -647,6 +648,12 @@ class BotConfig:
         mails = any(lv.email for p in self.escalations.values() for lv in p.levels)
         if mails and not self.email.host:
             yield "email", "escalation levels send email but bot.email.host is not set"
+        for section, robot in (("feishu", self.feishu), ("dingtalk", self.dingtalk), ("wecom", self.wecom)):
+            url = os.environ.get(robot.webhook_env, "")
+            problem = webhook_problem(url) if url else None
+            if problem is not None:
+                yield f"{section}.webhook_env", (f"the environment variable {robot.webhook_env} {problem}; set it to "
+                                                 f"the robot's https:// webhook URL")
         kept = self.window_samples * self.max_runs
         if kept > _MAX_KEPT_SAMPLES:
             yield "window_samples", (f"with max_runs {self.max_runs}, up to {kept:,} samples per device would be kept "

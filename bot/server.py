@@ -18,9 +18,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from bot.app import STORE, TOKENS, create_app
 from bot.config import BotConfig, load_bot_config
@@ -33,23 +35,60 @@ from msmon.config.errors import ConfigError
 _CHATTY = ("apscheduler", "aiohttp.access", "aiohttp.server", "matplotlib", "nio", "nats", "urllib3")
 
 
+class BadRequests(logging.Filter):
+    """aiohttp logs a full traceback for every request it cannot parse (a request line over 8 KB, a bad header): any
+    unauthenticated client could fill the log. Such a record becomes one line without its traceback, at most one a
+    `period` seconds, saying how many were not logged since (the client got its 400 all the same)."""
+
+    def __init__(self, period: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.period, self.clock = period, clock
+        self.last: float | None = None
+        self.quiet = 0  # not logged since the last line
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        now = self.clock()
+        if self.last is not None and now - self.last < self.period:
+            self.quiet += 1
+            return False
+        said = str(exc.message) if getattr(exc, "message", None) else type(exc).__name__
+        first_line = said.strip().splitlines()[0].split(": ", 1)[0] if said.strip() else type(exc).__name__
+        record.msg = ("msmon bot: refused a malformed HTTP request (%s: %s), answered 400%s; such requests are logged "
+                      "at most once a minute")
+        record.args = (type(exc).__name__, first_line[:120],
+                       f" ({self.quiet} more since the last line)" if self.quiet else "")
+        record.exc_info, record.exc_text, record.levelno, record.levelname = None, None, logging.WARNING, "WARNING"
+        self.last, self.quiet = now, 0
+        return True
+
+
 def setup_logging(verbose: int = 0) -> None:
     """0: msmon's INFO lines (lifecycle) and every library's warnings; 1 (-v): every library's INFO too,
-    with the HTTP access log; 2 (-vv): DEBUG."""
+    with the HTTP access log; 2 (-vv): DEBUG. A malformed request is one line a minute at most (`BadRequests`)."""
     logging.basicConfig(level=logging.DEBUG if verbose >= 2 else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for name in _CHATTY:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, BadRequests) for f in server_log.filters):
+        server_log.addFilter(BadRequests())
 
 
-def serve(config_path: str | None, host: str | None = None, port: int | None = None, *, verbose: int = 0,
+def serve(config: str | BotConfig | None, host: str | None = None, port: int | None = None, *, verbose: int = 0,
           allow_no_tokens: bool = False) -> int:
+    """`config`: a bot.yaml path, or the config already read (`msmon serve` reads it before importing the server)."""
     setup_logging(verbose)
-    try:
-        cfg = load_bot_config(config_path)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    if isinstance(config, BotConfig):
+        cfg = config
+    else:
+        try:
+            cfg = load_bot_config(config)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     if host is not None:
         cfg.host = host
     if port is not None:

@@ -24,9 +24,22 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The config is read and checked first (bot.config: the settings only, a fraction of a second), then the server
+    is imported (aiohttp, the store, the chat platforms: about a second of CPU): a bad bot.yaml is answered at once."""
+    try:
+        from bot.config import load_bot_config
+        from msmon.config.errors import ConfigError
+    except ImportError as exc:
+        print(f"msmon serve needs the bot's dependencies: pip install 'msmon[bot]' ({exc})", file=sys.stderr)
+        return USAGE
+    try:
+        cfg = load_bot_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return USAGE
     try:
         from bot.server import serve  # the [bot] extra: only when serving
     except ImportError as exc:
         print(f"msmon serve needs the bot's dependencies: pip install 'msmon[bot]' ({exc})", file=sys.stderr)
         return USAGE
-    return serve(args.config, args.host, args.port, verbose=args.verbose, allow_no_tokens=args.allow_no_tokens)
+    return serve(cfg, args.host, args.port, verbose=args.verbose, allow_no_tokens=args.allow_no_tokens)

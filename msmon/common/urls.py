@@ -1,7 +1,9 @@
-"""The bot's base URL, checked once for config and transport alike (standard library only)."""
+"""The bot's base URL, checked once for config and transport alike, and the URLs the bot posts to (a chat robot's
+webhook): https only, or http to this machine (standard library only)."""
 
 from __future__ import annotations
 
+import ipaddress
 import reprlib
 from urllib.parse import urlsplit
 
@@ -28,6 +30,32 @@ def url_problem(url: str) -> str | None:
         return f"has an invalid port ({exc})"
     if not parts.hostname:
         return f"has no host: {_REPR.repr(redacted(url))}"
+    return None
+
+
+def loopback(host: str) -> bool:
+    """The host is this machine: localhost, 127.0.0.0/8 or ::1."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def webhook_problem(url: str) -> str | None:
+    """What is wrong with a URL the bot POSTs alerts to (a chat robot's webhook, which holds its secret), or None:
+    an https URL, or http to this machine only (a local test server); never file://, plain http elsewhere, or
+    something that is not a URL. The URL is never echoed: it is a secret."""
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in ("http", "https"):
+        return f"is not an https:// URL ({f'it starts with {scheme[:20]}://' if scheme else 'it has no scheme'})"
+    problem = url_problem(url)
+    if problem is not None:
+        return problem.split(": ", 1)[0] if ":" in problem else problem  # without the URL itself
+    host = urlsplit(url).hostname or ""
+    if scheme == "http" and not loopback(host):
+        return "is http://, which sends the robot's token in the clear; use https:// (http only to this machine)"
     return None
 
 

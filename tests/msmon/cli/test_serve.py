@@ -88,3 +88,56 @@ def test_cmd_with_an_unknown_token_is_told_what_to_add_and_a_known_one_gets_help
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def test_a_bad_config_is_answered_before_the_server_is_imported(tmp_path: Path) -> None:
+    """`msmon serve --config BAD` reads and checks the config first: the server (aiohttp, the store, the chat
+    platforms, about a second of CPU) is never imported for a config that cannot run."""
+    bad = tmp_path / "bot.yaml"
+    bad.write_text("bot:\n  port: many\n")
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "msmon.cli.main", "serve", "--config", str(bad)],
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2
+    assert "bot.port: expected an integer, got 'many'" in p.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+    assert "bot.config" in imported and not {"bot.server", "bot.app", "aiohttp"} & imported
+
+
+@pytest.mark.parametrize(("env", "value", "says"), [
+    ("FEISHU_WEBHOOK_URL", "no url here", "it has no scheme"),
+    ("DINGTALK_WEBHOOK_URL", "file:///etc/passwd", "it starts with file://"),
+    ("WECOM_WEBHOOK_URL", "http://example.com/cgi-bin/webhook/send?key=secret-key", "http only to this machine"),
+])
+def test_a_robot_webhook_that_is_not_an_https_url_is_a_config_error_naming_the_key(tmp_path: Path, env: str,
+                                                                                   value: str, says: str) -> None:
+    cfg = tmp_path / "bot.yaml"
+    cfg.write_text("bot:\n  port: 0\n  state_path: " + str(tmp_path / "bot.sqlite") + "\n")
+    p = subprocess.run([sys.executable, "-m", "msmon.cli.main", "serve", "--config", str(cfg), "--allow-no-tokens"],
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), env: value}, capture_output=True,
+                       text=True, timeout=60)
+    section = env.split("_", 1)[0].lower()
+    assert p.returncode == 2 and f"bot.{section}.webhook_env: the environment variable {env}" in p.stderr, p.stderr
+    assert says in p.stderr and "secret-key" not in p.stderr and "passwd" not in p.stderr  # the URL is a secret
+
+
+def test_over_long_request_lines_are_one_quiet_line_not_a_traceback_each(tmp_path: Path) -> None:
+    """Any client, no token needed, could fill the log with aiohttp's traceback per malformed request."""
+    env = {**os.environ, "T_JOB": "job-token-1234567890", "PYTHONPATH": str(ROOT)}
+    proc, url = _start(tmp_path, env)
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    try:
+        import socket
+
+        for _ in range(20):
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert s.recv(64).startswith(b"HTTP/1.0 400 Bad Request")
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as r:  # still serving
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err and "aaaaaaaaaa" not in err, err[-3000:]
+    said = [line for line in err.splitlines() if "malformed HTTP request" in line]
+    assert len(said) == 1 and "LineTooLong" in said[0] and "answered 400" in said[0], err[-3000:]
