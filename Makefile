@@ -34,6 +34,30 @@ $(MS27_STAMP): pyproject.toml
 	rm -f $(MS27)/.installed-*
 	touch $@
 
+# MindFormers' own Trainer in the tests (tests/mindformers, run from the suite as subprocesses in these venvs): one
+# venv per release, msmon in it with `-e .` and no extra, under constraints that keep the MindSpore, numpy and
+# pyarrow MindFormers runs on. 2.1.0 goes in --no-deps: it declares mindspore~=2.11 and hyper-parallel, neither on
+# PyPI; its other dependencies are in its requirements file.
+MF      := tests/mindformers
+MF21    := .venv-mf21/.installed-$(HASH)
+MF19    := .venv-mf19/.installed-$(HASH)
+$(MF21): pyproject.toml $(MF)/requirements-mf21.txt $(MF)/constraints-mf21.txt
+	$(PYTHON) -m venv .venv-mf21
+	.venv-mf21/bin/python -m pip install -q --upgrade pip
+	.venv-mf21/bin/python -m pip install -q -r $(MF)/requirements-mf21.txt -c $(MF)/constraints-mf21.txt
+	.venv-mf21/bin/python -m pip install -q --no-deps mindformers==2.1.0
+	.venv-mf21/bin/python -m pip install -q -e . -c $(MF)/constraints-mf21.txt
+	rm -f .venv-mf21/.installed-*
+	touch $@
+
+$(MF19): pyproject.toml $(MF)/requirements-mf19.txt $(MF)/constraints-mf19.txt
+	$(PYTHON) -m venv .venv-mf19
+	.venv-mf19/bin/python -m pip install -q --upgrade pip
+	.venv-mf19/bin/python -m pip install -q -r $(MF)/requirements-mf19.txt -c $(MF)/constraints-mf19.txt
+	.venv-mf19/bin/python -m pip install -q -e . -c $(MF)/constraints-mf19.txt
+	rm -f .venv-mf19/.installed-*
+	touch $@
+
 $(DEMO): pyproject.toml
 	$(call install,bot$(comma)mindspore,.demo)
 
@@ -55,7 +79,7 @@ typecheck: $(STAMP)
 # The suite on every core (pytest-xdist; each module on one worker, so a module's fixture such as Synapse starts
 # once: --dist loadscope, as loadgroup does not group under pytest 9.2), then the timing tests alone in a process
 # of their own on an otherwise idle machine
-unit: $(STAMP) $(MS27_STAMP)
+unit: $(STAMP) $(MS27_STAMP) $(MF21) $(MF19)
 	$(BIN)/pytest -q -m "not timing" -n auto --dist loadscope
 	$(MS27)/bin/pytest -q -m "mindspore and not timing" -n auto --dist loadscope $(MS27_TESTS)
 	$(BIN)/pytest -q -m timing
@@ -71,4 +95,4 @@ lock:
 	tools/lock.sh
 
 clean:
-	rm -rf $(VENV) $(MS27) demo-out tb_logs msmon_logs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(MS27) .venv-mf21 .venv-mf19 demo-out tb_logs msmon_logs .pytest_cache .mypy_cache .ruff_cache

@@ -107,17 +107,28 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
     else:
         name = os.fspath(source)
         data = load_yaml(name)
-    section = _locate(data, name)
-    top = None if section is data else data  # a standalone section has no top level of its own
+    entry = mindformers.callback_entry(data)
     ctx = Context()
-    ours, theirs = mindformers.split(section, ctx)
+    theirs_section: Mapping[str, Any] | None = None
+    section: Mapping[str, Any]
+    if entry is not None:
+        # a MindFormers training YAML with msmon in its callbacks list: msmon's keys are that entry's
+        top = data
+        theirs_section = _locate(data, name) if SECTION in data else None
+        section, theirs, prefix = mindformers.split_entry(entry[1], entry[0], theirs_section, ctx)
+    else:
+        section = _locate(data, name)
+        top = None if section is data else data  # a standalone section has no top level of its own
+        ours, theirs = mindformers.split(section, ctx, refuse_msmon=mindformers.checked_by_mindformers(top))
+        prefix = SECTION
     mf = mindformers.read(top, theirs, ctx)
-    cfg = build(MonitorConfig, ours, SECTION, ctx)
-    cfg.given = frozenset(map(str, section))
+    cfg = build(MonitorConfig, ours if entry is None else section, prefix, ctx)
+    cfg.given = frozenset(map(str, section)) | frozenset(map(str, theirs))
     if not ctx.issues:
         _apply_legacy_thresholds(cfg, section, ctx)
     if not ctx.issues:
-        cfg.mindformers = mindformers.apply(cfg, mf, section, top)
+        cfg.mindformers = mindformers.apply(cfg, mf, section, top, theirs_section,
+                                            entry[1] if entry is not None else None)
     if not ctx.issues:
         for i, phase in enumerate(cfg.alert.phases):
             for rule, override in phase.rules.items():

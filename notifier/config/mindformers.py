@@ -4,7 +4,11 @@ A MindFormers training YAML carries `monitor_config` with MindFormers' keys (`mi
 template.py` MonitorConfig, read by `TrainingStateMonitor` in `mindformers/core/callback/callback.py`), switches
 beside it at the top level (`check_for_nan_in_loss_and_grad`, `use_skip_data_by_global_norm`,
 `use_checkpoint_health_monitor`), a `tensorboard:` section, and, for the PyNative trainer, a `monitor:` section.
-msmon's own keys may sit in the same `monitor_config`. This module
+msmon's own settings go in the `MsmonCallback` entry of the YAML's `callbacks:` list (MindFormers builds it through
+its registry and hands it the entry's keys; docs/user-guide/mindformers.md): MindFormers' config template (1.6 on)
+refuses any other key in `monitor_config` of a training run ("The config 'monitor_config' gets an unexpected key"), and
+so does msmon. A file without that entry and without MindFormers' run_mode (a standalone msmon file) may still mix
+msmon's keys into its `monitor_config`. This module
 
 - splits a section into msmon's keys and MindFormers' (`split`), so a typo gets "did you mean" against both;
 - validates MindFormers' keys with the types and ranges MindFormers itself enforces (`read`);
@@ -31,6 +35,13 @@ from .model import MonitorConfig, Taken
 
 SECTION = "monitor_config"
 PYNATIVE = "monitor"  # the PyNative trainer's section (docs: feature/monitor.md, r2.0)
+CALLBACK = "MsmonCallback"  # the `type` of msmon's entry in a training YAML's callbacks list
+# Keys of that entry that are the callback's own arguments (or MindFormers' registry's), not monitor settings
+CALLBACK_OPTIONS = ("type", "auto_register", "run_id", "checkpoint_dir", "seq_length", "pause_timeout", "resume_from",
+                    "device")
+# The run modes in which MindFormers' config template checks monitor_config's keys (ConfigTemplate.train_configs)
+_CHECKED_RUN_MODES = ("train", "finetune", "predict_with_train_model")
+_SHARED = ("monitor_on", "step_interval")  # keys both vocabularies have
 _OUTPUTS = ("log", "tensorboard")
 
 
@@ -193,20 +204,88 @@ def _subset(mapping: Mapping[str, Any], keys: Iterable[str]) -> LineDict:
     return out
 
 
-def split(section: Mapping[str, Any], ctx: Context) -> tuple[LineDict, LineDict]:
+def checked_by_mindformers(top: Mapping[str, Any] | None) -> bool:
+    """Whether MindFormers' config template checks this file's monitor_config keys: a training YAML whose run_mode
+    is one of the training modes (MindFormerConfig(path) applies the template; other modes ignore the section)."""
+    return isinstance(top, Mapping) and top.get("run_mode") in _CHECKED_RUN_MODES
+
+
+def _refused(key: str) -> str:
+    return (f"MindFormers refuses this file (KeyError: The config 'monitor_config' gets an unexpected key: {key}); "
+            f"msmon's settings go in the {CALLBACK} entry of callbacks: (docs/user-guide/mindformers.md), e.g. "
+            f"callbacks: [{{type: {CALLBACK}, {key}: ...}}]")
+
+
+def split(section: Mapping[str, Any], ctx: Context, refuse_msmon: bool = False) -> tuple[LineDict, LineDict]:
     """(msmon's keys, MindFormers' keys) of a monitor_config; an unknown key is an issue with a "did you mean"
-    against both vocabularies. monitor_on and step_interval belong to both: msmon builds them."""
+    against both vocabularies. monitor_on and step_interval belong to both: msmon builds them. `refuse_msmon`: the
+    file is a MindFormers training YAML, whose loader refuses msmon's other keys here."""
     msmon = fields_of(MonitorConfig)
     ours, theirs = [], []
     for raw in section:
         key = str(raw)
-        if key in msmon:
+        if key in msmon and refuse_msmon and key not in _SHARED:
+            ctx.error(f"{SECTION}.{key}", _refused(key), section, key)
+        elif key in msmon:
             ours.append(key)
         elif key in MINDFORMERS_KEYS:
             theirs.append(key)
         else:
             ctx.error(f"{SECTION}.{key}", _unknown(key, msmon, MINDFORMERS_KEYS), section, key)
     return _subset(section, ours), _subset(section, theirs)
+
+
+def callback_entry(data: Any) -> tuple[int, Mapping[str, Any]] | None:
+    """(its index, the entry) of the first `type: MsmonCallback` in a training YAML's callbacks list; None when
+    the file has none."""
+    calls = data.get("callbacks") if isinstance(data, Mapping) else None
+    if not isinstance(calls, list):
+        return None
+    for i, item in enumerate(calls):
+        if isinstance(item, Mapping) and item.get("type") == CALLBACK:
+            return i, item
+    return None
+
+
+def split_entry(entry: Mapping[str, Any], index: int, section: Mapping[str, Any] | None,
+                ctx: Context) -> tuple[LineDict, LineDict, str]:
+    """(msmon's keys, MindFormers' keys, the prefix of msmon's keys in messages) of a training YAML with an
+    MsmonCallback entry: msmon's keys are the entry's (besides the callback's own arguments), MindFormers' are
+    monitor_config's, where an msmon key is refused as MindFormers refuses it. monitor_config.step_interval is
+    msmon's sampling interval too unless the entry sets one; monitor_config.monitor_on stays MindFormers' switch of
+    its own TrainingStateMonitor (msmon is on when the entry is there, unless it says monitor_on: false)."""
+    prefix = f"callbacks[{index}]"
+    msmon = fields_of(MonitorConfig)
+    ours = []
+    for raw in entry:
+        key = str(raw)
+        if key in CALLBACK_OPTIONS:
+            continue
+        if key in msmon:
+            ours.append(key)
+        elif key in MINDFORMERS_KEYS:
+            ctx.error(f"{prefix}.{key}", "a MindFormers monitor_config key: MindFormers reads it only in "
+                      "monitor_config, so put it there (msmon takes it from there too)", entry, key)
+        else:
+            hint = closest(key, sorted(msmon) + list(CALLBACK_OPTIONS))
+            keys = f"msmon's monitor settings ({', '.join(sorted(msmon))}) and {', '.join(CALLBACK_OPTIONS[2:])}"
+            ctx.error(f"{prefix}.{key}", f"unknown key of the {CALLBACK} entry; "
+                      + (f"did you mean {hint}?" if hint else f"it takes {keys}"), entry, key)
+    mine = _subset(entry, ours)
+    theirs: list[str] = []
+    if isinstance(section, Mapping):
+        for raw in section:
+            key = str(raw)
+            if key in MINDFORMERS_KEYS:
+                theirs.append(key)
+            elif key in _SHARED:
+                if key == "step_interval" and key not in mine:
+                    mine[key] = section[key]
+            elif key in msmon:
+                ctx.error(f"{SECTION}.{key}", _refused(key), section, key)
+            else:
+                ctx.error(f"{SECTION}.{key}", _unknown(key, msmon, MINDFORMERS_KEYS), section, key)
+    return mine, _subset(section or {}, theirs), prefix
 
 
 def _unknown(key: str, msmon: Iterable[str], mindformers: Iterable[str]) -> str:
@@ -332,14 +411,41 @@ def _given(section: Mapping[str, Any], *path: str) -> Any:
 
 
 def apply(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any],
-          data: Mapping[str, Any] | None) -> tuple[Taken, ...]:
+          data: Mapping[str, Any] | None, theirs: Mapping[str, Any] | None = None,
+          entry: Mapping[str, Any] | None = None) -> tuple[Taken, ...]:
     """Change `cfg` where MindFormers' keys have an msmon meaning (msmon's own keys win); the record of every
-    MindFormers key. `section` is the raw monitor_config (to know which msmon keys were written)."""
+    MindFormers key. `section` holds msmon's keys as given (to know which were set). With an MsmonCallback `entry`,
+    `theirs` is the file's monitor_config (msmon's keys are the entry's, from `split_entry`)."""
+    if entry is not None:
+        rec = _Record(theirs or {}, data)
+        _entry_switches(cfg, theirs or {}, entry, rec)
+        return _apply(cfg, mf, section, rec, has_section=False)
     if not mf.present:
         return ()
     rec = _Record(section, data)
+    has_section = any(k.startswith(f"{SECTION}.") for k in mf.given) or bool(section)
+    return _apply(cfg, mf, section, rec, has_section)
+
+
+def _entry_switches(cfg: MonitorConfig, theirs: Mapping[str, Any], entry: Mapping[str, Any], rec: _Record) -> None:
+    """With an MsmonCallback entry, monitor_config's monitor_on is MindFormers' own monitor's switch, and its
+    step_interval msmon's sampling interval unless the entry sets one."""
+    if "monitor_on" not in entry:
+        cfg.monitor_on = True
+    if "monitor_on" in theirs:
+        rec.add(f"{SECTION}.monitor_on", theirs["monitor_on"], "MindFormers' switch of its own TrainingStateMonitor; "
+                f"msmon's is the {CALLBACK} entry's monitor_on (monitoring is {'on' if cfg.monitor_on else 'off'})",
+                acted=False)
+    if "step_interval" in theirs:
+        own = "step_interval" in entry
+        rec.add(f"{SECTION}.step_interval", theirs["step_interval"],
+                f"the {CALLBACK} entry's step_interval {cfg.step_interval} wins" if own
+                else f"msmon's sampling interval too: a sample every {cfg.step_interval} step(s)")
+
+
+def _apply(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any], rec: _Record,
+           has_section: bool) -> tuple[Taken, ...]:
     m, given = mf.monitor, mf.given
-    has_section = any(k.startswith(f"{SECTION}.") for k in given) or bool(section)
     if has_section:
         rec.add(f"{SECTION}.monitor_on", cfg.monitor_on, "msmon's key too, same meaning: monitoring is "
                 + ("on" if cfg.monitor_on else "off"))

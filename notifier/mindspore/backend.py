@@ -25,7 +25,7 @@ from mindspore import ops
 from msmon.common.safenames import inside
 
 from ..control import ActionError
-from .lr import LrHandle, global_step, lr_handles
+from .lr import LrHandle, global_step, live_settings, lr_handles, share_lr
 from .reads import uncounted
 
 
@@ -42,11 +42,14 @@ class MindSporeBackend:
         # the monitor's state next to it)
         self.dataset: Any = None  # the training dataset, whose iterator seek_data resets
         self._shift = 0  # data position - MindSpore's step counter (moved by each seek)
+        self.wrap_lr = False  # bind wraps a bare LR schedule as ScalableLR (MindFormers: schedules come from YAML)
+        self.lr_note: str | None = None  # what bind did to the LR (lr.share_lr), for the start-up log
 
     def bind(self, train_network: Any, optimizer: Any, dataset: Any = None) -> None:
         """What save_checkpoint saves, whose LR scale_lr scales, and (optional) whose data a rewind moves."""
         self.train_network, self.optimizer = train_network, optimizer
         self.dataset = dataset
+        self.lr_note = share_lr(train_network, optimizer, self.wrap_lr)  # the LR reported is the LR used
         self._handles = None
         self._shift = 0
 
@@ -80,9 +83,10 @@ class MindSporeBackend:
             raise ActionError(f"the checkpoint {path} does not load ({type(exc).__name__}: {exc}); nothing was "
                               "changed") from exc
         out: dict[str, Any] = {}
+        live = live_settings(net)
         for p in net.get_parameters():
-            if p.name.startswith("msmon_"):
-                continue  # msmon's live settings stay as they are
+            if p.name.startswith("msmon_") or id(p) in live:
+                continue  # msmon's live settings stay as they are (ScalableLR's scale under whatever name)
             v = saved.get(p.name)
             if v is None:
                 raise ActionError(f"the checkpoint {path} has no {p.name}: it is not this network's; nothing was "

@@ -89,3 +89,35 @@ def lr_handles(optimizer: Any) -> list[LrHandle]:
 def global_step(optimizer: Any, read: Any = uncounted) -> int:
     """The optimizer's step counter: the number of updates done so far (a device-to-host read)."""
     return int(read(optimizer.global_step).reshape(-1)[0])
+
+
+def live_settings(network: Any) -> set[int]:
+    """The ids of the parameters in `network` that hold msmon's live LR setting: every ScalableLR's scale, whatever
+    name the network gave it (a schedule wrapped before the optimizer was built has its scale named by its path, e.g.
+    MindFormers' `optimizer.learning_rate.scale`). A rewind leaves them as they are (docs/rewind.md, step 4)."""
+    if network is None or not hasattr(network, "cells_and_names"):
+        return set()
+    return {id(cell.scale) for _, cell in network.cells_and_names() if isinstance(cell, ScalableLR)}
+
+
+def share_lr(train_network: Any, optimizer: Any, scalable: bool = False) -> str | None:
+    """Make the LR a train cell reports the optimizer's real one; what was done, None for nothing.
+
+    MindFormers' MFTrainOneStepCell reports the LR from `self.learning_rate = deepcopy(optimizer.learning_rate)`: a
+    change to the optimizer's schedule (scale-lr, a fault) changes the real LR but not the one reported in its log
+    line, its TensorBoard and the 5-tuple msmon reads. The train cell is given the optimizer's own schedule (one
+    object: the LR reported is the LR used). With `scalable`, a bare schedule is first wrapped as ScalableLR, so
+    scale-lr works on a schedule the user cannot wrap (one built from a YAML's lr_schedule). Call it before the first
+    step compiles the graph (a callback's on_train_begin)."""
+    if optimizer is None or train_network is None or getattr(train_network, "use_grouped_lr", False):
+        return None
+    done = []
+    lr = optimizer.learning_rate
+    if scalable and isinstance(lr, nn.learning_rate_schedule.LearningRateSchedule) and not isinstance(lr, ScalableLR):
+        optimizer.learning_rate = lr = ScalableLR(lr)
+        done.append(f"the optimizer's {type(lr.schedule).__name__} wrapped as ScalableLR (scale-lr can change it)")
+    copy = getattr(train_network, "learning_rate", None) if train_network is not optimizer else None
+    if copy is not None and copy is not lr and isinstance(copy, nn.Cell) and isinstance(lr, nn.Cell):
+        train_network.learning_rate = lr
+        done.append(f"{type(train_network).__name__} reports the optimizer's LR instead of its own copy")
+    return "; ".join(done) or None
