@@ -106,7 +106,7 @@ def parse_all(out: Any, read: Callable[[Any], Any] = uncounted) -> Outputs:
 
 def parse_outputs(out: Any, read: Callable[[Any], Any] = uncounted) -> Metrics:
     """(loss, lr, grad_norm) from a train cell's outputs: msmon's `(loss, overflow, scaling_sens, lr,
-    global_norm, metrics)` (one read: the packed `metrics`); MindFormers' 5-tuple (three reads); a loss
+    global_norm, metrics)` (one read: the packed `metrics`); MindFormers' 5-tuple (five reads); a loss
     tensor; or any other tuple whose first item is the loss. `read` copies a tensor to the host."""
     return parse_all(out, read).metrics
 
