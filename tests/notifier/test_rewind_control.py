@@ -291,3 +291,19 @@ def test_a_commands_follow_up_names_the_command_for_the_bot(tmp_path):
     job.train(25)
     follow = [r for r in job.results if "steps after the rewind" in r.detail]
     assert follow and follow[0].params["follow_up"] == "c7" and follow[0].command_id is None
+
+
+def test_the_follow_up_of_a_rewind_far_past_its_checkpoint_still_compares_with_the_pre_fault_curve(tmp_path):
+    """issue 36: a rewind ~126 steps after its checkpoint said "not enough samples": the monitor keeps the last 120
+    samples, none of them at or before the checkpoint any more. The curve is the one recorded with the checkpoint."""
+    job = Job(tmp_path, rewind={"report_after": 40})
+    job.train(200)
+    job.train(126)
+    job.ctl.request("rewind", "command c1 from @ops", to=200)
+    job.train(1)
+    done = [r for r in job.results if r.action == "rewind" and r.ok]
+    assert done and "to the checkpoint of step 200" in done[0].detail, job.results
+    job.train(45)
+    follow = [r for r in job.results if r.action == "rewind" and "steps after the rewind" in r.detail]
+    assert follow and "not enough samples" not in follow[0].detail, follow
+    assert "against the pre-fault" in follow[0].detail and "over steps 181-200" in follow[0].detail, follow

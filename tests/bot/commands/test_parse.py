@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bot.commands.parse import (
     COMMANDS,
@@ -272,3 +274,36 @@ def test_rewind_and_clip_grad(text: str, expected: Parsed) -> None:
 def test_rewind_and_clip_grad_errors(text: str, message: str) -> None:
     with pytest.raises(CommandError, match=re.escape(message)):
         parse(text)
+
+
+_ARG = (st.sampled_from(["to", "skip", "before", "before-alert", "off", "none", "0", "-5", "1e-50", "1e-38", "1e-40",
+                         "1e12", "1e13", "1000000000000", "2147483647", "2147483648", "300", "1,000", "1_0", "nan",
+                         "inf", "-0", "abc", "x2", "٣", "1.5", "+3"])
+        | st.text(max_size=10))
+
+
+@settings(max_examples=600, deadline=None)
+@given(verb=st.sampled_from(sorted(VERB_ACTION)), args=st.lists(_ARG, max_size=5))
+def test_any_job_command_text_parses_to_params_every_rank_takes_or_is_refused(verb, args):
+    """issue 36: whatever follows a job verb, the parser refuses it (CommandError, the user's answer) or gives
+    parameters the action table takes (check_params: what each rank checks again)."""
+    from msmon.contract.actions import check_params
+
+    try:
+        p = parse(" ".join([verb, "run-1", *args]))
+    except CommandError as exc:
+        assert str(exc) and exc.verb == verb
+        return
+    action = VERB_ACTION[p.verb]
+    params = {x.name: getattr(p, x.name) for x in ACTIONS[action].params if getattr(p, x.name, None) is not None}
+    assert check_params(action, params) == params
+    assert parse(p.text()) == p
+
+
+def test_clip_grad_and_rewind_refuse_what_no_rank_could_honour():
+    for text, why in (("clip-grad r 1e-50", "positive normal float32"), ("clip-grad r 1e-40", "positive normal"),
+                      ("rewind r skip 1000000000000", "skip must be a whole number of batches in [0, 2,147,483,647]"),
+                      ("clip-grad r -1", "max_norm must be"), ("clip-grad r abc", "not a number")):
+        with pytest.raises(CommandError, match=re.escape(why)):
+            parse(text)
+    assert parse("clip-grad r 1.2e-38").max_norm == 1.2e-38 and parse("rewind r skip 2147483647").skip == 2**31 - 1
