@@ -42,7 +42,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "time_ms": ("train_time_ms_cumulative",),
     "device": ("device", "rank"),
     # a data-parallel rank's own values (msmon's local_grad_norm; MindFormers' TrainingStateMonitor tags)
-    "local_loss": ("local_loss", "device_accum_local_loss"),
+    "local_loss": ("local_loss", "device_accum_local_lm_loss", "device_accum_local_loss"),
     "local_grad_norm": ("local_grad_norm", _TB["local_grad_norm"], "device_local_norm"),
     # fp16 dynamic loss scaling: the step was skipped (MindFormers' "overflow cond"), and the scale
     "overflow": ("overflow", _TB["overflow"], "overflow_cond", "overflow cond", "is_overflow"),

@@ -9,6 +9,8 @@ import logging
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from msmon.cli.main import main
 from msmon.contract.wire import Status
@@ -31,10 +33,10 @@ def cfg(tmp_path):
     return data.monitor_yaml(tmp_path / "monitor.yaml", "  per_device_metrics: true\n")
 
 
-def printed(s):
+def printed(s, version=mfl.NEWEST):
     """The values of one step as the log holds them (the precision of each format)."""
-    return (s["step"], float(f"{s['loss']:.3f}"), float(f"{s['lr']:.7g}"), float(f"{s['grad_norm']:.6f}"),
-            float(f"{s['throughput']:.5f}"), math.floor(s["time"] * 1000) / 1000)
+    p = mfl.printed(s, version)
+    return (p["step"], p["loss"], p["lr"], p["grad_norm"], p["throughput"], p["time"])
 
 
 def as_read(r):
@@ -64,27 +66,30 @@ def test_sink_mode_steps_jump_by_the_sink_size_and_a_missing_lr_is_missing(tmp_p
     assert "loss: " in lines[0] and "lr:" not in lines[0]
     rows = list(read_log(mfl.write(tmp_path / "train.log", lines)))
     assert [r.step for r in rows] == [s["step"] for s in sunk] == list(range(4, 801, 4))
-    assert all(r.lr is None for r in rows) and rows[0].loss == float(f"{sunk[0]['loss']:.3f}")
+    assert all(r.lr is None for r in rows) and rows[0].loss == float(f"{sunk[0]['loss']:.6f}")  # %5.6f (1.7 on)
     assert rows[0].device is None  # a log named nothing MindFormers names says no rank
 
 
 def test_separate_losses_do_not_shadow_the_loss():
-    msg = ("{ Epoch:[%3d/%3d], step:[%5d/%5d], " + mfl.SINK_LOSS + "lm_loss: %5.3f, aux_loss: %5.3f, "
-           "per_step_time: %dms, lr: %s, overflow cond: %s, loss_scale: %s, global_norm: %s") % (
-        1, 1, 7, 100, 2.5, 2.25, 0.125, 640, "1e-05", False, 1.0, "[0.75]")
-    (rec,) = mindformers.records([mfl.prefixed(msg, 1_700_000_000.5)])
+    s = {"step": 7, "loss": 2.5, "lr": 1e-05, "grad_norm": 0.75, "throughput": 3.0, "time": 1_700_000_000.5}
+    msg = mfl.step_line(s, steps_per_epoch=100, epochs=1, sink=True, mean=2.5, separate=4)
+    assert "lm_loss: 2.250000, load_balancing_loss: 2.250000, mtp_loss: 2.250000, indexer_loss: 2.250000, " in msg
+    (rec,) = mindformers.records([mfl.prefixed(msg, s["time"])])
     assert (rec.step, rec.loss, rec.lr, rec.grad_norm, rec.time) == (7, 2.5, 1e-05, 0.75, 1_700_000_000.5)
 
 
 @pytest.mark.parametrize(("printed_norm", "value"), [
     ("[0.75]", 0.75), ("0.75", 0.75), ("Tensor(shape=[], dtype=Float32, value= 0.75)", 0.75),
-    ("Tensor(shape=[1], dtype=Float32, value= [ 7.50000000e-01])", 0.75), ("[nan]", math.nan),
-    ("[0.75 0.5]", None), ("[]", None), ("[7,5]", None),
+    ("Tensor(shape=[1], dtype=Float32, value= [ 7.50000000e-01])", 0.75), ("[nan]", math.nan), ("[5e-05]", 5e-05),
+    ("[0.75 0.5]", None), ("[]", None), ("[7,5]", None), ("[75]", None), ("[0.75", None), ("None", None),
 ])
 def test_global_norm_as_each_kind_of_value_prints_it(printed_norm, value):
-    msg = mfl.CURRENT % (1, 1, 3, 10, mfl.SINK_LOSS % 2.0, 640, "1e-05", False, 1.0, printed_norm, "")
+    """`[75]`: NumPy prints a float with a dot or an exponent, so this one lost its dot; `[0.75`: cut."""
+    msg = (mfl.HEAD % (1, 1, 3, 10) + mfl.SINK_LOSS % "2.000000" + mfl.TAIL % (640, "1e-05", False, "1.0")
+           + mfl.NORM % printed_norm)
     (rec,) = mindformers.records([msg])
     assert rec.grad_norm == value or (math.isnan(value or 0.0) and math.isnan(rec.grad_norm))
+    assert (rec.loss, rec.lr, rec.loss_scale) == (2.0, 1e-05, 1.0)
 
 
 def test_old_generation_in_rotated_info_logs_with_epoch_end_lines(tmp_path, steps):
@@ -120,27 +125,30 @@ def test_the_2022_generation_counts_epochs_from_0_and_says_its_lr_in_words(tmp_p
 
 def test_damaged_lines_keep_what_can_be_read_and_say_what_is_missing(tmp_path, steps, caplog):
     lines = mfl.current_lines(steps[:10], steps_per_epoch=100, epochs=1)  # line 2k: step k+1, 2k+1: its progress
+    p = [mfl.printed(s) for s in steps[:10]]
+    loss = f"{steps[1]['loss']:5.6f}"
     lines[0] = lines[0].replace("global_norm: ", "global_norm ")  # a lost colon: still read
-    lines[2] = lines[2].replace(f"loss:[{steps[1]['loss']:5.3f}", f"loss:[{steps[1]['loss']:5.3f}".replace(".", ""))
-    lines[4] = lines[4].replace(f"global_norm: [{steps[2]['grad_norm']:.6f}]", "global_norm: [1 31049]")
+    lines[2] = lines[2].replace(f"loss:[{loss}", f"loss:[{loss}".replace(".", ""))
+    lines[4] = lines[4].replace(f"global_norm: {mfl.shown(steps[2]['grad_norm'], (1,))}", "global_norm: [1 31049]")
     lines[6] = lines[6].split("step:[")[0] + "step:[    4/"  # cut off after the step's start: skipped
     lines[9] = lines[9].replace(f"{steps[4]['throughput']:.5f}", "1.5x400")
-    lines[10] = lines[10].split(", per_step_time")[0]  # cut off after the loss
+    lines[10] = lines[10].split(", per_step_time")[0]  # cut off after the loss, which may itself be cut
     log = mfl.write(tmp_path / "worker_0.log", lines)
     with caplog.at_level(logging.WARNING, logger="msmon.offline.readers"):
         rows = {r.step: r for r in read_log(log)}
     assert sorted(rows) == [1, 2, 3, 5, 6, 7, 8, 9, 10]  # step 4 has no readable step: skipped, never guessed
-    assert rows[1].grad_norm == float(f"{steps[0]['grad_norm']:.6f}")
-    assert rows[2].loss is None and rows[2].lr == float(f"{steps[1]['lr']:.7g}") and rows[2].grad_norm is not None
-    assert rows[3].grad_norm is None and rows[3].loss == float(f"{steps[2]['loss']:.3f}")
-    assert rows[5].throughput is None and rows[5].loss is not None
-    assert rows[6].loss == float(f"{steps[5]['loss']:.3f}") and rows[6].lr is None and rows[6].grad_norm is None
+    assert rows[1].grad_norm == p[0]["grad_norm"]
+    assert rows[2].loss is None and rows[2].lr == p[1]["lr"] and rows[2].grad_norm == p[1]["grad_norm"]
+    assert rows[3].grad_norm is None and rows[3].loss == p[2]["loss"]
+    assert rows[5].throughput is None and rows[5].loss == p[4]["loss"]
+    assert rows[6].loss is None and rows[6].lr is None and rows[6].grad_norm is None
+    assert rows[7].loss == p[6]["loss"]
     (note,) = [r.getMessage() for r in caplog.records]
-    loss = f"{steps[1]['loss']:5.3f}".replace(".", "")
-    assert note == (f"{log}: 4 damaged line(s) among 10 MindFormers training lines; what could be read was kept, the "
-                    f"rest is missing, nothing was guessed: line 7: loss '{loss}' is not a number (read as missing); "
-                    "line 9: global_norm '[1 31049]' is not a number (read as missing); line 11: no readable "
-                    "step:[N/M] (skipped); line 14: samples/s/p '1.5x400' is not a number (read as missing)")
+    assert note == (f"{log}: 5 damaged line(s) among 10 MindFormers training lines; what could be read was kept, the "
+                    f"rest is missing, nothing was guessed: line 7: loss '{loss.replace('.', '')}' is not a number "
+                    "(read as missing); line 9: global_norm '[1 31049]' is not a number (read as missing); line 11: "
+                    "no readable step:[N/M] (skipped); line 14: samples/s/p '1.5x400' is not a number (read as "
+                    "missing); and 1 more")
 
 
 def test_replay_prints_the_note_on_stderr(tmp_path, steps, cfg, capsys):
@@ -353,3 +361,164 @@ def test_every_step_overflowing_in_a_mindformers_log_is_an_alert(tmp_path, cfg):
     events = [e for e in run_replay(log, cfg).events
               if e.status is Status.FIRING]
     assert {e.rule for e in events} == {"loss_scale"} and 700 <= events[0].step <= 750
+
+
+# -- every release, 1.0 to 2.1 (issue 38) ----------------------------------------------------------
+
+
+def _fields(r):
+    return {k: getattr(r, k) for k in ("step", "loss", "lr", "grad_norm", "throughput", "time", "overflow",
+                                       "loss_scale", "local_loss", "local_grad_norm")}
+
+
+def _ranked(steps):
+    return [{**s, "overflow": s["step"] % 9 == 0, "loss_scale": 1024.0 * 2 ** (s["step"] % 3),
+             "local_loss": s["loss"] * 1.01, "local_grad_norm": s["grad_norm"] * 2.0} for s in steps]
+
+
+@pytest.mark.parametrize("version", sorted(mfl.VERSIONS))
+@pytest.mark.parametrize("sink", [False, True], ids=["non-sink", "sink"])
+@pytest.mark.parametrize("fmt", [mfl.STDOUT_FORMAT, mfl.FILE_FORMAT], ids=["msrun-stdout", "info.log"])
+def test_each_releases_lines_read_back_as_printed(tmp_path, steps, version, sink, fmt):
+    """The loss with 3 decimals (to 1.6) or 6 (1.7 on, `loss:[6.365074/4.956359]`), the norm in brackets, the
+    separate losses, TrainingStateMonitor's lines (1.6 on, `%.4f` then `%s`), in sink mode every 4th step."""
+    v = mfl.VERSIONS[version]
+    chosen = _ranked(steps[3::4] if sink else steps[:120])
+    lines = mfl.current_lines(chosen, steps_per_epoch=100, epochs=8, sink=sink, fmt=fmt, version=v, state=True,
+                              separate=len(v.separate), between=mfl.NOISE)
+    if v.loss == "%5.6f" and not sink:
+        assert f"loss:[{chosen[0]['loss']:5.6f}/" in lines[0]
+    log = mfl.write(tmp_path / "log" / "rank_0" / "info.log", lines)
+    report = mindformers.Report()
+    with open(log, encoding="utf-8") as f:
+        recs = list(mindformers.records(f, report))
+    assert report.summary(log) is None
+    want = [{"local_loss": None, "local_grad_norm": None, **mfl.printed(s, v)} for s in chosen]
+    assert [_fields(r) for r in recs] == want
+    assert [_fields(r) for r in read_log(log)] == want  # the reader's rows: the same
+
+
+@pytest.mark.parametrize("version", ["1.3", "1.6", "2.1"])
+def test_replay_of_each_releases_log_raises_the_live_runs_alerts(tmp_path, steps, cfg, version):
+    """The live job fed the values at full precision (what its callback reads from the train cell); its log,
+    printed by that release, replayed: the same alerts at the same steps."""
+    mon = Monitor(cfg, "live", clock=lambda: 0.0, sinks=[])
+    events = []
+    for s in steps:
+        events += mon.step(s["step"], loss=s["loss"], lr=s["lr"], grad_norm=s["grad_norm"],
+                           throughput=s["throughput"], time=s["time"], device="0")
+    mon.close()
+    live = firing(events)
+    assert (652, "grad_norm", "ERROR", "0") in live
+    log = mfl.write(tmp_path / "msrun_log" / "worker_0.log",
+                    mfl.current_lines(steps, steps_per_epoch=400, epochs=2, version=version))
+    assert firing(run_replay(log, cfg).events) == live
+
+
+def test_trainingstatemonitors_other_values_are_passed_over(tmp_path, steps):
+    """local_norm/NAME, weight_norm, micro_local_lm_loss and a list-valued tag between the lines: not steps of their
+    own, not a resumed run going back, not MFLossMonitor's line; the record of each step is whole."""
+    chosen = _ranked(steps[:20])
+    lines = []
+    for s in chosen:
+        one = mfl.current_lines([s], steps_per_epoch=100, epochs=1, state=True)
+        others = [mfl.state_line(s, tag, 0.5, steps_per_epoch=100, epochs=1)
+                  for tag in ("local_norm/model.layers.0.attention.wq.weight", "weight_norm", "micro_local_lm_loss",
+                              "device_accum_local_mtp_loss")]
+        others.append(mfl.STATE_S % (1, 1, s["step"], 100, "max_attention_logit/mean", [1.5, 2.25]))
+        lines += one[:2] + [mfl.prefixed(o, s["time"], func="_to_log") for o in others] + one[2:]
+    rows = list(read_log(mfl.write(tmp_path / "worker_0.log", lines)))
+    assert [_fields(r) for r in rows] == [mfl.printed(s) for s in chosen]
+
+
+def test_tensorboard_of_each_kind_reads_the_steps_axis_not_the_samples_twins(tmp_path, steps):
+    """`loss vs samples`, `loss-scale vs samples`, ... are on a samples axis (step x global batch size): never
+    rows; the rank's own values under TrainingStateMonitor's tags of 1.6 on."""
+    chosen = _ranked(steps[:50])
+    mfl.write_tensorboard(tmp_path / "tb", chosen, 0, global_batch_size=3)
+    rows = list(read_log(str(tmp_path / "tb")))
+    assert [r.step for r in rows] == [s["step"] for s in chosen]
+    for r, s in zip(rows, chosen, strict=True):
+        assert (r.loss, r.lr, r.grad_norm, r.loss_scale, r.local_loss, r.local_grad_norm) == pytest.approx(
+            (s["loss"], s["lr"], s["grad_norm"], s["loss_scale"], s["local_loss"], s["local_grad_norm"]), rel=1e-6)
+
+
+# -- generated lines, damaged at random: read exactly, or missing and counted; never a crash or a guess ------
+
+DAMAGE = ("none", "colon", "dot", "cut")
+
+
+@st.composite
+def _log(draw):
+    v = mfl.VERSIONS[draw(st.sampled_from(sorted(mfl.VERSIONS)))]
+    sink = draw(st.booleans())
+    every = draw(st.integers(1, 8)) if sink else 1
+    per_epoch = draw(st.integers(every, 60))
+    n = draw(st.integers(1, 8))
+    f32 = {"width": 32, "allow_subnormal": False}
+    steps = []
+    for i in range(n):
+        steps.append({
+            "step": (i + 1) * every, "time": 1_700_000_000.0 + 0.25 * i,
+            "loss": draw(st.floats(-1e6, 1e9, **f32) | st.sampled_from([math.nan, math.inf])),
+            "lr": draw(st.floats(0.0, 10.0, **f32)),
+            "grad_norm": draw(st.floats(0.0, 2.0**100, **f32) | st.just(math.nan)),
+            "throughput": draw(st.floats(2.0**-7, 1e6, **f32)), "overflow": draw(st.booleans()),
+            "loss_scale": draw(st.sampled_from([1.0, 2.0, 1024.0, 65536.0])),
+            "local_loss": draw(st.none() | st.floats(0.0, 100.0, **f32)),
+            "local_grad_norm": draw(st.none() | st.floats(0.0, 100.0, **f32))})
+    fmt = draw(st.sampled_from([mfl.STDOUT_FORMAT, mfl.FILE_FORMAT, None]))
+    lines = mfl.current_lines(steps, steps_per_epoch=per_epoch, epochs=(n * every) // per_epoch + 1, sink=sink,
+                              fmt=fmt, version=v, state=True, separate=draw(st.integers(0, len(v.separate))))
+    damage = []
+    for i, line in enumerate(lines):
+        kind = draw(st.sampled_from(DAMAGE))
+        if kind == "colon" and ": " in line:
+            at = draw(st.sampled_from([j for j in range(len(line)) if line.startswith(": ", j)]))
+            line = line[:at] + line[at + 1:]
+        elif kind == "dot" and "." in line:
+            at = draw(st.sampled_from([j for j, c in enumerate(line) if c == "."]))
+            line = line[:at] + line[at + 1:]
+        elif kind == "cut" and ("samples/s/p" not in line and "Epoch" in line
+                                and (i == len(lines) - 1 or "per_step_time" in line)):
+            line = line[:draw(st.integers(0, len(line)))]  # a state line only at the end: see the note below
+        else:
+            kind = "none"
+        lines[i] = line
+        damage.append(kind)
+    newline_at_end = damage[-1] != "cut" or ("per_step_time" in lines[-1] and draw(st.booleans()))
+    text = [ln + "\n" for ln in lines[:-1]] + [lines[-1] + ("\n" if newline_at_end else "")]
+    return v, steps, text, damage
+
+
+@given(_log())
+@settings(max_examples=300)
+def test_generated_and_damaged_lines_are_read_exactly_or_missing_and_counted(case):
+    """Any release, sink size, value (NaN, Inf, 1e30, 0), prefix; a colon lost (still read), a dot lost (that value
+    missing), a line cut anywhere (what is left read, the cut value missing). Every value read is the printed one;
+    a value not read is absent from the damaged line or listed in the report; nothing raises.
+
+    Not covered, because nothing in the text can tell: a TrainingStateMonitor line cut mid-value inside a file
+    (`device_local_norm: 2.34` from `2.3456788`; MindFormers 1.8 on prints it with `%s`); at a file's end, with no
+    newline, the cut is seen."""
+    v, steps, text, damage = case
+    report = mindformers.Report()
+    recs = {r.step: r for r in mindformers.records(text, report)}
+    flagged = {n for n, _ in report.skipped} | {n for n, _, _ in report.missing}
+    printed = {s["step"]: mfl.printed(s, v) for s in steps}
+    keys = {"loss": "loss", "lr": "lr", "grad_norm": "global_norm", "loss_scale": "loss_scale",
+            "overflow": "overflow cond", "throughput": "samples/s/p", "local_loss": "device_accum_local_lm_loss",
+            "local_grad_norm": "device_local_norm"}
+    for step, rec in recs.items():
+        assert step in printed, (step, text)
+        near = range(rec.line - 3, rec.line + 5)  # its lines: state lines, MFLossMonitor's, progress, state lines
+        for field, key in keys.items():
+            got, want = getattr(rec, field), printed[step].get(field)
+            if got is not None:
+                assert got == want or (math.isnan(got) and math.isnan(want)), (field, got, want, text)
+                continue
+            own = field.startswith("local") or field == "throughput"  # a line of its own
+            where = "".join(text[max(0, n - 1)] for n in near if n <= len(text)) if own else text[rec.line - 1]
+            assert (want is None or (not rec.printed and not field.startswith("local")) or key not in where
+                    or flagged & set(near)), (field, rec, text)
+    assert len(report.skipped) + len(report.missing) <= 3 * len(text)
