@@ -15,6 +15,7 @@ from msmon.common.urls import webhook_problem
 from msmon.config.errors import ConfigError, Issue, shown
 from msmon.config.validate import Context, build, setting, url_problem
 from msmon.config.yamlio import check_shape, load_yaml, location_of
+from msmon.contract.actions import ACTIONS
 from msmon.contract.wire import project_problem
 
 _f = setting
@@ -78,12 +79,18 @@ class Operator(Secret):
 
 @dataclasses.dataclass
 class Permission:
-    """Who may run the commands that change a job (pause, resume, stop, scale-lr, loosen-threshold,
-    save-checkpoint) on the runs of `project`."""
+    """Who may run the commands that change a job on the runs of `project` (the list: GUARDED_VERBS, below)."""
 
     project: str = _f("*", "project ('*': every project)")
     users: list[str] = _f([], "Slack user IDs (U...) or operator names")
     groups: list[str] = _f([], "group names from commands.groups")
+
+
+# The chat verbs only those in commands.allow may send: every job action that changes the job (the action table's
+# own word, msmon/contract/actions.py), in `help`'s order. The reference page's list is this one.
+GUARDED_VERBS = tuple(a.verb for a in ACTIONS.values() if a.chat and a.destructive)
+Permission.__doc__ = (f"Who may run the commands that change a job ({', '.join(GUARDED_VERBS)}) on the runs of "
+                      "`project`.")
 
 
 @dataclasses.dataclass

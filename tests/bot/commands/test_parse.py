@@ -307,3 +307,14 @@ def test_clip_grad_and_rewind_refuse_what_no_rank_could_honour():
         with pytest.raises(CommandError, match=re.escape(why)):
             parse(text)
     assert parse("clip-grad r 1.2e-38").max_norm == 1.2e-38 and parse("rewind r skip 2147483647").skip == 2**31 - 1
+
+
+def test_the_guarded_verbs_in_bot_yaml_are_every_verb_that_changes_a_job():
+    """issue 36: docs/reference/bot-yaml.md listed commands.allow's verbs without rewind and clip-grad. The page's
+    list is bot.config.GUARDED_VERBS, made from the action table (tests/project/test_config_reference.py checks the
+    page is what the code writes)."""
+    from bot.config import GUARDED_VERBS, Permission
+
+    assert set(GUARDED_VERBS) == {v for v, verb in COMMANDS.items() if verb.destructive}
+    assert {"rewind", "clip-grad", "stop", "pause"} <= set(GUARDED_VERBS) and "status" not in GUARDED_VERBS
+    assert all(v in (Permission.__doc__ or "") for v in GUARDED_VERBS)
