@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+
+from tests.fakes.helpers import patience
 
 CHROMIUM = "/usr/bin/chromium"
 # headless as root, and nothing reaching out to the closed network (its refused connections slow every start)
@@ -16,3 +19,10 @@ def artifacts_dir(tmp_path: Path) -> Path:
     where = Path(os.environ.get("MSMON_ARTIFACTS") or tmp_path / "artifacts")
     where.mkdir(parents=True, exist_ok=True)
     return where
+
+
+def new_page(browser: Any, width: int, height: int) -> Any:
+    """A page whose waits (Playwright's 30 s default) take the suite's patience(), as every other wait does."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.set_default_timeout(30_000 * patience())
+    return page

@@ -38,6 +38,8 @@ from typing import Any, Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from tests.fakes.helpers import patience
+
 UPLOAD = "upload"  # the method name under which POSTs to an upload URL are recorded
 RESPONSE = "response"  # ... and POSTs to a response_url
 CONNECTIONS_OPEN = "apps.connections.open"  # the Socket Mode method; the only one that takes an app-level token
@@ -411,8 +413,8 @@ class SlackAPIServer:
 
     def wait_for(self, predicate: Callable[[SlackAPIServer], bool], timeout: float = 5.0) -> bool:
         """Block until predicate(self) is true (re-checked after every request and Socket Mode ack or
-        connection change); False on timeout."""
-        deadline = time.monotonic() + timeout
+        connection change); False after timeout x patience() seconds."""
+        deadline = time.monotonic() + timeout * patience()
         with self._lock:
             while not predicate(self):
                 left = deadline - time.monotonic()

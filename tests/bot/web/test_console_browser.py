@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.fakes.browser import CHROMIUM, CHROMIUM_ARGS, artifacts_dir
+from tests.fakes.browser import CHROMIUM, CHROMIUM_ARGS, artifacts_dir, new_page
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is absent (apt-get install chromium; tools/test-services.sh does)",
@@ -125,7 +125,7 @@ def test_the_console_shows_a_real_job_live_and_pauses_it(bot, tmp_path, artifact
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page = new_page(browser, 1400, 1000)
                 page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
                 page.on("pageerror", lambda exc: problems.append(str(exc)))
                 page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))

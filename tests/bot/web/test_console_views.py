@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.browser import CHROMIUM, CHROMIUM_ARGS, artifacts_dir
+from tests.fakes.browser import CHROMIUM, CHROMIUM_ARGS, artifacts_dir, new_page
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is absent (apt-get install chromium; tools/test-services.sh does)",
@@ -147,7 +147,7 @@ def test_nan_spike_and_64_ranks_pages_read_right(bot, tmp_path, artifacts):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page = new_page(browser, 1400, 1100)
             problems: list[str] = []
             page.on("pageerror", lambda exc: problems.append(str(exc)))
             login(page, bot)
