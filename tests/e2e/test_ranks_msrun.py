@@ -138,7 +138,9 @@ def test_a_hung_rank_is_the_missing_rank_error(bot, slack, tmp_path):
 def test_a_rank_with_a_slow_data_pipeline_is_named_the_straggler(bot, slack, tmp_path):
     # In lockstep every rank's wall step time is the slowest one's (each waits for it in the all-reduce):
     # what names the slow rank is its own input wait (Sample.data_time), which only it has.
-    job = Job(bot, tmp_path, 3, MSMON_RANKS_SLOW="1:0.03", MSMON_RANKS_STEPS="600", MSMON_RANKS_INTERVAL="5")
+    # Its loader sleeps 0.15 s a batch: longer than a step computes even at load 15-20. At 0.03 s, a loaded machine's
+    # own step took as long, the prefetching pipeline kept up, and rank 1 rightly was no straggler (input wait ~1 ms).
+    job = Job(bot, tmp_path, 3, MSMON_RANKS_SLOW="1:0.15", MSMON_RANKS_STEPS="300", MSMON_RANKS_INTERVAL="5")
     try:
         view = bot.app[STATE].ranks
         assert wait_for(lambda: view.known(RUN) == 3 and all(
