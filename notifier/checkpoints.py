@@ -188,10 +188,8 @@ class Ring:
             if e.step >= since:
                 changed = e.mark(Mark.ALERT, why)
             elif step - e.step < p.confirm_steps:
-                changed = e.mark(Mark.LATE_ALERT, f"{why}, {step - e.step} steps after it: not confirmed healthy "
-                                                  f"(an alert within confirm_steps, {p.confirm_steps}), but older "
-                                                  f"than its suspect_steps ({p.suspect_steps}): a rewind before "
-                                                  "that alert may load it")
+                changed = e.mark(Mark.LATE_ALERT, f"{why}, {step - e.step} steps after it (within confirm_steps "
+                                                  f"{p.confirm_steps}, past suspect_steps {p.suspect_steps})")
             else:
                 changed = False
             if changed:

@@ -136,18 +136,20 @@ def _disagreement(rank: int | None, verdict: int, why: str, refused: list[int]) 
     """The answer of a rewind the ranks did not all agree to: which ranks refused, and this rank's own reason (each
     rank's answer carries its own: the bot's report lists them all)."""
     me = f"rank {rank}" if rank is not None else "this rank"
-    ranks = ", ".join(str(r) for r in refused)
+    others = [r for r in refused if r != rank]
+    names = f"rank{'s' if len(others) > 1 else ''} {', '.join(str(r) for r in others)}"
     if verdict == _REFUSED:
-        head = f"not rewound: {me} refused: {why.removeprefix('not rewound: ')}"
-    elif refused:
-        many = len(refused) > 1
-        head = (f"not rewound: rank{'s' if many else ''} {ranks} refused (see {'their' if many else 'its'} answer); "
-                f"{me} could have loaded " + (f"step {verdict}" if verdict >= 0 else "nothing (moot)"))
+        reason = why.removeprefix("not rewound: ")
+        for tail in ("; nothing was changed", ". Nothing was changed; training goes on"):
+            reason = reason.removesuffix(tail)
+        head = f"not rewound: {me} refused: {reason}" + (f"; {names} refused too" if others else "")
+    elif others:
+        head = (f"not rewound: {names} refused (see {'their' if len(others) > 1 else 'its'} answer); {me} could "
+                "have loaded " + (f"step {verdict}" if verdict >= 0 else "nothing (moot)"))
     else:
         head = ("not rewound: the ranks would not all load the same checkpoint ("
                 + (f"{me}: step {verdict}" if verdict >= 0 else f"{me}: moot, {why}") + ")")
-    tail = f" (ranks refusing: {ranks})" if refused and verdict == _REFUSED else ""
-    return f"{head}{tail}; nothing was changed on any rank, training goes on"
+    return f"{head}; nothing was changed on any rank, training goes on"
 
 
 class Request:
