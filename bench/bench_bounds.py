@@ -141,6 +141,27 @@ def healthz(tmp: str, runs: int, requests: int) -> list[float]:
         bot.stop()
 
 
+def rings(runs: int) -> tuple[float, float]:
+    """Bytes the health checkpoint rings keep: each of `runs` runs sends full rings (RING_DEVICES + 4 devices x
+    MAX_RING checkpoints, every health 256 characters and why 512, all distinct: the worst a job token can send),
+    through Windows.add_plan (what the heartbeat path calls). (bytes a run, bytes in all)."""
+    from bot.store.windows import RING_DEVICES, Windows
+    from msmon.contract.wire import MAX_RING, Heartbeat, RingCheckpoint
+
+    w = Windows(600, 1000)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for r in range(runs):
+        for d in range(RING_DEVICES + 4):
+            ring = [RingCheckpoint(step=s, time=0.0, health=f"h{r}-{d}-{s}".ljust(256, "h"),
+                                   why=f"w{r}-{d}-{s}".ljust(512, "w")) for s in range(MAX_RING)]
+            w.add_plan(Heartbeat(run_id=f"run-{r}", device=str(d), time=0.0, checkpoints=ring))
+            del ring
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return (after - before) / min(runs, len(w.checkpoints)), after - before
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", type=int, default=2000)
@@ -149,6 +170,7 @@ def main() -> None:
     ap.add_argument("--am-alerts", type=int, default=3000)
     ap.add_argument("--am-runs", type=int, default=200)
     ap.add_argument("--firing", type=int, default=20_000)
+    ap.add_argument("--ring-runs", type=int, default=300, help="runs sending full checkpoint rings (kept: 256)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for policy in (False, True):
@@ -158,6 +180,9 @@ def main() -> None:
         took = alertmanager(tmp, a.am_alerts, a.am_runs)
         print(f"Alertmanager webhook of {a.am_alerts:,} alerts x {a.am_runs} runs on one host: {took:.2f} s")
         print(f"memory: {per_run(tmp, 1000) / 1024:.1f} KB per run of one device (1,000 runs through the ingest)")
+        each, total = rings(a.ring_runs)
+        print(f"memory: health checkpoint rings, worst case (full rings, longest texts): {each / 1024:.0f} KB a run, "
+              f"{total / 2**20:.0f} MB for {a.ring_runs} runs")
         b = per_device(tmp, a.devices)
         print(f"memory: {b / 1024:.1f} KB per device (window_samples 600, {a.devices} devices of one run through the "
               f"ingest); bot.max_devices 4096 bounds a run at {b * 4096 / 2**20:.0f} MB")

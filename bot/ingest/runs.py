@@ -27,6 +27,7 @@ import msgspec
 from bot.runs.lifecycle import ENDED_NORMALLY, FAILED, RUN_ENDED, RunPhase, end_input, new_attempt, run_step
 from bot.shared import BotState
 from bot.store.rows import AlertView, RunRow
+from msmon.common.text import CONTROL_LINE, one_line
 from msmon.contract.wire import Envelope, Event, Heartbeat, Severity, Status
 
 log = logging.getLogger("msmon.bot")
@@ -49,6 +50,9 @@ def alias_problem(run_id: str) -> str | None:
     if ALIAS in run_id:
         return (f"run_id {run_id[:80]!r} has {ALIAS!r}, which the bot keeps for its names of a project's run whose id "
                 f"another project uses (<run_id>{ALIAS}<project>): name the run without {ALIAS!r}")
+    if CONTROL_LINE.search(run_id):
+        return (f"run_id {one_line(run_id[:80])!r} has a control character (a newline would write its own line "
+                "into status and logs): name the run with printable characters")
     return None
 
 

@@ -15,25 +15,22 @@ from urllib.parse import quote
 
 from bot.receivers import Message
 from bot.runs.lifecycle import RUN_ENDED
+from msmon.common.text import CONTROL as _CONTROL
+from msmon.common.text import CONTROL_LINE as _CONTROL_LINE
+from msmon.common.text import one_line
 from msmon.contract.wire import Event, Status
 
 ICON = {"ERROR": ":red_circle:", "WARNING": ":large_orange_circle:"}
 
 Escape = Callable[[str], str]
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_CONTROL_LINE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # and newline
 _BROADCAST = re.compile(r"@(?=(?:here|channel|everyone)\b)", re.IGNORECASE)
-
-
-def _visible(m: re.Match[str]) -> str:
-    return f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}"
 
 
 def escape_console(value: str) -> str:
     """A terminal line: control characters (ESC sequences, BEL, CR, NUL, bidi overrides) shown as
     `\\x1b`-style text, so job data can neither clear the screen nor forge another line."""
-    return _CONTROL_LINE.sub(_visible, value)
+    return one_line(value)
 
 
 def escape_slack(value: str) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+from msmon.common.text import CONTROL_LINE, one_line
+
 
 class TooManyDevices(ValueError):
     """A device the run may not add; the message is the whole answer."""
@@ -32,6 +34,9 @@ class DeviceGate:
             self._runs.move_to_end(run_id)
         if device in devices:
             return
+        if CONTROL_LINE.search(device):
+            raise TooManyDevices(f"device {one_line(device[:80])!r} has a control character (a newline would write its "
+                                 "own line into status and logs); name the device with printable characters")
         if len(devices) >= self.limit:
             raise TooManyDevices(f"run {run_id[:80]!r} already reports from {len(devices):,} devices, the most one run "
                                  f"may (bot.max_devices); device {device[:80]!r} is refused. Let fewer ranks report, "

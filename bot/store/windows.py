@@ -9,7 +9,10 @@ from array import array
 from collections import OrderedDict, deque
 from typing import Any
 
+import msgspec
+
 from bot.runs.curve import Curve
+from msmon.common.text import one_line
 from msmon.contract.wire import ActionResult, Heartbeat, RingCheckpoint, Sample
 
 FIELDS = ("loss", "learning_rate", "grad_norm", "samples_per_s", "tokens_per_s", "step_time", "max_step_time",
@@ -17,9 +20,24 @@ FIELDS = ("loss", "learning_rate", "grad_norm", "samples_per_s", "tokens_per_s",
 # fp16 dynamic loss scaling: columns made on a device's first sample that has one (a run without it pays nothing)
 SCALING = ("loss_scale", "skipped_steps")
 RING_DEVICES = 16  # devices of a run whose health checkpoints the bot keeps (status shows one and how many agree)
+RING_RUNS = 256  # runs whose health checkpoints the bot keeps, the least recently heard from forgotten first
+RING_WHY = 120  # characters of a checkpoint's `why` kept (the wire allows 512)
+# the health words a job's checkpoint ring uses (notifier/checkpoints.py's Health); anything else is kept as "unknown"
+HEALTH = frozenset({"pending", "healthy", "doubted", "unhealthy"})
 _NONE = math.nan  # a missing value; NaN that was measured is kept apart by the `missing` bit set
 _BITS = {f: 1 << i for i, f in enumerate(FIELDS + SCALING + ("overflow",))}
 _OVERFLOWED = 1 << len(_BITS)  # the sample's `overflow` is True (its `missing` bit clear)
+
+
+def kept(c: RingCheckpoint) -> RingCheckpoint:
+    """A checkpoint as the bot keeps it: its health one of HEALTH ("unknown" else), its `why` at most RING_WHY
+    characters with control characters shown as text (a newline in it wrote its own line into `status`). So a full
+    ring costs about 340 KB a run (16 devices x 64; 1 MB as sent), 87 MB at most (RING_RUNS runs): bench_bounds.py."""
+    health = c.health if c.health in HEALTH else "unknown"
+    why = one_line(c.why)[:RING_WHY]
+    if health is c.health and why == c.why:
+        return c
+    return msgspec.structs.replace(c, health=health, why=why)
 
 
 class Ring:
@@ -104,11 +122,11 @@ class Windows:
         devices = self.checkpoints.get(hb.run_id)
         if devices is None:
             devices = self.checkpoints[hb.run_id] = OrderedDict()
-            while len(self.checkpoints) > self.max_runs:
+            while len(self.checkpoints) > min(self.max_runs, RING_RUNS):
                 self.checkpoints.popitem(last=False)
         else:
             self.checkpoints.move_to_end(hb.run_id)
-        devices[hb.device] = list(hb.checkpoints or ())
+        devices[hb.device] = [kept(c) for c in hb.checkpoints or ()]
         devices.move_to_end(hb.device)
         while len(devices) > RING_DEVICES:
             devices.popitem(last=False)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import time
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from msmon.contract.wire import Envelope, Heartbeat, Sample, encode
 
 
@@ -193,3 +196,59 @@ def test_runs_past_retention_are_forgotten_unless_something_of_theirs_is_open(tm
     assert {r["run_id"] for r in store.runs()} == {"old-firing", "old-waiting", "fresh"}
     assert store.commands.get("c1") is not None  # the audit log stays
     assert prune_old_runs(state) == []
+
+
+def test_checkpoint_rings_are_bounded_and_their_text_never_writes_a_line_of_its_own(tmp_path, monkeypatch,
+                                                                                    bot_server):
+    """A full ring set cost ~1 MB a run as sent (16 devices x 64 x health 256 + why 512); a `health` with a newline
+    wrote its own line into `status`. Kept: health one of the words (else "unknown"), why 120 characters, control
+    characters shown as text; a run id or device with a control character is refused naming the field."""
+    import json
+
+    from bot.store.windows import RING_WHY
+    from msmon.contract.wire import RingCheckpoint
+
+    monkeypatch.setenv("MSMON_OPERATOR", "operator-token")
+    bot = _bot(bot_server, tmp_path, monkeypatch, commands={
+        "operators": [{"user": "cli:ops", "env": "MSMON_OPERATOR"}], "allow": [{"project": "*", "users": ["cli:ops"]}]})
+    forged = "healthy\n*ring* (device 0): step 999 healthy; `rewind` loads step 999"[:256]
+    ring = [RingCheckpoint(step=s, time=time.time(), health=forged if s == 64 else "unhealthy",
+                           why=("loss_spike\nERROR forged line " + "x" * 512)[:512], attempt=1) for s in range(1, 65)]
+    assert bot.request("POST", "/v1/ingest", _from("0"))[0] == 202
+    for d in range(20):  # more devices than the bot keeps rings of
+        hb = Heartbeat(run_id="run-1", device="0", time=time.time(), step=64, checkpoints=ring)
+        hb = Heartbeat(**{**{f: getattr(hb, f) for f in hb.__struct_fields__}, "device": str(d)})
+        assert bot.request("POST", "/v1/heartbeat", encode(hb))[0] == 202
+    from bot.app import STATE
+
+    kept = bot.app[STATE].windows.checkpoints["run-1"]
+    assert len(kept) == 16 and all(len(r) == 64 for r in kept.values())
+    for r in kept.values():
+        assert {c.health for c in r} == {"unhealthy", "unknown"}
+        assert all(len(c.why) <= RING_WHY and "\n" not in c.why for c in r)
+    code, answer = bot.request("POST", "/v1/commands", json.dumps({"text": "status run-1"}).encode(),
+                               token="operator-token")
+    assert code == 200, answer
+    said = answer["text"] if isinstance(answer, dict) else str(answer)
+    assert not any(line.startswith(("ERROR", "*ring*")) for line in said.splitlines()), said  # no forged line
+    assert "step 64 unknown" in said and "loss_spike\\x0aERROR forged line" in said, said
+    # ids with a control character are refused at the edge, naming the field
+    bad_run = encode(Envelope(run_id="run\n2", device="0", sent_at=time.time(), project="llm"))
+    code, body = bot.request("POST", "/v1/ingest", bad_run)
+    assert code == 422 and "run_id" in body["error"] and "control character" in body["error"]
+    code, body = bot.request("POST", "/v1/ingest", _from("7\x1b[2J"))
+    assert code == 422 and "device" in body["error"] and "control character" in body["error"]
+
+
+@given(st.builds(lambda h, w: (h, w), st.text(max_size=256), st.text(max_size=512)))
+def test_a_kept_checkpoint_is_a_health_word_and_a_bounded_printable_why(text):
+    from bot.store.windows import HEALTH, RING_WHY, kept
+    from msmon.common.text import CONTROL_LINE
+    from msmon.contract.wire import RingCheckpoint
+
+    health, why = text
+    c = kept(RingCheckpoint(step=1, time=0.0, health=health, why=why))
+    assert c.health in HEALTH | {"unknown"} and (c.health == health or health not in HEALTH)
+    assert len(c.why) <= RING_WHY and not CONTROL_LINE.search(c.why)
+    if len(why) <= RING_WHY and not CONTROL_LINE.search(why):
+        assert c.why == why
