@@ -468,3 +468,39 @@ def test_processes_without_a_rank_on_two_hosts_are_not_restarts_of_each_other(tm
                                                                  time=time.time(), loss=2.0)])
             assert bot.request("POST", "/v1/ingest", encode(sent))[0] == 202
     assert run_view(bot, "no-rank")["attempt"] == 1
+
+
+def test_a_real_monitor_whose_loss_is_nan_to_its_end_is_shown_failed_with_its_whole_curve(tmp_path, slack,
+                                                                                          bot_server):
+    """The issue's demo job: a real Monitor (config/monitor.yaml) whose loss went NaN and stayed NaN for longer than
+    the bot's window until the job ended normally (close()): not "ended normally" with its alerts closed, a green
+    badge and empty panels, but failed, its NaN alert firing, the failure said in chat, its curve kept."""
+    from notifier import Monitor
+    from notifier.config import load_config
+
+    bot = bot_server(config(tmp_path, slack))
+    cfg = load_config(str(Path(__file__).parents[3] / "config" / "monitor.yaml"))
+    cfg.bot.url, cfg.bot.token_env, cfg.bot.project = bot.url, "MSMON_TEST_TOKEN", "llm"
+    cfg.bot.spool_dir = str(tmp_path / "spool-nan")
+    cfg.tensorboard.enable = cfg.csv.enable = False
+    mon = Monitor(cfg, "nan-demo", transport=job(bot, "nan-demo", tmp_path))
+    for step in range(1, 1601):
+        mon.step(step, loss=3.0 - step / 1000 if step <= 800 else math.nan, lr=1e-4, grad_norm=1.0)
+    mon.close()  # the job's own end: its final heartbeat
+    assert wait_for(lambda: run_view(bot, "nan-demo")["state"] == "failed", timeout=60), run_view(bot, "nan-demo")
+    view = run_view(bot, "nan-demo")
+    firing = {a["rule"]: a["severity"] for a in view["firing"]}
+    assert firing.pop("run_failed") == "ERROR" and "ERROR" in firing.values(), view["firing"]
+    assert not any(a["status"] == "resolved" and "run ended" in str(a) for a in view["alerts"])
+    assert slack.wait_for(lambda s: any("nan-demo FAILED at step 1,600" in x for x in texts(s)), timeout=20), \
+        texts(slack)
+    said = next(x for x in texts(slack) if "nan-demo FAILED" in x)
+    assert "last finite loss 2.2" in said and "at step 800" in said, said
+    console = Client(bot)
+    assert console.login(os.environ["MSMON_OPERATOR"])[0] == 303
+    shown = json.loads(console("GET", "/console/api/runs/nan-demo")[2])
+    whole = shown["series"]["whole run"]
+    assert any(isinstance(v, float) for v in whole["loss"]) and whole["steps"][0] < 100 < 1500 < whole["steps"][-1]
+    kept = [s for d in shown["series"].values() for s, v in zip(d["steps"], d["loss"], strict=True)
+            if isinstance(v, float) and d is not whole]
+    assert not kept or max(kept) <= 800  # the window itself holds only NaN by then: the whole curve is what shows
