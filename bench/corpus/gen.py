@@ -89,7 +89,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if importlib.util.find_spec("msmon") is None:  # PYTHONPATH may name another tree of msmon (a "before" export)
     sys.path.insert(0, str(ROOT))
 
+import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
+from mindspore import nn, ops  # noqa: E402
+from mindspore.common.initializer import Normal  # noqa: E402
 
 from msmon.offline.backtest.engine import LABEL_COLUMNS, divergence_step  # noqa: E402
 from msmon.offline.readers import Row  # noqa: E402
@@ -295,77 +298,79 @@ class Sampler:
 
 # -- the model and the step (MindSpore) --------------------------------------------------------------------------
 
+class MlpLM(nn.Cell):  # type: ignore[misc]
+    """The LM: two previous tokens' embeddings -> ReLU layer of 4 x width -> logits; per-example cross-entropy."""
+
+    def __init__(self, width: int, init: float) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, width, embedding_table=Normal(init))
+        self.hidden = nn.Dense(2 * width, 4 * width, weight_init=Normal(init), activation="relu")
+        self.head = nn.Dense(4 * width, VOCAB, weight_init=Normal(init))
+        self.ce = nn.CrossEntropyLoss(reduction="none")
+
+    def construct(self, x: Any, y: Any) -> Any:
+        return self.ce(self.head(self.hidden(self.emb(x).reshape(x.shape[0], -1))), y)
+
+
+class MeanLoss(nn.Cell):  # type: ignore[misc]
+    """The optimizer step's loss: the mean over its micro-batches' live examples, x `mult` (the gradient factor of
+    grad_creep; NaN for a poisoned batch)."""
+
+    def __init__(self, net: Any) -> None:
+        super().__init__()
+        self.net = net
+
+    def construct(self, x: Any, y: Any, m: Any, mult: Any) -> Any:
+        return (self.net(x, y) * m).sum() / m.sum() * mult
+
+
+class Step(nn.Cell):  # type: ignore[misc]
+    """One optimizer step over `accum` micro-batches: returns each micro-batch's loss, the global grad norm (before
+    the update) and whether the step overflowed (emulated fp16: the unscaled norm x the scale >= HEADROOM, or not
+    finite); the update is skipped on overflow. `ctl` = (gradient factor, LR, loss scale, 1: scaled)."""
+
+    def __init__(self, net: Any, opt: Any, accum: int) -> None:
+        super().__init__()
+        self.net, self.opt, self.loss, self.accum = net, opt, MeanLoss(net), accum
+        self.weights = opt.parameters
+        self.grad = ops.GradOperation(get_by_list=True)
+
+    def construct(self, x: Any, y: Any, m: Any, ctl: Any) -> Any:
+        mult, lr, scale, scaled = ctl[0], ctl[1], ctl[2], ctl[3]
+        ce = self.net(x, y) * m
+        per = ce.reshape(self.accum, -1).sum(1) / m.reshape(self.accum, -1).sum(1) * mult
+        grads = self.grad(self.loss, self.weights)(x, y, m, mult)
+        norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
+        overflow = ops.logical_and(scaled > 0.5, ops.logical_not(norm * scale < HEADROOM))
+        if not overflow:
+            ops.assign(self.opt.learning_rate, lr)
+            self.opt(grads)
+        return ops.concat((per, norm.reshape(1), overflow.astype(ms.float32).reshape(1)))
+
+
+class PlainStep(nn.Cell):  # type: ignore[misc]
+    """`Step` without loss scaling: the update always applied (no control flow)."""
+
+    def __init__(self, net: Any, opt: Any, accum: int) -> None:
+        super().__init__()
+        self.net, self.opt, self.loss, self.accum = net, opt, MeanLoss(net), accum
+        self.weights = opt.parameters
+        self.grad = ops.GradOperation(get_by_list=True)
+
+    def construct(self, x: Any, y: Any, m: Any, ctl: Any) -> Any:
+        mult, lr = ctl[0], ctl[1]
+        ce = self.net(x, y) * m
+        per = ce.reshape(self.accum, -1).sum(1) / m.reshape(self.accum, -1).sum(1) * mult
+        grads = self.grad(self.loss, self.weights)(x, y, m, mult)
+        norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
+        ops.assign(self.opt.learning_rate, lr)
+        norm = ops.depend(norm, self.opt(grads))
+        return ops.concat((per, norm.reshape(1), ops.zeros(1, ms.float32)))
+
+
 def _build(width: int, optimizer: str, accum: int, scaled: bool) -> tuple[Any, Callable[[], Any]]:
     """The network and a factory of its compiled train step for a fresh optimizer (a resume rebuilds it)."""
-    import mindspore as ms
-    from mindspore import nn, ops
-    from mindspore.common.initializer import Normal
-
-    class MlpLM(nn.Cell):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.emb = nn.Embedding(VOCAB, width, embedding_table=Normal(INIT[optimizer]))
-            self.hidden = nn.Dense(2 * width, 4 * width, weight_init=Normal(INIT[optimizer]), activation="relu")
-            self.head = nn.Dense(4 * width, VOCAB, weight_init=Normal(INIT[optimizer]))
-            self.ce = nn.CrossEntropyLoss(reduction="none")
-
-        def construct(self, x: Any, y: Any) -> Any:
-            return self.ce(self.head(self.hidden(self.emb(x).reshape(x.shape[0], -1))), y)
-
-    class MeanLoss(nn.Cell):  # type: ignore[misc]
-        """The optimizer step's loss: the mean over its micro-batches' live examples, x `mult` (the gradient
-        factor of grad_creep; NaN for a poisoned batch)."""
-
-        def __init__(self, net: Any) -> None:
-            super().__init__()
-            self.net = net
-
-        def construct(self, x: Any, y: Any, m: Any, mult: Any) -> Any:
-            return (self.net(x, y) * m).sum() / m.sum() * mult
-
-    class Step(nn.Cell):  # type: ignore[misc]
-        """One optimizer step over `accum` micro-batches: returns each micro-batch's loss, the global grad norm
-        (before the update) and whether the step overflowed (emulated fp16, only when `scaled`); the update is
-        skipped on overflow."""
-
-        def __init__(self, net: Any, opt: Any) -> None:
-            super().__init__()
-            self.net, self.opt, self.loss = net, opt, MeanLoss(net)
-            self.weights = opt.parameters
-            self.grad = ops.GradOperation(get_by_list=True)
-
-        def construct(self, x: Any, y: Any, m: Any, ctl: Any) -> Any:
-            mult, lr, scale, scaled = ctl[0], ctl[1], ctl[2], ctl[3]
-            ce = self.net(x, y) * m
-            per = ce.reshape(accum, -1).sum(1) / m.reshape(accum, -1).sum(1) * mult
-            grads = self.grad(self.loss, self.weights)(x, y, m, mult)
-            norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
-            overflow = ops.logical_and(scaled > 0.5, ops.logical_not(norm * scale < HEADROOM))
-            if not overflow:
-                ops.assign(self.opt.learning_rate, lr)
-                self.opt(grads)
-            return ops.concat((per, norm.reshape(1), overflow.astype(ms.float32).reshape(1)))
-
-    class PlainStep(nn.Cell):  # type: ignore[misc]
-        """`Step` without loss scaling: the update always applied (no control flow)."""
-
-        def __init__(self, net: Any, opt: Any) -> None:
-            super().__init__()
-            self.net, self.opt, self.loss = net, opt, MeanLoss(net)
-            self.weights = opt.parameters
-            self.grad = ops.GradOperation(get_by_list=True)
-
-        def construct(self, x: Any, y: Any, m: Any, ctl: Any) -> Any:
-            mult, lr = ctl[0], ctl[1]
-            ce = self.net(x, y) * m
-            per = ce.reshape(accum, -1).sum(1) / m.reshape(accum, -1).sum(1) * mult
-            grads = self.grad(self.loss, self.weights)(x, y, m, mult)
-            norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
-            ops.assign(self.opt.learning_rate, lr)
-            norm = ops.depend(norm, self.opt(grads))
-            return ops.concat((per, norm.reshape(1), ops.zeros(1, ms.float32)))
-
-    net = MlpLM()
+    net = MlpLM(width, INIT[optimizer])
 
     def step_cell() -> Any:
         params = net.trainable_params()
@@ -376,7 +381,7 @@ def _build(width: int, optimizer: str, accum: int, scaled: bool) -> tuple[Any, C
             opt = nn.Adam(params, learning_rate=lr0)
         else:
             opt = nn.AdamWeightDecay(params, learning_rate=lr0, weight_decay=0.01)
-        return Step(net, opt) if scaled else PlainStep(net, opt)
+        return (Step if scaled else PlainStep)(net, opt, accum)
 
     return net, step_cell
 
@@ -397,8 +402,6 @@ class OptStep:
 
 def train(spec: Spec) -> list[OptStep]:
     """Train the run on the CPU; one OptStep per optimizer step (the run may stop early after a NaN)."""
-    import mindspore as ms
-
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", runtime_num_threads=1)
     ms.set_seed(spec.seed)
     rng = np.random.default_rng(spec.seed + 1)
