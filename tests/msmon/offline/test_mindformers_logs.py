@@ -413,6 +413,8 @@ def test_replay_of_each_releases_log_raises_the_live_runs_alerts(tmp_path, steps
     log = mfl.write(tmp_path / "msrun_log" / "worker_0.log",
                     mfl.current_lines(steps, steps_per_epoch=400, epochs=2, version=version))
     assert firing(run_replay(log, cfg).events) == live
+    if mfl.VERSIONS[version].tensorboard:  # its TensorBoard folder (float32 scalars) too
+        assert firing(run_replay(mfl.write_tensorboard(tmp_path / "tb", steps), cfg).events) == live
 
 
 def test_trainingstatemonitors_other_values_are_passed_over(tmp_path, steps):
