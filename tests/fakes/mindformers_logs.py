@@ -236,6 +236,8 @@ NOISE = (
     "opt_global_step: 12, skip_data_grad_norm_threshold: 3.0, is_skip: [False]",
     "Full model flops is 123456789, Shard model flops is 12345678.",
     "embedding_local_norm: 1.2345",
+    "default_lr: 1.500000e-06, equal to `lr:` above.",  # 1.9 on, with grouped LRs (_log_grouped_lr_info)
+    "group_0_lr: 1.500000e-06, group_0_params: ['model.layers.0.attention.wq.weight']",
 )
 
 
