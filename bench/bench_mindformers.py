@@ -5,6 +5,18 @@
 The same synthetic run (tests/fakes/analysis_data.py) is written as msmon's CSV and as a MindFormers
 msrun worker log (MFLossMonitor's current lines with their progress lines, tests/fakes/mindformers_logs.py);
 each is read alone and read + replayed through the full Monitor. Ratios are MindFormers / CSV.
+
+    .venv/bin/python bench/bench_mindformers.py --cost [--python .venv-mf21/bin/python] [--steps 100,500]
+
+What a training step inside MindFormers' Trainer costs the training process on the host, in CPU instructions
+(valgrind's callgrind), for MindFormers' own per-step callback (MFLossMonitor: the log line, a bare MindFormers
+run's host work per step besides the compute) and for msmon's (MsmonCallback, built as MindFormers builds it from a
+callbacks entry: the 5-tuple's five host reads, Monitor.step with every rule, step_interval 1). Each arm drives the
+callbacks' hooks with a MindSpore RunContext whose net_outputs are real MindSpore tensors of MFTrainOneStepCell's
+5-tuple (loss, overflow, loss scale, LR, grad norm), in a fresh process under callgrind at two step counts;
+differencing them cancels imports and start-up. The loop alone is taken out. The graph's own step (the compute,
+the same with or without a callback) is not in these figures. Needs valgrind and the MindFormers venv (make
+.venv-mf21/...; the tests' Makefile target).
 """
 
 from __future__ import annotations
@@ -43,10 +55,112 @@ def rates(path: str) -> tuple[float, float]:
     return n / read_s, n / replay_s
 
 
+# -- --cost: a step's host cost inside MindFormers' Trainer, in instructions -----------------------------------
+
+COST_ARMS = ("loop", "mindformers", "msmon")
+
+
+def cost_child(arm: str, steps: int) -> None:
+    """One arm, `steps` steps of the callbacks' hooks on real 5-tuples (runs in the MindFormers venv)."""
+    import math
+
+    import mindspore as ms
+    import numpy as np
+    from mindspore.train.callback._callback import InternalCallbackParam, RunContext
+
+    callbacks = []
+    if "mindformers" in arm:
+        from mindformers.core.callback import MFLossMonitor
+
+        mf = MFLossMonitor(per_print_times=1, origin_epochs=1, dataset_size=steps, global_batch_size=4)
+        mf.mf_support, mf.mf_calculated = False, True  # the one-off FLOPs count needs the compiled network
+        callbacks.append(mf)
+    if "msmon" in arm:
+        from notifier.mindformers import MsmonCallback
+
+        callbacks.append(MsmonCallback(run_id="bench", log_interval=0))
+    rng = np.random.default_rng(0)
+    outputs = [(ms.Tensor(np.float32(5.5 - 0.01 * i + 0.05 * rng.standard_normal())), ms.Tensor(False),
+                ms.Tensor(np.float32(1.0)), ms.Tensor(np.float32(1e-3 * (0.55 + 0.45 * math.cos(i / 64)))),
+                ms.Tensor(np.array([1.3 + 0.1 * rng.standard_normal()], np.float32))) for i in range(64)]
+    cb = InternalCallbackParam()
+    cb.update(train_network=None, optimizer=None, train_dataset=None, dataset_sink_mode=False, batch_num=steps,
+              epoch_num=1, cur_epoch_num=1, initial_step=0, cur_step_num=0, net_outputs=None, mode="train",
+              train_dataset_element=(ms.Tensor(np.zeros((4, 33), np.int32)),))
+    ctx = RunContext(cb)
+    for c in callbacks:
+        c.on_train_begin(ctx)
+        c.on_train_epoch_begin(ctx)
+    for step in range(1, steps + 1):
+        cb.cur_step_num = step
+        for c in callbacks:
+            c.on_train_step_begin(ctx)
+        cb.net_outputs = outputs[step % 64]
+        for c in callbacks:
+            c.on_train_step_end(ctx)
+    for c in callbacks:
+        c.on_train_end(ctx)
+
+
+def cost(python: str, lo: int, hi: int, jobs: int) -> None:
+    import os
+    import re
+    import shutil
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed: apt-get install valgrind")
+
+    def instructions(arm: str, steps: int) -> int | str:
+        out = tempfile.mkdtemp(prefix="msmon-mfcost-")
+        try:
+            cmd = ["valgrind", "--tool=callgrind", "--trace-children=no", f"--callgrind-out-file={out}/cg.out",
+                   python, __file__, "--cost-child", arm, "--steps", str(steps)]
+            env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(ROOT))
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200, cwd=out)
+            first = re.search(r"==(\d+)==", p.stderr)
+            found = first and re.search(rf"=={first.group(1)}== Collected : (\d+)", p.stderr)
+            if p.returncode != 0 or not found:
+                return f"failed ({(p.stderr.strip().splitlines() or ['?'])[-1][:160]})"
+            return int(found.group(1))
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
+    runs = [(arm, n) for arm in COST_ARMS for n in (lo, hi)]
+    with ThreadPoolExecutor(jobs) as pool:
+        got = dict(zip(runs, pool.map(lambda r: instructions(*r), runs), strict=True))
+    print(f"Instructions per step of the callbacks' hooks, in the training process (callgrind; {lo:,} vs {hi:,} "
+          f"steps differenced; {python})")
+    per: dict[str, float] = {}
+    for arm in COST_ARMS:
+        a, b = got[(arm, lo)], got[(arm, hi)]
+        if isinstance(a, str) or isinstance(b, str):
+            print(f"{arm:<22} {a if isinstance(a, str) else b}")
+            continue
+        per[arm] = (b - a) / (hi - lo)
+    loop = per.get("loop")
+    for arm, v in per.items():
+        extra = "" if arm == "loop" or loop is None else f"   less the loop: {v - loop:>12,.0f}"
+        print(f"{arm:<22} {v:>12,.0f}{extra}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=100_000)
+    p.add_argument("--steps", default=None)
+    p.add_argument("--cost", action="store_true", help="a step's host cost inside MindFormers' Trainer (callgrind)")
+    p.add_argument("--python", default=str(ROOT / ".venv-mf21" / "bin" / "python"), help="the MindFormers venv's")
+    p.add_argument("--jobs", type=int, default=2, help="callgrind processes at once")
+    p.add_argument("--cost-child", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.cost_child:
+        cost_child(args.cost_child, int(args.steps))
+        return
+    if args.cost:
+        lo, hi = (int(x) for x in (args.steps or "100,500").split(","))
+        cost(args.python, lo, hi, args.jobs)
+        return
+    args.steps = int(args.steps or 100_000)
     logging.getLogger("msmon").setLevel(logging.CRITICAL)  # the Monitor's start-up summary, once per replay
     records = data.run(args.steps, seed=5)
     with tempfile.TemporaryDirectory() as tmp:

@@ -322,6 +322,11 @@ def read(data: Mapping[str, Any] | None, theirs: Mapping[str, Any], ctx: Context
             ctx.error(PYNATIVE, f"expected the PyNative trainer's monitor section (train_state, moe_monitor), "
                       f"got {shown(section)}", top, PYNATIVE)
         given.add(PYNATIVE)
+    if checked_by_mindformers(top) and isinstance(top.get("callbacks"), list):
+        for i, item in enumerate(top["callbacks"]):
+            if not isinstance(item, Mapping) or "type" not in item:
+                ctx.error(f"callbacks[{i}]", "MindFormers refuses a callbacks entry without `type` (KeyError: The "
+                          "config 'callbacks' is missing a required key: type)")
     tb = top.get("tensorboard")
     tb_dir = tb.get("tensorboard_dir") if isinstance(tb, Mapping) else None
     return MindFormers(mon, switches, pynative, tb_dir if isinstance(tb_dir, str) and tb_dir else None,
