@@ -183,9 +183,12 @@ def test_console_charts_stay_in_their_folder_and_job_text_cannot_drive_the_termi
     cfg = config(tmp_path, None)
     cfg["bot"]["console"]["charts_dir"] = str(charts)
     bot = bot_server(cfg, receivers={"console": ConsoleReceiver(str(charts), out=out)})
-    runs = ["../../x", "a/b", "nul\x00id", "r" * 250, "run-\x1b[2J\x1b]0;pwned\x07"]
+    runs = ["../../x", "a/b", "r" * 250]
     for run in runs:
-        bot.request("POST", "/v1/ingest", envelope([event(run=run)]))
+        assert bot.request("POST", "/v1/ingest", envelope([event(run=run)]))[0] == 202
+    for run in ("nul\x00id", "run-\x1b[2J\x1b]0;pwned\x07"):  # control characters: refused at the edge, naming it
+        code, body = bot.request("POST", "/v1/ingest", envelope([event(run=run)]))
+        assert code == 422 and "run_id" in body["error"] and "control character" in body["error"], (code, body)
     assert wait_for(lambda: out.getvalue().count("chart: ") == len(runs), timeout=15), out.getvalue()
     time.sleep(1.0)
     text = out.getvalue()
