@@ -94,16 +94,19 @@ def test_notifier_alone_loads_nothing_of_the_bot() -> None:
 
 
 def test_the_whole_job_runtime_loads_nothing_of_the_bot() -> None:
-    """Every notifier module, the MindSpore edge included when MindSpore is installed (what a job imports)."""
+    """Every notifier module, the MindSpore and MindFormers edges included when they are installed (what a job
+    imports)."""
     modules = every_module("notifier")
-    if importlib.util.find_spec("mindspore") is None:
-        modules = [m for m in modules if not m.startswith("notifier.mindspore")]
+    for edge in ("mindspore", "mindformers"):
+        if importlib.util.find_spec(edge) is None:
+            modules = [m for m in modules if not m.startswith(f"notifier.{edge}")]
     assert sorted(tops(loaded_by(*modules)) & BOT_DEPENDENCIES) == []
 
 
 def test_a_custom_loop_gets_the_runtime_without_mindspore() -> None:
-    """Every notifier module but the MindSpore edge (the Monitor, job control, transport) loads no MindSpore."""
-    modules = [m for m in every_module("notifier") if not m.startswith("notifier.mindspore")]
+    """Every notifier module but the MindSpore edges (notifier.mindspore, and notifier.mindformers on top of it:
+    the Monitor, job control, transport) loads no MindSpore."""
+    modules = [m for m in every_module("notifier") if not m.startswith(("notifier.mindspore", "notifier.mindformers"))]
     assert {"notifier.monitor", "notifier.control"} <= set(modules)
     assert "mindspore" not in tops(loaded_by(*modules))
 
