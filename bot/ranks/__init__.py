@@ -57,15 +57,22 @@ def check(views: RankViews, settings: RanksConfig, now: float, since: float | No
         runs = sorted((r for r in map(views.runs.get, ids) if r is not None), key=lambda r: (r.heard, r.run_id))
     views.heard_ids.clear()
     for run in runs:
-        if since is not None and run.heard < since and not run.firing:
+        if since is not None and run.heard < since and not run.firing and not ending(run):
             continue
         if len(run.members) >= settings.min_ranks or run.firing:
             out += track(RULES, ctx, run)
-        if run.firing:
+        if run.firing or ending(run):  # an ending run is looked at until its last ranks end or are missing
             views.alerting.add(run.run_id)
         else:
             views.alerting.discard(run.run_id)
     return out
+
+
+def ending(run: RunRanks) -> bool:
+    """Some of the run's ranks said final and some neither did nor are missing: a rank killed just before the
+    others finished is found missing only by a later check (bot/runs/lifecycle.py's `tick`)."""
+    members = run.members.values()
+    return any(m.ended for m in members) and any(not m.ended and not m.missing for m in members)
 
 
 def marks(run: RunRanks, settings: RanksConfig, now: float) -> dict[str, list[Finding]]:

@@ -139,12 +139,15 @@ def tick_input(life: RankLife, now: float, others_report: bool, late_after: floa
 
 
 def tick(lives: Iterable[RankLife], now: float, late_after: float, missing_after: float) -> None:
-    """One tick over a run's ranks: late and missing ones marked. A rank reports "going on" when it was
-    heard from within `missing_after` and has not ended; a rank comes back only by a message of its own."""
+    """One tick over a run's ranks: late and missing ones marked. The others "go on" for a rank when one was
+    heard from within `missing_after` and has not ended, or one said final after this rank fell silent (it
+    outlived it: a rank killed just before the others finished is missing, not late for ever); a rank comes
+    back only by a message of its own."""
     lives = list(lives)
     going = [x for x in lives if x.phase is not RankPhase.ENDED and now - x.last_seen <= missing_after]
+    last_end = max((x.last_seen for x in lives if x.phase is RankPhase.ENDED), default=None)
     for life in lives:
-        others = any(o is not life for o in going)
+        others = any(o is not life for o in going) or (last_end is not None and last_end > life.last_seen)
         inp = tick_input(life, now, others, late_after, missing_after)
         if inp is not None:
             life.phase = step(life, inp)

@@ -78,6 +78,23 @@ def test_a_missing_rank_stays_missing_when_the_others_finish():
     assert not all_ended(ranks, None)
 
 
+def test_a_rank_killed_just_before_the_others_finished_is_missing_not_late_for_ever():
+    ranks = [RankLife() for _ in range(3)]
+    for i, r in enumerate(ranks):
+        on_message(r, 10.0, proc=f"p{i}", seq=1)  # rank 0's last word
+    for r in ranks[1:]:
+        on_message(r, 12.0, proc=r.proc, seq=2, final=True)  # the others finish after it fell silent
+    tick(ranks, 20.0, MISSING_AFTER / 2, MISSING_AFTER)
+    assert ranks[0].phase is RankPhase.REPORTING  # not silent for long yet
+    tick(ranks, 10.0 + MISSING_AFTER + 1, MISSING_AFTER / 2, MISSING_AFTER)
+    assert ranks[0].phase is RankPhase.MISSING
+    early = [RankLife() for _ in range(2)]  # a rank that finished before the other fell silent outlived nothing
+    on_message(early[0], 5.0, proc="a", seq=1, final=True)
+    on_message(early[1], 10.0, proc="b", seq=1)
+    tick(early, 100.0, MISSING_AFTER / 2, MISSING_AFTER)
+    assert early[1].phase is RankPhase.LATE
+
+
 def test_the_whole_run_falling_silent_at_once_makes_no_rank_missing():
     ranks = [RankLife() for _ in range(4)]
     for i, r in enumerate(ranks):

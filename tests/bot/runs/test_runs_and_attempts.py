@@ -504,3 +504,29 @@ def test_a_real_monitor_whose_loss_is_nan_to_its_end_is_shown_failed_with_its_wh
     kept = [s for d in shown["series"].values() for s, v in zip(d["steps"], d["loss"], strict=True)
             if isinstance(v, float) and d is not whole]
     assert not kept or max(kept) <= 800  # the window itself holds only NaN by then: the whole curve is what shows
+
+
+def test_a_rank_killed_just_before_the_others_finish_is_missing_and_the_run_failed(tmp_path, slack, bot_server):
+    """Killed a moment before the others' final heartbeats: it was never silent while the others went on, and the
+    watchdog raises no job_gone for a run that said it ended; it was late for ever and the run never ended. Now the
+    others outlived it: it is missing, and the run failed."""
+    bot = bot_server(config(tmp_path, slack))
+    stop = tmp_path / "stop"
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_JOB, bot.url, "dp-k", str(r), "3", str(stop)],
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}, start_new_session=True)
+             for r in range(3)]
+    try:
+        assert wait_for(lambda: (v := run_view(bot, "dp-k")) is not None and len(v["devices"]) == 3, timeout=30)
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait(10)
+        stop.write_text("")  # the others finish at once, well inside missing_after
+        for r in (0, 2):
+            assert procs[r].wait(30) == 0
+        assert wait_for(lambda: run_view(bot, "dp-k")["state"] == "failed", timeout=30), run_view(bot, "dp-k")
+        view = run_view(bot, "dp-k")
+        assert [a["device"] for a in view["firing"] if a["rule"] == "rank_missing"] == ["1"]
+        assert "rank 1" in view["end_reason"] and "missing" in view["end_reason"], view["end_reason"]
+    finally:
+        stop.write_text("")
+        for p in procs:
+            terminate(p, 10)
