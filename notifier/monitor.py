@@ -25,6 +25,7 @@ import msgspec
 
 from msmon.contract.subjects import is_nats_url
 from msmon.contract.wire import MAX_ID, Event, Sample, Severity, Status, Window
+from msmon.core.accumulation import Infer
 from msmon.core.detectors import RULES, DetectorContext, Finding, RuleParams
 from msmon.core.detectors.base import SKIP
 from msmon.core.gate import AlertGate, GateState, Verdict
@@ -73,9 +74,10 @@ class _Device:
     """Everything the Monitor keeps for one device; bounded whatever the length of the run."""
 
     __slots__ = ("name", "rules", "prev_t", "prev_step", "max_dt", "last_t", "last_step",
-                 "tokens", "samples", "data", "data_n", "acc_loss", "acc_n", "recent", "whatif", "skipped")
+                 "tokens", "samples", "data", "data_n", "acc_loss", "acc_n", "recent", "whatif", "skipped",
+                 "accum", "shift", "infer", "held")
 
-    def __init__(self, name: str, rules: list[_Rule]) -> None:
+    def __init__(self, name: str, rules: list[_Rule], accum: int | None = 1) -> None:
         self.name = name
         self.rules = rules
         self.prev_t: float | None = None  # time of the previous step() call
@@ -89,6 +91,12 @@ class _Device:
         self.data_n = 0
         self.acc_loss = 0.0  # gradient accumulation: sum of micro-step losses
         self.acc_n = 0
+        # rows per optimizer step: declared (training.grad_accumulation_steps), else inferred from the first rows
+        # (msmon.core.accumulation), which are held meanwhile; `shift` aligns the step numbers to the groups
+        self.accum = accum or 1
+        self.shift = 0
+        self.infer: Infer | None = None if accum else Infer()
+        self.held: list[tuple[Any, ...]] = []
         self.skipped = 0  # steps skipped by dynamic loss scaling (step(overflow=True)) so far
         self.recent: deque[Sample] = deque(maxlen=WINDOW_SAMPLES)
         self.whatif = Recent()  # the last WHATIF_SAMPLES samples, compact: what a threshold change is judged on
@@ -237,7 +245,7 @@ class Monitor:
                               warmup_steps=cfg.training.warmup_steps, target_loss=cfg.training.target_loss,
                               peers=self._ctx_peers)
         rules = [_Rule(n, RULES[n][1](cfg.alert.rules.get(n), ctx)) for n in self._active]
-        return _Device(name, rules)
+        return _Device(name, rules, cfg.training.grad_accumulation_steps)
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -283,6 +291,9 @@ class Monitor:
             dev = self._device(self.default_device if device is None else str(device))
             if dev is None:
                 return _EMPTY
+        if dev.infer is not None:
+            return self._infer(dev, (step, now, loss, lr, grad_norm, samples, tokens, throughput, local_grad_norm,
+                                     data_time, overflow, loss_scale))
         prev = dev.prev_t
         if prev is not None:
             ds = step - dev.prev_step  # > 1 when a call covers several steps (dataset sink mode)
@@ -302,9 +313,9 @@ class Monitor:
             dev.skipped += 1
         si, li = self._si, self._li
         raw = step
-        accum = self._accum
+        accum = dev.accum
         if accum > 1:
-            opt, micro = divmod(step, accum)
+            opt, micro = divmod(step + dev.shift, accum)
             if opt % si and (not li or opt % li):
                 return _EMPTY
             if loss is not None:
@@ -323,12 +334,49 @@ class Monitor:
         return self._sample(dev, step, raw, now, loss, lr, grad_norm, throughput, time is not None, local_grad_norm,
                             overflow, loss_scale)
 
+    def _infer(self, dev: _Device, call: tuple[Any, ...]) -> list[Event]:
+        """Hold `call` (step()'s arguments) while the device's rows per optimizer step are being inferred; once they
+        are, step every held call through the rules (their events returned now). A NaN or Inf answers at once."""
+        infer = dev.infer
+        assert infer is not None
+        dev.held.append(call)
+        step, _, loss, lr, grad_norm = call[:5]
+        answer = infer.feed(step, lr, grad_norm)
+        if answer is None and (loss is not None and loss - loss != 0.0
+                               or grad_norm is not None and not call[10] and grad_norm - grad_norm != 0.0):
+            answer = infer.settle()
+        return _EMPTY if answer is None else self._answered(dev, answer)
+
+    def settle(self) -> list[Event]:
+        """Rows still held while their device's accumulation is inferred (a log shorter than the inference needs)
+        go through the rules now, read as the rows so far show; their events. `close()` and `state_dict()` do it."""
+        events: list[Event] = []
+        for dev in list(self._devices.values()):
+            if dev.infer is not None:
+                events.extend(self._answered(dev, dev.infer.settle()))
+        return events
+
+    def _answered(self, dev: _Device, answer: tuple[int, int]) -> list[Event]:
+        k, end = answer
+        dev.accum, dev.shift, dev.infer = k, (k - 1 - end) % k, None
+        if k > 1:
+            log.info("msmon: device %s of run %s logs %d rows per optimizer step (its LR and grad norm repeat over "
+                     "runs of %d rows): read as gradient accumulation of %d micro-steps, the rules judge optimizer "
+                     "steps (declare training.grad_accumulation_steps to set it)", dev.name, self.run_id, k, k, k)
+        held, dev.held = dev.held, []
+        events: list[Event] = []
+        for (s, now, loss, lr, grad, samples, tokens, tp, local, data, overflow, scale) in held:
+            events.extend(self.step(s, loss=loss, lr=lr, grad_norm=grad, samples=samples, tokens=tokens, throughput=tp,
+                                    time=now, device=dev.name, local_grad_norm=local, data_time=data,
+                                    overflow=overflow, loss_scale=scale))
+        return events if events else _EMPTY
+
     def samples(self, step: int) -> bool:
         """Whether `step` will be sampled (so a caller can skip reading metrics on the others)."""
         if not self.enabled:
             return False
         accum = self._accum
-        if accum > 1:
+        if accum is not None and accum > 1:
             step //= accum
         return not (step % self._si and (not self._li or step % self._li))
 
@@ -531,6 +579,7 @@ class Monitor:
         detector memory and alert state per device, the recent samples charts show, the levels (live threshold
         changes included). Bounded: the windows are. `load_state_dict` in a Monitor built from the same config
         carries on as if the run had never stopped."""
+        self.settle()
         devices = {}
         for name, d in self._devices.items():
             devices[name] = {
@@ -693,6 +742,8 @@ class Monitor:
         raises no job_gone). Safe to call twice."""
         if self._closed:
             return
+        if self.enabled:
+            self.settle()
         self._closed = True
         if self._writer is not None:
             self._writer.close()

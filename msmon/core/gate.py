@@ -76,10 +76,11 @@ class AlertGate:
         if step < self.baseline_steps and not immediate and not f.absolute:
             return None
         interval = self.alert_interval
-        if st.firing is None or level.rank > st.firing.rank:
-            # A new episode (the last one resolved) or a rise: always sent. alert_interval spaces the
-            # reminders of one episode; it never hides a new one, whatever came shortly before.
-            st.firing = level
+        if st.firing is None or level.rank > st.firing.rank or f.new:
+            # A new episode (the last one resolved), a rise, or a finding of its own inside the episode (`new`):
+            # always sent. alert_interval spaces the reminders of one episode; it never hides a new one.
+            if st.firing is None or level.rank > st.firing.rank:
+                st.firing = level
             st.last_emit[level] = step
             st.emitted = True
             return Verdict(level, Status.FIRING)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from msmon.core.detectors.convergence import Trend
+from msmon.core.detectors.rolling import median
 
 NOT_ENOUGH = "trend: not enough loss data yet (it needs finite losses spread over at least 10 blocks of steps)"
 MIN_T = 2.0  # a slope is "clear" when it is at least this many standard errors from zero
@@ -47,10 +48,7 @@ SHIFT_SHARE = 0.75  # the share of the tail's points above that
 SHIFT_BEFORE = 20  # points before the tail, at least
 
 
-def _median(xs: Sequence[float]) -> float:
-    v = sorted(xs)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+_median = median
 
 
 def _level(xs: Sequence[float]) -> tuple[float, float]:

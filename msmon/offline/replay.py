@@ -66,6 +66,7 @@ def replay(rows: Iterable[Row], monitor: Monitor, on_row: Callable[[Row], None] 
                            local_grad_norm=r.local_grad_norm, overflow=r.overflow, loss_scale=r.loss_scale))
         if on_row is not None:
             on_row(r)
+    events.extend(monitor.settle())  # rows held while the log's accumulation was being inferred
     monitor.close()
     return events
 

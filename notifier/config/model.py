@@ -135,8 +135,9 @@ class TrainingConfig:
     warmup_steps: int | None = _field(None, "LR warmup length; null: inferred from the LR", ge=0, le=STEPS)
     target_loss: float | None = _field(None, "loss the run should reach (loss_forecast rule)",
                                        ge=-1e6, le=1e6)
-    grad_accumulation_steps: int = _field(
-        1, "micro-steps per optimizer step; step() numbers micro-steps when > 1", ge=1, le=100_000)
+    grad_accumulation_steps: int | None = _field(
+        None, "micro-steps per optimizer step; step() numbers micro-steps when > 1; null: inferred from the rows "
+        "(an LR and grad norm repeated over runs of k rows)", ge=1, le=100_000)
     seq_length: int | None = _field(None, "tokens per sample, for tokens/s", ge=1, le=100_000_000)
 
 

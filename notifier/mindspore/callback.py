@@ -240,7 +240,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         found = self._resume_state(resume_from, config, checkpoint_dir)
         if found is not None:
             self.load_state(found)
-        if self.monitor.config.training.grad_accumulation_steps > 1:
+        if (self.monitor.config.training.grad_accumulation_steps or 1) > 1:
             log.info("msmon: MonitorCallback reports the steps MindSpore counts; training.grad_accumulation_steps "
                      "treats them as micro-steps, which is right only if your train cell returns one loss per "
                      "micro-batch")

@@ -58,7 +58,7 @@ class RuleParams:
 class Finding:
     """A rule's verdict on one sample: over a level (or not), with the numbers behind it."""
 
-    __slots__ = ("level", "value", "threshold", "message", "baseline", "absolute")
+    __slots__ = ("level", "value", "threshold", "message", "baseline", "absolute", "new")
 
     def __init__(
         self,
@@ -68,6 +68,7 @@ class Finding:
         message: str,
         baseline: float | None = None,
         absolute: bool = False,
+        new: bool = False,
     ) -> None:
         self.level = level
         self.value = value
@@ -77,6 +78,9 @@ class Finding:
         # Judged against a level that needs no learned baseline (an absolute level set by the user, a
         # gross jump): it alerts from the first sampled step, even inside an explicit `baseline_steps`.
         self.absolute = absolute
+        # A finding of its own inside a firing episode (a second LR change while the first is held): the gate sends
+        # it as a new alert, not as a reminder of the one firing.
+        self.new = new
 
     def __repr__(self) -> str:
         return f"Finding({self.level}, value={self.value:.4g}, threshold={self.threshold:.4g})"

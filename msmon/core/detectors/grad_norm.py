@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from typing import ClassVar
 
 from msmon.contract.wire import Sample, Severity
 from msmon.core.detectors.base import SKIP, DetectorContext, EarlyBaselineRule, Finding, RuleParams, Warmup, classify
-from msmon.core.detectors.rolling import RollingQuantiles, SlidingFit
+from msmon.core.detectors.rolling import RollingQuantiles, SlidingFit, median
 from msmon.core.spec import spec
 
 _HINT = ("A growing grad norm comes before loss divergence. Save a checkpoint now; consider scaling the LR "
@@ -159,6 +160,13 @@ class GradNormCreepParams(RuleParams):
     `long_warning` / `long_error` are those factors.
     Neither horizon looks at the run's first `early_steps` steps: a freshly initialised network's grad norm
     rises (or falls) for tens to hundreds of steps as it leaves its initialisation, which is no creep.
+    A rise while the loss falls fast is learning, not a creep (a small LM leaving its plateau: the loss 5.47 ->
+    4.67 while the grad norm rises 3-15x and settles): when the median loss of the last `window` / 5 samples is
+    `learning` (a fraction) below the median of the `window` before them, by 3 standard errors of that median at
+    least, and twice as far as the loss fell over the window before that (the descent sped up, as when a plateau
+    is left; a run's steady decline does not), nothing is reported, and the rise becomes the new normal (the fit
+    starts over, the long reference is taken again). A creep is a rise while the loss
+    stops improving or rises (the 13B case: the loss flat at 1.82, the grad norm climbing for 40 minutes).
     """
 
     warning: float | None = dataclasses.field(default=1.5, metadata=spec(gt=1, doc="rise factor over the window"))
@@ -176,6 +184,10 @@ class GradNormCreepParams(RuleParams):
     early_steps: int = dataclasses.field(default=300, metadata=spec(
         ge=0, le=1_000_000_000, doc="the run's first steps, where a grad norm rising out of its initialisation is "
                                    "normal: no trend is fitted over them (grad_norm_spike's gross jumps still judge)"))
+    learning: float | None = dataclasses.field(default=0.01, metadata=spec(
+        gt=0, le=0.99, doc="the loss's median over the last window/5 samples this fraction below the window before "
+                           "(and clearly, and twice its fall before): a rise of the grad norm is learning, not a "
+                           "creep, and its level the new normal (null: off)"))
 
 
 class GradNormCreep:
@@ -187,6 +199,7 @@ class GradNormCreep:
                            "Save a checkpoint; scaling the LR down now is cheaper than a rollback later.")
 
     JUMP_RESET = 5  # jumps in a row: a new level; the fit starts over
+    ACCEL = 2.0  # learning: the loss's fall over the last window this many x its fall over the window before
     LOG_CLIMB = math.log(1.05)  # the long horizon counts while the recent fit rises this much over its window
 
     def __init__(self, p: GradNormCreepParams, ctx: DetectorContext) -> None:
@@ -206,6 +219,11 @@ class GradNormCreep:
         self.reference_step = 0
         self.reference_age = 0  # samples since the reference was taken
         self.long_firing = False
+        self.learning = p.learning
+        self.recent_n = max(p.window // 5, 3)
+        self.in_phase = False  # a learning phase was seen and the loss has kept falling fast since
+        # the loss beside each grad norm fitted: two windows and the last window / 5 samples (see _learning)
+        self.losses: deque[float] = deque(maxlen=2 * p.window + self.recent_n)
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
@@ -213,6 +231,9 @@ class GradNormCreep:
             return SKIP
         if s.step < self.early_steps:
             return None  # leaving its initialisation, the grad norm rises and falls by itself
+        loss = s.loss
+        if loss is not None and loss - loss == 0.0:
+            self.losses.append(loss)
         y = math.log(g)
         if self.trend_end is not None and y - self.trend_end > self.log_jump:
             # A sudden jump is the spike and threshold rules' business; kept out, it cannot fake a trend.
@@ -227,16 +248,46 @@ class GradNormCreep:
         short, long = self._recent(p), self._long(s)
         if short is None or (long is not None and long.level is not None and short.level is not None
                              and long.level.rank > short.level.rank):
-            return long
+            short = long
+        if short is not None and self._learning():
+            self._new_normal()
+            return None
         return short
+
+    def _learning(self) -> bool:
+        """Whether the loss is falling fast now (see GradNormCreepParams): the median of its last `window` / 5 samples
+        `learning` below the median of the `window` before them, and clearly (3 standard errors of that median, from
+        the window's own fluctuation), and twice as far as over the `window` before that when the phase begins."""
+        k, xs = self.learning, self.losses
+        if k is None or len(xs) < xs.maxlen:  # type: ignore[operator]
+            return False
+        v = list(xs)
+        r = self.recent_n
+        w = (len(v) - r) // 2
+        old, mid, now = median(v[:w]), median(v[w:2 * w]), median(v[2 * w:])
+        if old <= 0.0 or mid <= 0.0:
+            return False
+        # the loss's fluctuation from one sample to the next (its trend left out): robust sigma of the differences
+        q = sorted(v[i + 1] - v[i] for i in range(w, 2 * w - 1))
+        se = (q[(3 * len(q)) // 4] - q[len(q) // 4]) / 1.349 / math.sqrt(2.0 * r)
+        fall = (mid - now) / mid
+        # a phase goes on while the loss keeps falling that fast; it begins where its fall sped up
+        accel = self.in_phase or fall >= self.ACCEL * (old - mid) / old
+        self.in_phase = fall >= k and fall * mid >= 3.0 * se and accel
+        return self.in_phase
+
+    def _new_normal(self) -> None:
+        """A learning phase: its grad norm level is the new normal; the fit starts over, the long reference is
+        taken again."""
+        self.fit.clear()
+        self.trend_end = None
+        self.reference, self.reference_age, self.post_warmup, self.long_firing = None, 0, 0, False
 
     def acknowledge(self) -> bool:
         """A person acknowledged the creep: the grad norm's level now is the new normal. The fit starts over and
         the long reference is taken again after `window` samples; whether the long horizon was firing."""
         was = self.long_firing
-        self.fit.clear()
-        self.trend_end = None
-        self.reference, self.reference_age, self.post_warmup, self.long_firing = None, 0, 0, False
+        self._new_normal()
         return was
 
     def _recent(self, p: RuleParams) -> Finding | None:

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from msmon.contract.wire import Sample, Severity
 from msmon.core.detectors.base import SKIP, DetectorContext, Finding, RuleParams
+from msmon.core.detectors.rolling import median
 from msmon.core.spec import spec
 
 
@@ -59,6 +60,7 @@ class LrSchedule:
     JUMP_RATE: ClassVar[float] = 3.0  # while rising: a rise this many x as steep as the recent ones is a change
     OVER_PEAK: ClassVar[float] = 0.01  # once the LR stopped rising, a rise this fraction above its peak is a change
     RECENT: ClassVar[int] = 20  # recent rises and LRs kept: what a warmup's steps look like, where the LR just was
+    FIRST: ClassVar[float] = 2.5  # the LR's first rise, up to this many x, in its first RECENT samples: warmup
     RESTART: ClassVar[float] = 0.9  # once settled, a rise back to this fraction of the peak or more is a restart
     REACT: ClassVar[int] = 5  # loss and grad norm samples before a change: their reference (median)
 
@@ -81,6 +83,10 @@ class LrSchedule:
         self.level_samples = 0  # samples at that level
         self.settled_at: int | None = None  # inferred end of a warmup into a constant LR
         self.since_max = 0  # samples since the highest LR rose (FLAT or more: settled)
+        self.hold = 0  # the longest the LR held between two rises of its warmup (a staircase's stair), in samples
+        self.rose_once = False  # the LR has risen above its first level
+        self.first_change = 0  # the step of the change held when another came
+        self.held_lr = 0.0  # held: the highest LR since the change (a further jump above it is a change of its own)
         self.announced = 0  # samples left in which an LR change is the job's own (scale_lr, note_lr_change)
         self.before: float | None = None  # held: the LR before the unannounced change (it resolves on return)
         self.change_step = 0
@@ -180,8 +186,8 @@ class LrSchedule:
         if cw is not None and total is not None and cw >= total:
             return Finding(Severity.WARNING, float(cw), float(total),
                            f"warmup_steps {cw} is not shorter than total_steps {total}: the LR never leaves warmup")
-        rising = prev is not None and lr > prev * (1 + 1e-6)
-        if rising and total is not None and self.peak_step is None and cw is None and s.step > total // 2:
+        if (total is not None and self.peak_step is None and cw is None and s.step > total // 2 and self.rose
+                and not self._settled()):  # still rising (a staircase's stairs included)
             return Finding(Severity.WARNING, lr, self.max_lr,
                            f"learning rate is still rising at step {s.step} of {total}: is warmup as long as the run?")
         return None
@@ -212,11 +218,17 @@ class LrSchedule:
                 self._remember(s)
                 return None
         if self.before is not None:
-            return self._held(s, lr)
-        settled = self.since_max >= self.FLAT
+            return self._held(s, lr, prev, rate)
+        since = self.since_max  # settled: see _settled (inlined: every sample)
+        settled = since >= self.FLAT and since >= 2 * self.hold
         new_high = lr > self.max_lr * (1 + self.SAME)
         cw = self.ctx.warmup_steps
-        if prev is None or self.samples < 3 or (cw is not None and s.step <= cw):
+        if prev is None or self.samples < 3 or (cw is not None and s.step <= cw) or new_high and (
+                self.max_lr <= 0.0 or not self.rose_once and self.samples <= self.RECENT and lr <= prev * self.FIRST):
+            # the LR's first rise from zero, or in the run's first samples: a warmup starting (a staircase's first
+            # stair)
+            if prev is not None and new_high:
+                self.rose_once, self.hold = True, max(self.hold, self.since_max)
             self.since_max = 0 if new_high else self.since_max + 1
             self.max_lr = max(self.max_lr, lr)
             self._remember(s)
@@ -233,18 +245,33 @@ class LrSchedule:
             change = lr > prev * (1 + self.jump) and rate > self.JUMP_RATE * steepest
         if not change:
             if new_high and not settled:  # warmup goes on; a settled peak stays where it was
+                self.hold = max(self.hold, self.since_max)
                 self.since_max, self.max_lr = 0, lr
             self._remember(s)
             return None
-        self.before, self.change_step = prev, s.step
-        self.ref_loss = _median(self.losses)
-        self.ref_grad = _median(self.grads)
+        return self._changed(s, lr, prev, rate, new_high, settled, steepest)
+
+    def _settled(self) -> bool:
+        """No new highest LR for FLAT samples, and for twice the longest hold between two rises of the warmup (the
+        stairs of a warmup logged per micro-step, or updated every k steps, are holds of k samples)."""
+        return self.since_max >= self.FLAT and self.since_max >= 2 * self.hold
+
+    def _changed(self, s: Sample, lr: float, prev: float, rate: float, new_high: bool, settled: bool,
+                 steepest: float, again: bool = False) -> Finding:
+        """An unannounced change found at `s`: held from here on (a further one while it is held is reported too)."""
+        if not again:
+            self.before = prev
+            self.ref_loss = _median(self.losses)
+            self.ref_grad = _median(self.grads)
+        self.change_step, self.held_lr = s.step, lr
         how = ("to a level it had not been at" if not new_high
                else f"above the {self.max_lr:.3g} it had settled at" if settled
                else f"a rise {rate / steepest:.3g}x as steep as the warmup's" if steepest > 0.0 else "")
         return Finding(Severity.WARNING, lr, prev,
-                       f"learning rate changed from {prev:.3g} to {lr:.3g} at step {s.step} ({lr / prev:.3g}x"
-                       + (f", {how}" if how else "") + ") and no change was announced (scale-lr, note_lr_change)")
+                       f"learning rate changed from {prev:.3g} to {lr:.3g} at step {s.step} ({_times(lr, prev)}"
+                       + (f", {how}" if how else "") + ") and no change was announced (scale-lr, note_lr_change)"
+                       + (f"; a change of its own on top of the one at step {self.first_change}" if again else ""),
+                       new=again)
 
     def _remember(self, s: Sample) -> None:
         if s.loss is not None and math.isfinite(s.loss):
@@ -252,13 +279,20 @@ class LrSchedule:
         if s.grad_norm is not None and math.isfinite(s.grad_norm) and s.grad_norm > 0.0:
             self.grads.append(s.grad_norm)
 
-    def _held(self, s: Sample, lr: float) -> Finding | None:
+    def _held(self, s: Sample, lr: float, prev: float | None, rate: float) -> Finding | None:
         before = self.before
         assert before is not None
         if lr <= before * (1 + self.jump):
             self._release(accept=False)
             self._remember(s)
             return None
+        if (prev is not None and lr > self.held_lr * (1 + self.jump) and lr > prev * (1 + self.jump)
+                and rate > self.JUMP_RATE * max(self.rates, default=0.0)):
+            # another jump while the first is held: its own alert, at its step (a held alarm, right or wrong, must not
+            # hide it), judged against the loss and grad norm from before the first
+            self.first_change = self.change_step
+            return self._changed(s, lr, prev, rate, True, True, 0.0, again=True)
+        self.held_lr = max(self.held_lr, lr)
         level, why = Severity.WARNING, ""
         kg, kl = self.react
         for what, x, ref, k in (("grad norm", s.grad_norm, self.ref_grad, kg), ("loss", s.loss, self.ref_loss, kl)):
@@ -266,14 +300,14 @@ class LrSchedule:
                 level, why = Severity.ERROR, f"; the {what} {x:.4g} is {x / ref:.3g}x its {ref:.4g} before"
                 break
         return Finding(level, lr, before,
-                       f"learning rate is {lr:.3g} since step {self.change_step}, {lr / before:.3g}x the {before:.3g} "
-                       f"before it, unannounced{why} (resolves when it is back, on an acknowledgement or an announced "
-                       "change)")
+                       f"learning rate is {lr:.3g} since step {self.change_step}, {_times(lr, before)} the "
+                       f"{before:.3g} before it, unannounced{why} (resolves when it is back, on an acknowledgement or "
+                       "an announced change)")
+
+
+def _times(x: float, ref: float) -> str:
+    return f"{x / ref:.3g}x" if ref > 0.0 else "up from zero"
 
 
 def _median(xs: deque[float]) -> float | None:
-    if not xs:
-        return None
-    v = sorted(xs)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+    return median(xs) if xs else None

@@ -5,7 +5,15 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Iterable
 from typing import ClassVar
+
+
+def median(xs: Iterable[float]) -> float:
+    """The median of `xs` (not empty), the mean of the middle two for an even count."""
+    v = sorted(xs)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 class RollingQuantiles:
