@@ -472,3 +472,20 @@ def test_check_config_with_monitoring_off_still_says_how_the_keys_were_taken(wri
     out = check_config(write("train.yaml", "monitor_config: {target: ['attn']}\n"), capsys)
     assert "valid, but monitoring is OFF" in out
     assert "  MindFormers monitor_config.target: ['attn'] -> not acted on" in out
+
+
+def test_the_runs_accumulation_total_and_warmup_steps_come_from_mindformers_keys(write):
+    """Issue 37: runner_config.gradient_accumulation_steps and lr_schedule's total_steps / warmup_steps are msmon's
+    training facts (the rules judge optimizer steps; lr_schedule warns of a warmup as long as the run); msmon's own
+    keys win, and lr_schedule.total_steps -1 (computed from the epochs) is not a count."""
+    cfg = load(write, "runner_config: {gradient_accumulation_steps: 4}\nlr_schedule: {total_steps: 2000, "
+                      "warmup_steps: 2000}\nmonitor_config: {monitor_on: True}\n")
+    t = cfg.training
+    assert (t.grad_accumulation_steps, t.total_steps, t.warmup_steps) == (4, 2000, 2000)
+    assert how(cfg, "runner_config.gradient_accumulation_steps") == ["msmon's training.grad_accumulation_steps: 4"]
+    own = load(write, "runner_config: {gradient_accumulation_steps: 4}\nlr_schedule: {total_steps: -1}\n"
+                      "monitor_config: {monitor_on: True, training: {grad_accumulation_steps: 1}}\n")
+    assert own.training.grad_accumulation_steps == 1 and own.training.total_steps is None
+    assert how(own, "runner_config.gradient_accumulation_steps") == [
+        "msmon's own training.grad_accumulation_steps (1) wins"]
+    assert how(own, "lr_schedule.total_steps")[0].startswith("not acted on: not a count")
