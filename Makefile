@@ -25,7 +25,10 @@ $(STAMP): pyproject.toml
 # then msmon over it (which must leave it in place); make unit runs the MindSpore tests on it too
 MS27       := .venv-ms27
 MS27_STAMP := $(MS27)/.installed-$(HASH)
-MS27_TESTS := tests/notifier/mindspore tests/e2e/test_custom_loop_example.py tests/project/test_install.py
+# (the callback, host reads, loss scale, resume, rewind, the custom loop; the six damaged-checkpoint variants of
+# the msrun rewind test are rewind's logic, not MindSpore's API: on 2.10 only, which saves about 4 minutes)
+MS27_TESTS := tests/notifier/mindspore tests/e2e/test_custom_loop_example.py tests/project/test_install.py \
+              -k "not damaged_checkpoint_on_one_rank"
 $(MS27_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(MS27)
 	$(MS27)/bin/python -m pip install -q --upgrade pip
