@@ -35,6 +35,7 @@ import csv
 import dataclasses
 import importlib.util
 import json
+import logging
 import statistics
 import subprocess
 import sys
@@ -337,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runs", nargs="*", default=None, help="only these run names")
     p.add_argument("--json-out", type=Path, default=None, help="write every run's score to this JSON file")
     args = p.parse_args(argv)
+    logging.getLogger("msmon").setLevel(logging.CRITICAL)  # the alerts' own log lines: the tables say it
     runs = [r for r in read_manifest(args.corpus) if args.split in ("all", r["split"])
             and (args.runs is None or r["run"] in args.runs)]
     if not runs:
