@@ -35,7 +35,7 @@ from bot.escalation.scheduler import AckLinks, Escalator
 from bot.ingest.deadlines import read_in_time
 from bot.ingest.envelope import Ingest
 from bot.ingest.overload import Level, Median
-from bot.ingest.runs import alias_problem, keyed
+from bot.ingest.runs import alias_problem, events_problem, keyed
 from bot.ingest.watchdog import Watchdog
 from bot.integration import Context, Integration, Task
 from bot.integrations import chat_integrations
@@ -253,6 +253,9 @@ async def ingest(request: web.Request) -> web.Response:
     if any(r != env.run_id for r in carried):
         raise web.HTTPUnprocessableEntity(reason="every event, sample, action and heartbeat must carry the "
                                                  "envelope's run_id")
+    problem = events_problem(env.events)
+    if problem is not None:
+        raise web.HTTPUnprocessableEntity(reason=problem)
     _, key = _own(request, env.run_id, env.project)  # no await from here to the commit: nobody re-homes it between
     if key != env.run_id:  # another project's run has this id: this project's is kept under its own key
         env = keyed(env, key)

@@ -44,7 +44,7 @@ from bot.commands.service import view
 from bot.config import NatsConfig
 from bot.ingest.envelope import Ingest
 from bot.ingest.overload import errors_first
-from bot.ingest.runs import alias_problem, keyed
+from bot.ingest.runs import alias_problem, events_problem, keyed
 from bot.runs.devices import TooManyDevices
 from bot.shared import BotState
 from bot.store.rows import RunRow
@@ -272,6 +272,9 @@ class NatsIngest:
                 [a.run_id for a in env.actions] + [h.run_id for h in env.heartbeats]
             if any(r != env.run_id for r in carried):
                 raise Poison("schema", "every event, sample, action and heartbeat must carry the envelope's run_id")
+            problem = events_problem(env.events)
+            if problem is not None:
+                raise Poison("schema", problem)
             _, key = self._own(project, env.run_id, env.project)
             # another project's run has this id: this project's is kept under its own key (bot/app.py's run_owner)
             self.ingest.envelope(env if key == env.run_id else keyed(env, key), defer=True)

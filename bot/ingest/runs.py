@@ -24,10 +24,10 @@ from typing import Any
 
 import msgspec
 
+from bot.runs.devices import id_problem
 from bot.runs.lifecycle import ENDED_NORMALLY, FAILED, RUN_ENDED, RunPhase, end_input, new_attempt, run_step
 from bot.shared import BotState
 from bot.store.rows import AlertView, RunRow
-from msmon.common.text import CONTROL_LINE, one_line
 from msmon.contract.wire import Envelope, Event, Heartbeat, Severity, Status
 
 log = logging.getLogger("msmon.bot")
@@ -50,9 +50,16 @@ def alias_problem(run_id: str) -> str | None:
     if ALIAS in run_id:
         return (f"run_id {run_id[:80]!r} has {ALIAS!r}, which the bot keeps for its names of a project's run whose id "
                 f"another project uses (<run_id>{ALIAS}<project>): name the run without {ALIAS!r}")
-    if CONTROL_LINE.search(run_id):
-        return (f"run_id {one_line(run_id[:80])!r} has a control character (a newline would write its own line "
-                "into status and logs): name the run with printable characters")
+    return id_problem("run_id", run_id)
+
+
+def events_problem(events: list[Event]) -> str | None:
+    """Why a job's events cannot be kept (their rule or device has a control character: `status` lists them), or
+    None. HTTP answers it 422, NATS drops the message as poison."""
+    for ev in events:
+        problem = id_problem("rule", ev.rule) or id_problem("device", ev.device)
+        if problem is not None:
+            return f"an event's {problem}"
     return None
 
 

@@ -14,6 +14,15 @@ from collections.abc import Callable, Iterable
 from msmon.common.text import CONTROL_LINE, one_line
 
 
+def id_problem(field: str, value: str) -> str | None:
+    """Why a job's id (`field`: run_id, device, rule) cannot be kept: a control character in it (a newline would
+    write its own line into `status` and the logs); None when it can."""
+    if CONTROL_LINE.search(value):
+        return (f"{field} {one_line(value[:80])!r} has a control character (a newline would write its own line "
+                f"into status and logs): name it with printable characters")
+    return None
+
+
 class TooManyDevices(ValueError):
     """A device the run may not add; the message is the whole answer."""
 
@@ -34,9 +43,9 @@ class DeviceGate:
             self._runs.move_to_end(run_id)
         if device in devices:
             return
-        if CONTROL_LINE.search(device):
-            raise TooManyDevices(f"device {one_line(device[:80])!r} has a control character (a newline would write its "
-                                 "own line into status and logs); name the device with printable characters")
+        problem = id_problem("device", device)
+        if problem is not None:
+            raise TooManyDevices(problem)
         if len(devices) >= self.limit:
             raise TooManyDevices(f"run {run_id[:80]!r} already reports from {len(devices):,} devices, the most one run "
                                  f"may (bot.max_devices); device {device[:80]!r} is refused. Let fewer ranks report, "

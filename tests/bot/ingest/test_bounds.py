@@ -238,6 +238,12 @@ def test_checkpoint_rings_are_bounded_and_their_text_never_writes_a_line_of_its_
     assert code == 422 and "run_id" in body["error"] and "control character" in body["error"]
     code, body = bot.request("POST", "/v1/ingest", _from("7\x1b[2J"))
     assert code == 422 and "device" in body["error"] and "control character" in body["error"]
+    from tests.fakes.records import event
+
+    forged = event(run="run-1", rule="grad_norm\n*run-1*: no alert firing")
+    code, body = bot.request("POST", "/v1/ingest", encode(Envelope(run_id="run-1", device="0", sent_at=time.time(),
+                                                                   project="llm", events=[forged])))
+    assert code == 422 and "an event's rule" in body["error"] and "control character" in body["error"], body
 
 
 @given(st.builds(lambda h, w: (h, w), st.text(max_size=256), st.text(max_size=512)))
