@@ -106,17 +106,18 @@ def share_lr(train_network: Any, optimizer: Any, scalable: bool = False) -> str 
     MindFormers' MFTrainOneStepCell reports the LR from `self.learning_rate = deepcopy(optimizer.learning_rate)`: a
     change to the optimizer's schedule (scale-lr, a fault) changes the real LR but not the one reported in its log
     line, its TensorBoard and the 5-tuple msmon reads. The train cell is given the optimizer's own schedule (one
-    object: the LR reported is the LR used). With `scalable`, a bare schedule is first wrapped as ScalableLR, so
-    scale-lr works on a schedule the user cannot wrap (one built from a YAML's lr_schedule). Call it before the first
-    step compiles the graph (a callback's on_train_begin)."""
+    object: the LR reported is the LR used). With `scalable`, or for such a train cell, a bare schedule is first
+    wrapped as ScalableLR, so scale-lr works on a schedule the user cannot wrap (one built from a YAML's
+    lr_schedule). Call it before the first step compiles the graph (a callback's on_train_begin)."""
     if optimizer is None or train_network is None or getattr(train_network, "use_grouped_lr", False):
         return None
     done = []
     lr = optimizer.learning_rate
+    copy = getattr(train_network, "learning_rate", None) if train_network is not optimizer else None
+    scalable = scalable or (isinstance(copy, nn.Cell) and copy is not lr)
     if scalable and isinstance(lr, nn.learning_rate_schedule.LearningRateSchedule) and not isinstance(lr, ScalableLR):
         optimizer.learning_rate = lr = ScalableLR(lr)
         done.append(f"the optimizer's {type(lr.schedule).__name__} wrapped as ScalableLR (scale-lr can change it)")
-    copy = getattr(train_network, "learning_rate", None) if train_network is not optimizer else None
     if copy is not None and copy is not lr and isinstance(copy, nn.Cell) and isinstance(lr, nn.Cell):
         train_network.learning_rate = lr
         done.append(f"{type(train_network).__name__} reports the optimizer's LR instead of its own copy")

@@ -75,3 +75,10 @@ def test_without_share_lr_the_copy_hides_the_scale():
     before = _step(cell)
     ops.assign(cell.optimizer.learning_rate.scale, ms.Tensor(0.5, ms.float32))
     assert _step(cell) == pytest.approx(before, rel=0.01)
+
+
+def test_a_train_cell_with_its_own_copy_gets_a_scalable_schedule_without_asking():
+    """MonitorCallback handed to MindFormers' Trainer (callbacks=[...]): its schedule came from the YAML too."""
+    cell = _cell(nn.CosineDecayLR(0.0, 0.1, 100))
+    share_lr(cell, cell.optimizer)
+    assert isinstance(cell.optimizer.learning_rate, ScalableLR) and cell.learning_rate is cell.optimizer.learning_rate
