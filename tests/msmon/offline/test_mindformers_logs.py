@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -524,3 +525,29 @@ def test_generated_and_damaged_lines_are_read_exactly_or_missing_and_counted(cas
             assert (want is None or (not rec.printed and not field.startswith("local")) or key not in where
                     or flagged & set(near)), (field, rec, text)
     assert len(report.skipped) + len(report.missing) <= 3 * len(text)
+
+
+# -- a real log --------------------------------------------------------------------------------------
+
+REAL = Path(__file__).parent / "data" / "mindformers-2.1.0-cpu-info.log"
+
+
+def test_a_real_mindformers_2_1_log_reads_whole_and_as_printed(caplog):
+    """log/rank_0/info.log of MindFormers 2.1.0's own Trainer (a tiny LLaMA on MindSpore 2.10.0's CPU wheel, 45
+    steps, non-sink; written on this machine in the issue 38 runs): no damage, and every value as its line prints
+    it, cut out here by plain string splitting."""
+    text = REAL.read_text(encoding="utf-8").splitlines()
+    want = []
+    for i, line in enumerate(text):
+        if "print_output_info: { Epoch:" in line:
+            bar = text[i + 1]
+            want.append((int(line.split("step:[")[1].split("/")[0]), float(line.split("loss:[")[1].split("/")[0]),
+                         float(line.split("lr: ")[1].split(",")[0]),
+                         float(line.split("global_norm: [")[1].split("]")[0]),
+                         float(bar.split("|")[-1].split()[0]), line.split("overflow cond: ")[1].startswith("True"),
+                         float(line.split("loss_scale: ")[1].split(",")[0])))
+    assert len(want) == 45 and "loss:[5.543239/5.543239]" in text[[i for i, t in enumerate(text) if "step:[" in t][0]]
+    with caplog.at_level(logging.WARNING, logger="msmon.offline.readers"):
+        rows = list(read_log(str(REAL)))
+    assert [(r.step, r.loss, r.lr, r.grad_norm, r.throughput, r.overflow, r.loss_scale) for r in rows] == want
+    assert not caplog.records  # no damaged line
