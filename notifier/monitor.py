@@ -316,14 +316,17 @@ class Monitor:
         accum = dev.accum
         if accum > 1:
             opt, micro = divmod(step + dev.shift, accum)
-            if opt % si and (not li or opt % li):
-                return _EMPTY
-            if loss is not None:
-                dev.acc_loss += loss
-                dev.acc_n += 1
-            if micro != accum - 1:
-                return _EMPTY
-            loss = dev.acc_loss / dev.acc_n if dev.acc_n else None
+            if ((loss is None or loss - loss == 0.0)
+                    and (grad_norm is None or overflow or grad_norm - grad_norm == 0.0)):
+                if opt % si and (not li or opt % li):
+                    return _EMPTY
+                if loss is not None:
+                    dev.acc_loss += loss
+                    dev.acc_n += 1
+                if micro != accum - 1:
+                    return _EMPTY
+                loss = dev.acc_loss / dev.acc_n if dev.acc_n else None
+            # else a NaN/Inf in a micro-step: its optimizer step is sampled at once, sampled step or not
             dev.acc_loss, dev.acc_n = 0.0, 0
             step = opt
         elif (step % si and (not li or step % li)

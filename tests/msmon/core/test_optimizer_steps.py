@@ -187,3 +187,16 @@ def test_a_grad_norm_climbing_while_the_loss_is_flat_is_a_creep() -> None:
     """The 13B case: the loss flat at 1.82, the grad norm +0.4% a step from step 1000: flagged within 230 steps."""
     events = _creep_events(lambda s: 1.82, lambda s: 0.8 * 1.004 ** max(s - 1000, 0))
     assert events and 1000 < events[0].step <= 1230, events
+
+
+@pytest.mark.parametrize("declared", [None, 2])
+def test_a_nan_in_a_micro_step_is_sampled_at_once(declared: int | None) -> None:
+    """Accumulation 2 logged per micro-step, step_interval 10, the loss NaN from optimizer step 289 (no sampled
+    step): nonfinite ERROR at 289, not at the next sampled optimizer step 290 (the corpus run
+    r0025-nan-warmup_cosine-a2-micro)."""
+    rows = _micro_steps("lm-const-s1", 2)[:700]
+    nan = [Row(step=r.step - (declared is not None), loss=float("nan") if r.step > 2 * 288 else r.loss, lr=r.lr,
+               grad_norm=r.grad_norm, time=r.time) for r in rows]
+    cfg = _config(10, **({} if declared is None else {"grad_accumulation_steps": declared}))
+    first = [e for e in _alerts(nan, cfg) if e.rule == "nonfinite"][0]
+    assert first.step == (289 if declared is None else 288) and first.severity is Severity.ERROR
