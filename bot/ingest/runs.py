@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from bot.ranks.missing import RULE as MISSING_RULE
 from bot.runs.devices import id_problem
 from bot.runs.lifecycle import ENDED_NORMALLY, FAILED, RUN_ENDED, RunPhase, end_input, new_attempt, run_step
 from bot.shared import BotState
@@ -37,6 +38,10 @@ Emit = Callable[[Event, str, dict[str, str], float], int]  # Ingest.event
 _RETIRED = 4096  # earlier attempts' processes remembered per run (a late message of one is dropped)
 _PHASES = {p.value: p for p in RunPhase}  # a run's stored state (bot/store/rows.py's RunState) as its phase
 RUN_FAILED = "run_failed"  # the rule of the one message a run that died sends (`Runs._failed`)
+# Alerts about liveness, not about the training: at a run's end its ranks' own phases say who is missing; a job_gone
+# or rank_missing still firing when the last final heartbeat comes (the watchdog or the rank check has not run since
+# the job spoke again) is stale, and a run is not failed for it
+LIVENESS = frozenset({"job_gone", "job_stalled", MISSING_RULE})
 _NAMED = 8  # firing alerts a failure names (the rest counted)
 
 
@@ -128,7 +133,8 @@ class Runs:
             return
         now = self.state.clock()
         ranks = self.state.ranks.run(run_id) if self.state.cfg.ranks.enable else None
-        errors = [a for a in self.state.store.alerts(run_id, "firing") if a["severity"] == Severity.ERROR.value]
+        errors = [a for a in self.state.store.alerts(run_id, "firing")
+                  if a["severity"] == Severity.ERROR.value and a["rule"] not in LIVENESS]
         lost: list[str] = []
         if ranks is not None:
             members = list(ranks.members.values())

@@ -530,3 +530,23 @@ def test_a_rank_killed_just_before_the_others_finish_is_missing_and_the_run_fail
         stop.write_text("")
         for p in procs:
             terminate(p, 10)
+
+
+def test_a_job_gone_still_firing_when_the_job_speaks_again_and_ends_does_not_fail_the_run(tmp_path, slack,
+                                                                                          bot_server):
+    """A job silent past heartbeat_timeout (a long checkpoint save) is job_gone; when it comes back and ends at once,
+    the job_gone may still be firing (the watchdog has not run since): that is liveness, stale by the final heartbeat
+    itself, not what the run died of. It ended normally, and the job_gone closes with it."""
+    cfg = config(tmp_path, slack)
+    cfg["bot"]["pipeline"]["heartbeat_timeout"] = 0.5
+    bot = bot_server(cfg)
+    now = time.time()
+    beat = Heartbeat(run_id="slow-save", device="0", time=now, step=5, proc="p1", seq=1, project="llm")
+    assert bot.request("POST", "/v1/ingest", encode(Envelope(run_id="slow-save", device="0", sent_at=now,
+                                                             project="llm", proc="p1", heartbeats=[beat])))[0] == 202
+    assert wait_for(lambda: [a["rule"] for a in run_view(bot, "slow-save")["firing"]] == ["job_gone"], timeout=15)
+    final = Heartbeat(run_id="slow-save", device="0", time=time.time(), step=6, proc="p1", seq=2, final=True,
+                      project="llm")
+    assert bot.request("POST", "/v1/heartbeat", encode(final))[0] == 202
+    assert wait_for(lambda: run_view(bot, "slow-save")["state"] == "ended", timeout=15), run_view(bot, "slow-save")
+    assert run_view(bot, "slow-save")["end_reason"] == "ended normally"
