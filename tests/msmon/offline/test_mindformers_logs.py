@@ -529,14 +529,19 @@ def test_generated_and_damaged_lines_are_read_exactly_or_missing_and_counted(cas
 
 # -- a real log --------------------------------------------------------------------------------------
 
-REAL = Path(__file__).parent / "data" / "mindformers-2.1.0-cpu-info.log"
+DATA = Path(__file__).parent / "data"
 
 
-def test_a_real_mindformers_2_1_log_reads_whole_and_as_printed(caplog):
-    """log/rank_0/info.log of MindFormers 2.1.0's own Trainer (a tiny LLaMA on MindSpore 2.10.0's CPU wheel, 45
-    steps, non-sink; written on this machine in the issue 38 runs): no damage, and every value as its line prints
+@pytest.mark.parametrize(("name", "steps", "first"), [
+    ("mindformers-2.1.0-cpu-info.log", 45, "loss:[5.543239/5.543239]"),  # on MindSpore 2.10.0
+    ("mindformers-1.9.0-cpu-info.log", 40, "loss:[5.549888/5.549888]"),  # on MindSpore 2.9.0
+])
+def test_a_real_mindformers_log_reads_whole_and_as_printed(caplog, name, steps, first):
+    """log/rank_0/info.log of MindFormers' own Trainer (a tiny LLaMA on MindSpore's CPU wheel, non-sink; written on
+    this machine in the issue 38 runs, tests/mindformers/job.py): no damage, and every value as its line prints
     it, cut out here by plain string splitting."""
-    text = REAL.read_text(encoding="utf-8").splitlines()
+    real = DATA / name
+    text = real.read_text(encoding="utf-8").splitlines()
     want = []
     for i, line in enumerate(text):
         if "print_output_info: { Epoch:" in line:
@@ -546,8 +551,8 @@ def test_a_real_mindformers_2_1_log_reads_whole_and_as_printed(caplog):
                          float(line.split("global_norm: [")[1].split("]")[0]),
                          float(bar.split("|")[-1].split()[0]), line.split("overflow cond: ")[1].startswith("True"),
                          float(line.split("loss_scale: ")[1].split(",")[0])))
-    assert len(want) == 45 and "loss:[5.543239/5.543239]" in text[[i for i, t in enumerate(text) if "step:[" in t][0]]
+    assert len(want) == steps and first in text[[i for i, t in enumerate(text) if "step:[" in t][0]]
     with caplog.at_level(logging.WARNING, logger="msmon.offline.readers"):
-        rows = list(read_log(str(REAL)))
+        rows = list(read_log(str(real)))
     assert [(r.step, r.loss, r.lr, r.grad_norm, r.throughput, r.overflow, r.loss_scale) for r in rows] == want
     assert not caplog.records  # no damaged line
