@@ -9,14 +9,15 @@ each is read alone and read + replayed through the full Monitor. Ratios are Mind
     .venv/bin/python bench/bench_mindformers.py --cost [--python .venv-mf21/bin/python] [--steps 100,500]
 
 What a training step inside MindFormers' Trainer costs the training process on the host, in CPU instructions
-(valgrind's callgrind), for MindFormers' own per-step callback (MFLossMonitor: the log line, a bare MindFormers
-run's host work per step besides the compute) and for msmon's (MsmonCallback, built as MindFormers builds it from a
-callbacks entry: the 5-tuple's five host reads, Monitor.step with every rule, step_interval 1). Each arm drives the
-callbacks' hooks with a MindSpore RunContext whose net_outputs are real MindSpore tensors of MFTrainOneStepCell's
-5-tuple (loss, overflow, loss scale, LR, grad norm), in a fresh process under callgrind at two step counts;
-differencing them cancels imports and start-up. The loop alone is taken out. The graph's own step (the compute,
-the same with or without a callback) is not in these figures. Needs valgrind and the MindFormers venv (make
-.venv-mf21/...; the tests' Makefile target).
+(valgrind's callgrind, counting only the steps: instrumentation is turned on after the imports), for MindFormers'
+own per-step callback (MFLossMonitor: the log line, a bare MindFormers run's host work per step besides the
+compute) and for msmon's (MsmonCallback, built as MindFormers builds it from a callbacks entry: the 5-tuple's five
+host reads, Monitor.step with every rule, step_interval 1). Each arm drives the callbacks' hooks with a MindSpore
+RunContext whose net_outputs are real MindSpore tensors of MFTrainOneStepCell's 5-tuple (loss, overflow, loss
+scale, LR, grad norm), in a fresh process under callgrind: after 10 warm-up steps, `lo` steps, a dump, then
+`hi - lo` steps counted alone. The loop alone is taken out. The graph's own step (the compute, the same with or
+without a callback) is not in these figures. Needs valgrind and the MindFormers venv (.venv-mf21, which make test
+builds).
 """
 
 from __future__ import annotations
@@ -60,8 +61,10 @@ def rates(path: str) -> tuple[float, float]:
 COST_ARMS = ("loop", "mindformers", "msmon")
 
 
-def cost_child(arm: str, steps: int) -> None:
-    """One arm, `steps` steps of the callbacks' hooks on real 5-tuples (runs in the MindFormers venv)."""
+def cost_child(arm: str, steps: int, lo: int) -> None:
+    """One arm (runs in the MindFormers venv, under callgrind with instrumentation off until the parent turns it
+    on): 10 steps of the callbacks' hooks on real 5-tuples, then `lo` steps, then `steps - lo` more, the parent
+    dumping callgrind's counts between them."""
     import math
 
     import mindspore as ms
@@ -91,15 +94,35 @@ def cost_child(arm: str, steps: int) -> None:
     for c in callbacks:
         c.on_train_begin(ctx)
         c.on_train_epoch_begin(ctx)
-    for step in range(1, steps + 1):
-        cb.cur_step_num = step
-        for c in callbacks:
-            c.on_train_step_begin(ctx)
-        cb.net_outputs = outputs[step % 64]
-        for c in callbacks:
-            c.on_train_step_end(ctx)
+
+    def run(first: int, last: int) -> None:
+        for step in range(first, last + 1):
+            cb.cur_step_num = step
+            for c in callbacks:
+                c.on_train_step_begin(ctx)
+            cb.net_outputs = outputs[step % 64]
+            for c in callbacks:
+                c.on_train_step_end(ctx)
+
+    run(1, 10)  # first-step work (MindFormers' first line, msmon's first sample) before anything is counted
+    for mark, (first, last) in (("lo", (11, 10 + lo)), ("hi", (11 + lo, 10 + steps))):
+        wait(f"go-{mark}")  # the parent has turned instrumentation on / dumped the counts so far
+        run(first, last)
+        print(mark, flush=True)
+    wait("go-end")
     for c in callbacks:
         c.on_train_end(ctx)
+
+
+def wait(name: str) -> None:
+    """Poll for the parent's file `name` in the working directory: callgrind takes callgrind_control's commands
+    only while the process runs code, so this does not block in a read."""
+    import os
+    import time
+
+    print(f"wait {name} {os.getpid()}", flush=True)
+    while not os.path.exists(name):
+        time.sleep(0.02)
 
 
 def cost(python: str, lo: int, hi: int, jobs: int) -> None:
@@ -112,33 +135,47 @@ def cost(python: str, lo: int, hi: int, jobs: int) -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
 
-    def instructions(arm: str, steps: int) -> int | str:
+    def instructions(arm: str) -> int | str:
+        """The instructions of the hi - lo steps (the second part callgrind dumps), or why there are none."""
         out = tempfile.mkdtemp(prefix="msmon-mfcost-")
         try:
-            cmd = ["valgrind", "--tool=callgrind", "--trace-children=no", f"--callgrind-out-file={out}/cg.out",
-                   python, __file__, "--cost-child", arm, "--steps", str(steps)]
+            cmd = ["valgrind", "--tool=callgrind", "--trace-children=no", "--instr-atstart=no",
+                   f"--callgrind-out-file={out}/cg.out", python, __file__, "--cost-child", arm, "--steps",
+                   f"{lo},{hi}"]
             env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(ROOT))
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200, cwd=out)
-            first = re.search(r"==(\d+)==", p.stderr)
-            found = first and re.search(rf"=={first.group(1)}== Collected : (\d+)", p.stderr)
-            if p.returncode != 0 or not found:
-                return f"failed ({(p.stderr.strip().splitlines() or ['?'])[-1][:160]})"
-            return int(found.group(1))
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=out)
+            assert p.stdout is not None
+            for line in p.stdout:
+                word = line.split()
+                if word[:1] == ["wait"]:
+                    name, pid = word[1], word[2]
+                    action = {"go-lo": "-i on", "go-hi": "-d", "go-end": "-d"}[name]
+                    subprocess.run(["callgrind_control", *action.split(), pid], capture_output=True, timeout=3600)
+                    Path(out, name).touch()
+            err = p.stderr.read() if p.stderr else ""
+            if p.wait() != 0:
+                return f"failed ({(err.strip().splitlines() or ['?'])[-1][:160]})"
+            parts = sorted(Path(out).glob("cg.out.*"), key=lambda f: int(f.name.rsplit(".", 1)[1]))
+            totals = []
+            for f in parts:
+                m = re.search(r"^(?:totals|summary): (\d+)", f.read_text(), re.M)
+                if m:
+                    totals.append(int(m.group(1)))
+            return totals[1] if len(totals) >= 2 else f"failed (dumps: {totals})"
         finally:
             shutil.rmtree(out, ignore_errors=True)
 
-    runs = [(arm, n) for arm in COST_ARMS for n in (lo, hi)]
     with ThreadPoolExecutor(jobs) as pool:
-        got = dict(zip(runs, pool.map(lambda r: instructions(*r), runs), strict=True))
-    print(f"Instructions per step of the callbacks' hooks, in the training process (callgrind; {lo:,} vs {hi:,} "
-          f"steps differenced; {python})")
+        got = dict(zip(COST_ARMS, pool.map(instructions, COST_ARMS), strict=True))
+    print(f"Instructions per step of the callbacks' hooks, in the training process (callgrind, counting steps "
+          f"{lo + 11:,}-{hi + 10:,} only; {python})")
     per: dict[str, float] = {}
     for arm in COST_ARMS:
-        a, b = got[(arm, lo)], got[(arm, hi)]
-        if isinstance(a, str) or isinstance(b, str):
-            print(f"{arm:<22} {a if isinstance(a, str) else b}")
+        n = got[arm]
+        if isinstance(n, str):
+            print(f"{arm:<22} {n}")
             continue
-        per[arm] = (b - a) / (hi - lo)
+        per[arm] = n / (hi - lo)
     loop = per.get("loop")
     for arm, v in per.items():
         extra = "" if arm == "loop" or loop is None else f"   less the loop: {v - loop:>12,.0f}"
@@ -154,11 +191,12 @@ def main() -> None:
     p.add_argument("--cost-child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.cost_child:
-        cost_child(args.cost_child, int(args.steps))
+        lo, hi = (int(x) for x in args.steps.split(","))
+        cost_child(args.cost_child, hi, lo)
         return
     if args.cost:
         lo, hi = (int(x) for x in (args.steps or "100,500").split(","))
-        cost(args.python, lo, hi, args.jobs)
+        cost(args.python, lo, hi, max(1, min(args.jobs, len(COST_ARMS))))
         return
     args.steps = int(args.steps or 100_000)
     logging.getLogger("msmon").setLevel(logging.CRITICAL)  # the Monitor's start-up summary, once per replay
