@@ -20,7 +20,8 @@ as MindFormers prints them (`%s` of a NumPy float32 array for the LR, the global
     2.1.0        `indexer_loss: %5.6f, ` too
 
 TensorBoard files are written with tensorboardX (what MindFormers uses) under MFLossMonitor's tag names, in its
-`tensorboard_dir/rank_N` layout, with the `... vs samples` twins (x axis in samples, not steps).
+`tensorboard_dir/rank_N` layout, with the `... vs samples` twins (x axis in samples, not steps; tensorboardX writes
+`loss vs samples` as `loss_vs_samples`, as in a real MindFormers run's folder).
 
 A step is a dict: `step` (global, from 1), `loss`, `lr`, `grad_norm`, `throughput` (samples/s per
 device), `time` (seconds since the epoch, UTC); optionally `overflow`, `loss_scale`, and in a data-parallel run
