@@ -62,6 +62,8 @@ class LrSchedule:
     RECENT: ClassVar[int] = 20  # recent rises and LRs kept: what a warmup's steps look like, where the LR just was
     FIRST: ClassVar[float] = 2.5  # the LR's first rise, up to this many x, in its first RECENT samples: warmup
     RESTART: ClassVar[float] = 0.9  # once settled, a rise back to this fraction of the peak or more is a restart
+    RESTART_LOW: ClassVar[float] = 0.3  # ... and from the bottom of a decay (BOTTOM), to this fraction, see _restart
+    BOTTOM: ClassVar[float] = 0.1
     REACT: ClassVar[int] = 5  # loss and grad norm samples before a change: their reference (median)
 
     def __init__(self, p: LrScheduleParams, ctx: DetectorContext) -> None:
@@ -85,6 +87,7 @@ class LrSchedule:
         self.since_max = 0  # samples since the highest LR rose (FLAT or more: settled)
         self.hold = 0  # the longest the LR held between two rises of its warmup (a staircase's stair), in samples
         self.rose_once = False  # the LR has risen above its first level
+        self.restart_lr = math.inf  # the level of the last warm restart read as one (see _restart)
         self.first_change = 0  # the step of the change held when another came
         self.held_lr = 0.0  # held: the highest LR since the change (a further jump above it is a change of its own)
         self.announced = 0  # samples left in which an LR change is the job's own (scale_lr, note_lr_change)
@@ -237,9 +240,11 @@ class LrSchedule:
         if not new_high:  # below the peak: a change only if it jumped to a level neither recent nor the peak's
             self.since_max += 1
             change = (settled and lr > prev * (1 + self.jump) and lr > max(self.lrs, default=lr) * (1 + self.OVER_PEAK)
-                      and lr < self.RESTART * self.max_lr)
-        elif settled:
-            change = lr > self.max_lr * (1 + self.OVER_PEAK)
+                      and lr < self.RESTART * self.max_lr and not self._restart(lr, prev))
+        elif settled:  # above the peak; a restart from the bottom of a decay to just above it is a restart (the
+            # first peak was between two samples, never seen: a warmup's top at step_interval 10)
+            over = lr > self.max_lr * (1 + self.OVER_PEAK)
+            change = over and not (lr <= self.max_lr * (1 + self.jump) and self._restart(lr, prev))
         else:
             steepest = max(self.rates, default=0.0)
             change = lr > prev * (1 + self.jump) and rate > self.JUMP_RATE * steepest
@@ -250,6 +255,18 @@ class LrSchedule:
             self._remember(s)
             return None
         return self._changed(s, lr, prev, rate, new_high, settled, steepest)
+
+    def _restart(self, lr: float, prev: float) -> bool:
+        """A warm restart whose peaks decay (SGDR with a restart decay: 0.8, 0.64, ... of the first peak): from the
+        bottom of a decay (at most BOTTOM x the peak) back up to RESTART_LOW x the peak or more, and not above the
+        last restart's level. The first restart and every later one are judged so; a jump from the bottom of a decay
+        into that band is read as a restart too (the known price)."""
+        peak = self.max_lr
+        if prev > self.BOTTOM * peak or lr < self.RESTART_LOW * peak or lr > self.restart_lr * (1 + self.OVER_PEAK):
+            return False
+        self.restart_lr = lr
+        self.max_lr = max(peak, lr)  # a peak between two samples, never seen before: this is it
+        return True
 
     def _settled(self) -> bool:
         """No new highest LR for FLAT samples, and for twice the longest hold between two rises of the warmup (the

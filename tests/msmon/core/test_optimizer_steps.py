@@ -200,3 +200,32 @@ def test_a_nan_in_a_micro_step_is_sampled_at_once(declared: int | None) -> None:
     cfg = _config(10, **({} if declared is None else {"grad_accumulation_steps": declared}))
     first = [e for e in _alerts(nan, cfg) if e.rule == "nonfinite"][0]
     assert first.step == (289 if declared is None else 288) and first.severity is Severity.ERROR
+
+
+def _sgdr(step: int, decay: float = 0.8, first: int = 114, warmup: int = 20) -> float:
+    """Warmup, then cosine restarts with the period doubling and each restart's peak x `decay` (the corpus's
+    sgdr schedule: bench/corpus/gen.py)."""
+    import math
+
+    if step <= warmup:
+        return 0.01 * step / warmup
+    t, period, peak = step - warmup, first, 0.01
+    while t >= period:
+        t, period, peak = t - period, period * 2, peak * decay
+    return 1e-5 + 0.5 * (peak - 1e-5) * (1 + math.cos(math.pi * t / period))
+
+
+@pytest.mark.parametrize("every", [1, 4, 10])
+def test_warm_restarts_whose_peaks_decay_are_a_schedule(every: int) -> None:
+    """SGDR with peaks 0.8, 0.64 of the first, logged every step, every 4th (sink mode) or sampled every 10th: the
+    restarts rise from the bottom of a decay to a level below the last restart's: a schedule. Before: an
+    lr_schedule WARNING at each restart (corpus runs r0010-clean-sgdr-a2-opt, r0020-clean-sgdr-a2-sink)."""
+    lrs = [_sgdr(s) if s % every == 0 else _sgdr(s - s % every) for s in range(1, 1000)]
+    assert _lr_events(lrs[::every] if every > 1 else lrs) == []
+
+
+def test_an_lr_jump_in_the_middle_of_a_restart_cycle_is_still_a_change() -> None:
+    """x5 at step 400, in the middle of the second cycle's decay (not from its bottom): flagged at its step."""
+    lrs = [_sgdr(s) * (5.0 if s >= 400 else 1.0) for s in range(1, 1000)]
+    events = _lr_events(lrs)
+    assert events and events[0].step == 400, events
