@@ -223,7 +223,7 @@ class GradNormCreep:
         self.recent_n = max(p.window // 5, 3)
         self.in_phase = False  # a learning phase was seen and the loss has kept falling fast since
         # the loss beside each grad norm fitted: two windows and the last window / 5 samples (see _learning)
-        self.losses: deque[float] = deque(maxlen=2 * p.window + self.recent_n)
+        self.losses: deque[float | None] = deque(maxlen=2 * p.window + self.recent_n)
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
@@ -231,9 +231,7 @@ class GradNormCreep:
             return SKIP
         if s.step < self.early_steps:
             return None  # leaving its initialisation, the grad norm rises and falls by itself
-        loss = s.loss
-        if loss is not None and loss - loss == 0.0:
-            self.losses.append(loss)
+        self.losses.append(s.loss)  # None and NaN too (cheaper here; _learning leaves them out)
         y = math.log(g)
         if self.trend_end is not None and y - self.trend_end > self.log_jump:
             # A sudden jump is the spike and threshold rules' business; kept out, it cannot fake a trend.
@@ -261,7 +259,9 @@ class GradNormCreep:
         k, xs = self.learning, self.losses
         if k is None or len(xs) < xs.maxlen:  # type: ignore[operator]
             return False
-        v = list(xs)
+        v = [x for x in xs if x is not None and x - x == 0.0]
+        if len(v) < len(xs) - len(xs) // 10:  # losses missing or NaN: not enough to tell
+            return False
         r = self.recent_n
         w = (len(v) - r) // 2
         old, mid, now = median(v[:w]), median(v[w:2 * w]), median(v[2 * w:])

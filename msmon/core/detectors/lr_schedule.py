@@ -86,6 +86,7 @@ class LrSchedule:
         self.settled_at: int | None = None  # inferred end of a warmup into a constant LR
         self.since_max = 0  # samples since the highest LR rose (FLAT or more: settled)
         self.hold = 0  # the longest the LR held between two rises of its warmup (a staircase's stair), in samples
+        self.settle = self.FLAT  # samples without a new highest LR that make it settled: FLAT, 2 x hold at least
         self.rose_once = False  # the LR has risen above its first level
         self.restart_lr = math.inf  # the level of the last warm restart read as one (see _restart)
         self.first_change = 0  # the step of the change held when another came
@@ -222,8 +223,7 @@ class LrSchedule:
                 return None
         if self.before is not None:
             return self._held(s, lr, prev, rate)
-        since = self.since_max  # settled: see _settled (inlined: every sample)
-        settled = since >= self.FLAT and since >= 2 * self.hold
+        settled = self.since_max >= self.settle
         new_high = lr > self.max_lr * (1 + self.SAME)
         cw = self.ctx.warmup_steps
         if prev is None or self.samples < 3 or (cw is not None and s.step <= cw) or new_high and (
@@ -231,7 +231,8 @@ class LrSchedule:
             # the LR's first rise from zero, or in the run's first samples: a warmup starting (a staircase's first
             # stair)
             if prev is not None and new_high:
-                self.rose_once, self.hold = True, max(self.hold, self.since_max)
+                self.rose_once = True
+                self._held_for(self.since_max)
             self.since_max = 0 if new_high else self.since_max + 1
             self.max_lr = max(self.max_lr, lr)
             self._remember(s)
@@ -250,7 +251,7 @@ class LrSchedule:
             change = lr > prev * (1 + self.jump) and rate > self.JUMP_RATE * steepest
         if not change:
             if new_high and not settled:  # warmup goes on; a settled peak stays where it was
-                self.hold = max(self.hold, self.since_max)
+                self._held_for(self.since_max)
                 self.since_max, self.max_lr = 0, lr
             self._remember(s)
             return None
@@ -271,7 +272,13 @@ class LrSchedule:
     def _settled(self) -> bool:
         """No new highest LR for FLAT samples, and for twice the longest hold between two rises of the warmup (the
         stairs of a warmup logged per micro-step, or updated every k steps, are holds of k samples)."""
-        return self.since_max >= self.FLAT and self.since_max >= 2 * self.hold
+        return self.since_max >= self.settle
+
+    def _held_for(self, samples: int) -> None:
+        """The warmup's LR held `samples` between two rises (a stair): settled takes twice the longest."""
+        if samples > self.hold:
+            self.hold = samples
+            self.settle = max(self.FLAT, 2 * samples)
 
     def _changed(self, s: Sample, lr: float, prev: float, rate: float, new_high: bool, settled: bool,
                  steepest: float, again: bool = False) -> Finding:
