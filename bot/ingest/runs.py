@@ -173,9 +173,9 @@ class Runs:
         log.warning("msmon bot: run %s", text)
         ev = Event(run_id=run_id, device="*", step=step or 0, time=now, rule=RUN_FAILED, severity=Severity.ERROR,
                    status=Status.FIRING, value=float(len(errors)), threshold=0.0, message=text,
-                   hint="The run died of the alerts above: they stay open until acknowledged or a new attempt starts. "
-                        "The console keeps its whole curve, downsampled; restart from a checkpoint before the first "
-                        "alert.")
+                   hint="The run died of the alerts named here: they stay open until acknowledged or a new attempt "
+                        "starts. The console keeps its whole curve, downsampled; restart from a checkpoint before the "
+                        "first alert.")
         if self.emit(ev, run["project"], run["labels"], now):
             self.state.wake_outbox()
 
