@@ -489,3 +489,19 @@ def test_the_runs_accumulation_total_and_warmup_steps_come_from_mindformers_keys
     assert how(own, "runner_config.gradient_accumulation_steps") == [
         "msmon's own training.grad_accumulation_steps (1) wins"]
     assert how(own, "lr_schedule.total_steps")[0].startswith("not acted on: not a count")
+
+
+def test_check_config_of_a_yaml_with_an_msmon_callbacks_entry_says_it_is_attached_there(write, capsys):
+    out = check_config(write("train.yaml", "run_mode: train\nmonitor_config: {monitor_on: False, step_interval: 5}\n"
+                                           "callbacks:\n  - {type: MFLossMonitor}\n"
+                                           "  - {type: MsmonCallback, run_id: llama, log_interval: 0}\n"), capsys)
+    assert "monitoring run llama: every 5 step(s)" in out  # the entry turns msmon on; step_interval is shared
+    assert "Attached by the file's callbacks entry (type: MsmonCallback)" in out
+    assert "monitor_config.monitor_on: False -> MindFormers' switch of its own TrainingStateMonitor" in out
+
+
+def test_msmon_keys_in_a_mindformers_training_yaml_s_monitor_config_are_refused_as_mindformers_refuses_them(write):
+    with pytest.raises(ConfigError, match=r"monitor_config.actions: MindFormers refuses this file \(KeyError: The "
+                                          r"config 'monitor_config' gets an unexpected key: actions\)"):
+        load(write, "run_mode: train\nmonitor_config:\n  monitor_on: true\n"
+                    "  actions: [{rule: grad_norm, severity: ERROR, action: save_checkpoint}]\n")
