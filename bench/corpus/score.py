@@ -14,7 +14,8 @@ Every step below is an optimizer step (a micro-step log's rows and a Monitor's o
 - **false episodes**: alert episodes (a rule on a device from its first FIRING to its resolution; a rise from
   WARNING to ERROR is the same episode) that start before the fault's first logged step, or anywhere in a clean run;
   **per 10k** clean optimizer steps; **of them timing**: those of the timing rules (step_stall, throughput_drop,
-  straggler; the time column is nominal, so they speak only to a resume's restart gap);
+  straggler; the time column is nominal, so they speak only to a resume's restart gap); **per 10k, training
+  rules**: the same without them;
 - **ERRORs on clean runs**: ERROR alerts (first firings and rises) anywhere in a clean run; **pre-fault ERRORs** the
   same before the fault of a faulty run;
 - **caught**: an alert of the fault's family (any rule but the timing ones) at or after the fault's first logged
@@ -250,6 +251,7 @@ class Group:
             "runs": len(self.scores), "clean": len(self.clean_runs), "clean_opt_steps": steps,
             "false_episodes": eps, "false_warning_only": warn, "false_timing": timing,
             "per_10k": None if not steps else eps * 10_000 / steps,
+            "per_10k_training": None if not steps else (eps - timing) * 10_000 / steps,
             "errors_clean_runs": sum(s.false_errors for s in self.clean_runs),
             "errors_pre_fault": sum(s.false_errors for s in faults),
             "faults": len(faults), "caught": len(caught),
@@ -261,6 +263,7 @@ class Group:
 
 COLUMNS = (("runs", "runs"), ("clean", "clean"), ("clean_opt_steps", "clean opt steps"),
            ("false_episodes", "false episodes"), ("false_timing", "of them timing"), ("per_10k", "per 10k"),
+           ("per_10k_training", "per 10k, training rules"),
            ("errors_clean_runs", "ERRORs clean runs"), ("errors_pre_fault", "ERRORs pre-fault"), ("caught", "caught"),
            ("median_lag", "median lag"), ("max_lag", "max lag"), ("in_time", "in time"))
 
@@ -274,7 +277,7 @@ def _cell(key: str, row: dict[str, Any]) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.2f}" if key == "per_10k" else f"{v:g}"
+        return f"{v:.2f}" if key.startswith("per_10k") else f"{v:g}"
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
