@@ -220,14 +220,26 @@ t.close(final=True)
 """
 
 
+def rank_jobs(bot, run: str, world: int, stop: Path) -> list[subprocess.Popen]:
+    """`world` ranks of `run`, each a process of its own (RANK_JOB), until `stop` exists; returns once the bot has
+    heard every rank."""
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_JOB, bot.url, run, str(r), str(world), str(stop)],
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}, start_new_session=True)
+             for r in range(world)]
+    heard = wait_for(lambda: (v := run_view(bot, run)) is not None and len(v["devices"]) == world, timeout=30)
+    if not heard:
+        stop.write_text("")
+        for p in procs:
+            terminate(p, 10)
+    assert heard, run_view(bot, run)
+    return procs
+
+
 def test_a_killed_rank_stays_missing_when_the_others_finish(tmp_path, slack, bot_server):
     bot = bot_server(config(tmp_path, slack))
     stop = tmp_path / "stop"
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_JOB, bot.url, "dp-4", str(r), "4", str(stop)],
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}, start_new_session=True)
-             for r in range(4)]
+    procs = rank_jobs(bot, "dp-4", 4, stop)
     try:
-        assert wait_for(lambda: (v := run_view(bot, "dp-4")) is not None and len(v["devices"]) == 4, timeout=30)
         time.sleep(0.5)
         procs[2].send_signal(signal.SIGKILL)
         procs[2].wait(10)
@@ -512,11 +524,8 @@ def test_a_rank_killed_just_before_the_others_finish_is_missing_and_the_run_fail
     others outlived it: it is missing, and the run failed."""
     bot = bot_server(config(tmp_path, slack))
     stop = tmp_path / "stop"
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_JOB, bot.url, "dp-k", str(r), "3", str(stop)],
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}, start_new_session=True)
-             for r in range(3)]
+    procs = rank_jobs(bot, "dp-k", 3, stop)
     try:
-        assert wait_for(lambda: (v := run_view(bot, "dp-k")) is not None and len(v["devices"]) == 3, timeout=30)
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait(10)
         stop.write_text("")  # the others finish at once, well inside missing_after
