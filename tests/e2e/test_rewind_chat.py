@@ -104,3 +104,29 @@ def test_a_rules_rewind_in_a_two_rank_run_goes_through_the_bot_and_every_rank_ap
     # a second rank's request for the same spike, if any, is answered as moot on every rank: one rewind
     moot = [[x for x in r["results"] if x["action"] == "rewind" and not x["applied"]] for r in ranks]
     assert len(moot[0]) == len(moot[1]) and all("already" in x["detail"] for m in moot for x in m), moot
+
+
+def test_a_rewind_from_chat_with_one_ranks_checkpoint_truncated_is_refused_on_every_rank(tmp_path, bot):
+    """issue 36, as reported: two ranks, rank 1's ring checkpoint truncated, `rewind RUN to 275` from chat loaded on
+    rank 0 and was refused on rank 1. Now the command fails on both, its report names rank 1 and the file's problem,
+    and both ranks train on from where they were, with one set of weights."""
+    job = start(bot, tmp_path, ranks=2, MSMON_RW_PACE="0.05", MSMON_RW_STEPS="420",
+                MSMON_RW_CORRUPT="1:truncated:250:301")
+    try:
+        def step() -> int:
+            run = bot.request("GET", "/v1/runs/rw-run", token="operator-token")[1]
+            return int(run.get("last_step") or 0) if isinstance(run, dict) else 0
+
+        assert wait_for(lambda: step() >= 305, timeout=240), "the job did not reach step 305"
+        view = command(bot, "rewind rw-run to 275", timeout=120)
+        assert view["status"] == "failed", view
+        results = view["results"]
+        assert set(results) == {"0", "1"} and not any(r["ok"] for r in results.values()), results
+        assert "rank 1 refused" in results["1"]["detail"] and "does not load" in results["1"]["detail"], results
+        assert "rank 1 refused (see its answer)" in results["0"]["detail"], results
+        assert results["0"]["step"] == results["1"]["step"] >= view["apply_step"], (results, view["apply_step"])
+    finally:
+        out = finish(job, timeout=400)
+    ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in range(2)]
+    assert all(r["attempt"] == 0 and [s for s, _ in r["losses"]] == list(range(1, 421)) for r in ranks), out[-2000:]
+    assert ranks[0]["weights"] == ranks[1]["weights"]
