@@ -76,6 +76,26 @@ def _locate(data: Any, source: str | None) -> Mapping[str, Any]:
                              f"add one, or pass a standalone monitor config")], source)
 
 
+def _with_file(index: int, entry: Mapping[str, Any], source: str | None) -> Mapping[str, Any]:
+    """An MsmonCallback entry with `config: FILE` (a standalone msmon file, relative to the current directory, as the
+    job resolves it): the file's keys, overridden by the entry's own."""
+    path = entry.get("config")
+    if path is None:
+        return entry
+    if not isinstance(path, str) or not path:
+        raise ConfigError([Issue(f"callbacks[{index}].config", f"expected the path of an msmon monitor config file, "
+                                 f"got {shown(path)}", location_of(entry, "config"))], source)
+    file = load_yaml(path)
+    if isinstance(file, Mapping) and mindformers.callback_entry(file) is not None:
+        raise ConfigError([Issue(f"callbacks[{index}].config", f"{path} is a training YAML with its own MsmonCallback "
+                                 "entry; name a standalone msmon monitor config", location_of(entry, "config"))],
+                          source)
+    merged = LineDict({**_locate(file, path), **entry})
+    if isinstance(entry, LineDict):
+        merged.lines, merged.where = dict(entry.lines), entry.where
+    return merged
+
+
 def _apply_legacy_thresholds(cfg: MonitorConfig, section: Mapping[str, Any], ctx: Context) -> None:
     """`alert.loss_spike_threshold` / `alert.grad_norm_threshold` are the levels users already set."""
     alert = section.get("alert") if isinstance(section, Mapping) else None
@@ -115,7 +135,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
         # a MindFormers training YAML with msmon in its callbacks list: msmon's keys are that entry's
         top = data
         theirs_section = _locate(data, name) if SECTION in data else None
-        section, theirs, prefix = mindformers.split_entry(entry[1], entry[0], theirs_section, ctx)
+        section, theirs, prefix = mindformers.split_entry(_with_file(*entry, name), entry[0], theirs_section, ctx)
     else:
         section = _locate(data, name)
         top = None if section is data else data  # a standalone section has no top level of its own

@@ -38,7 +38,7 @@ PYNATIVE = "monitor"  # the PyNative trainer's section (docs: feature/monitor.md
 CALLBACK = "MsmonCallback"  # the `type` of msmon's entry in a training YAML's callbacks list
 # Keys of that entry that are the callback's own arguments (or MindFormers' registry's), not monitor settings
 CALLBACK_OPTIONS = ("type", "auto_register", "run_id", "checkpoint_dir", "seq_length", "pause_timeout", "resume_from",
-                    "device")
+                    "device", "config")  # config: a standalone msmon file whose keys the entry's own keys override
 # The run modes in which MindFormers' config template checks monitor_config's keys (ConfigTemplate.train_configs)
 _CHECKED_RUN_MODES = ("train", "finetune", "predict_with_train_model")
 _SHARED = ("monitor_on", "step_interval")  # keys both vocabularies have

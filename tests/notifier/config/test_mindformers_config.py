@@ -505,3 +505,15 @@ def test_msmon_keys_in_a_mindformers_training_yaml_s_monitor_config_are_refused_
                                           r"config 'monitor_config' gets an unexpected key: actions\)"):
         load(write, "run_mode: train\nmonitor_config:\n  monitor_on: true\n"
                     "  actions: [{rule: grad_norm, severity: ERROR, action: save_checkpoint}]\n")
+
+
+def test_an_msmon_callbacks_entry_may_take_its_settings_from_a_standalone_file_which_its_own_keys_override(write):
+    own = write("msmon.yaml", "monitor_config:\n  step_interval: 7\n  log_interval: 0\n"
+                              "  bot: {url: 'http://127.0.0.1:9', token_env: MSMON_TOKEN}\n")
+    cfg = load(write, f"run_mode: train\ncallbacks:\n  - {{type: MsmonCallback, config: '{own}', step_interval: 3}}\n")
+    assert cfg.monitor_on and cfg.step_interval == 3 and cfg.log_interval == 0
+    assert cfg.bot.url == "http://127.0.0.1:9"
+    with pytest.raises(ConfigError, match=r"callbacks\[0\]\.config: expected the path"):
+        load(write, "run_mode: train\ncallbacks:\n  - {type: MsmonCallback, config: 5}\n")
+    with pytest.raises(ConfigError, match="nowhere.yaml"):
+        load(write, "run_mode: train\ncallbacks:\n  - {type: MsmonCallback, config: /nowhere.yaml}\n")
