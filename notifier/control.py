@@ -68,7 +68,11 @@ class RewindBackend(Backend, Protocol):
 
     A rewind runs `read_checkpoint` (which must change nothing: parse and check the file against the model), then
     `seek_data` (if the data moves), then `restore` (which must not fail once read_checkpoint passed: if it does,
-    the job stops rather than train on half-loaded weights)."""
+    the job stops rather than train on half-loaded weights). Two optional methods: `check_seek(position,
+    run_context)` raises ActionError when `seek_data(position)` could not be honoured (past the data's end, sink
+    mode), before anything moves; `agree(value, refused) -> (every rank holds value, the ranks that refused)` is one
+    collective every rank of a multi-rank run calls at the rewind's step boundary, so all load or none does
+    (MindSporeBackend has both)."""
 
     def save_checkpoint(self, step: int, name: str, directory: str | None = None) -> str:
         """As Backend's; `directory`: where (a health checkpoint's ring folder), None: the backend's own."""
