@@ -245,7 +245,9 @@ class Monitor:
                               warmup_steps=cfg.training.warmup_steps, target_loss=cfg.training.target_loss,
                               peers=self._ctx_peers)
         rules = [_Rule(n, RULES[n][1](cfg.alert.rules.get(n), ctx)) for n in self._active]
-        return _Device(name, rules, cfg.training.grad_accumulation_steps)
+        dev = _Device(name, rules, cfg.training.grad_accumulation_steps)
+        ctx.recent = dev.recent  # a rule may read the device's recent samples (grad_norm_creep's losses)
+        return dev
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -344,7 +346,10 @@ class Monitor:
         assert infer is not None
         dev.held.append(call)
         step, _, loss, lr, grad_norm = call[:5]
-        answer = infer.feed(step, lr, grad_norm)
+        if call[10] and (grad_norm is None or grad_norm - grad_norm != 0.0):  # a step skipped by loss scaling
+            answer = infer.skip(step)
+        else:
+            answer = infer.feed(step, lr, grad_norm)
         if answer is None and (loss is not None and loss - loss != 0.0
                                or grad_norm is not None and not call[10] and grad_norm - grad_norm != 0.0):
             answer = infer.settle()

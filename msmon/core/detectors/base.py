@@ -296,3 +296,6 @@ class DetectorContext:
     warmup_steps: int | None = None
     target_loss: float | None = None
     peers: dict[str, float] = dataclasses.field(default_factory=dict)  # device -> latest step time
+    # the device's recent samples, newest last (the Monitor's own, the one being judged included): read, never
+    # written, by a rule that needs another metric's recent history only now and then (grad_norm_creep's loss)
+    recent: Any = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
 from typing import ClassVar
 
 from msmon.contract.wire import Sample, Severity
@@ -222,8 +221,7 @@ class GradNormCreep:
         self.learning = p.learning
         self.recent_n = max(p.window // 5, 3)
         self.in_phase = False  # a learning phase was seen and the loss has kept falling fast since
-        # the loss beside each grad norm fitted: two windows and the last window / 5 samples (see _learning)
-        self.losses: deque[float | None] = deque(maxlen=2 * p.window + self.recent_n)
+        self.ctx = ctx  # its `recent` samples: the losses _learning reads (none: no learning phase is read)
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
         g = s.grad_norm
@@ -231,7 +229,6 @@ class GradNormCreep:
             return SKIP
         if s.step < self.early_steps:
             return None  # leaving its initialisation, the grad norm rises and falls by itself
-        self.losses.append(s.loss)  # None and NaN too (cheaper here; _learning leaves them out)
         y = math.log(g)
         if self.trend_end is not None and y - self.trend_end > self.log_jump:
             # A sudden jump is the spike and threshold rules' business; kept out, it cannot fake a trend.
@@ -256,11 +253,12 @@ class GradNormCreep:
         """Whether the loss is falling fast now (see GradNormCreepParams): the median of its last `window` / 5 samples
         `learning` below the median of the `window` before them, and clearly (3 standard errors of that median, from
         the window's own fluctuation), and twice as far as over the `window` before that when the phase begins."""
-        k, xs = self.learning, self.losses
-        if k is None or len(xs) < xs.maxlen:  # type: ignore[operator]
+        k, recent = self.learning, self.ctx.recent
+        need = 2 * self.full + self.recent_n  # two windows and the last window / 5 samples
+        if k is None or recent is None or len(recent) < min(need, recent.maxlen or need):
             return False
-        v = [x for x in xs if x is not None and x - x == 0.0]
-        if len(v) < len(xs) - len(xs) // 10:  # losses missing or NaN: not enough to tell
+        v = [x for x in (s.loss for s in list(recent)[-need:]) if x is not None and x - x == 0.0]
+        if len(v) < min(need, len(recent)) * 9 // 10:  # losses missing or NaN: not enough to tell
             return False
         r = self.recent_n
         w = (len(v) - r) // 2
