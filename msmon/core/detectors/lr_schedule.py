@@ -50,7 +50,8 @@ class LrSchedule:
                            "(warmup_steps, total_steps / decay steps, min_lr) and, after a resume, that the "
                            "optimizer's LR and global step were restored. If the new LR is intended, acknowledge it.")
 
-    ZERO_FRACTION: ClassVar[float] = 0.1  # zero for this fraction of the run so far: not the schedule's end
+    ZERO_FRACTION: ClassVar[float] = 0.05  # zero for this fraction of the run so far: not the schedule's end
+    ZERO_SAMPLES: ClassVar[int] = 3  # ... and this many samples in a row
     # A warmup into a constant LR has ended once the LR has held its peak for this many samples and for
     # twice the steps before it (for the LR-zero check: an LR at zero after warmup is an ERROR).
     SETTLE_SAMPLES: ClassVar[int] = 10
@@ -133,8 +134,10 @@ class LrSchedule:
         if self.max_lr <= self.epsilon and self.samples >= 10:
             return Finding(Severity.ERROR, lr, self.epsilon,
                            f"learning rate has been {lr:g} for all {self.samples} samples so far")
-        if total is None and self.zero_run >= 10 and step - self.zero_since >= self.ZERO_FRACTION * step:
-            # Decayed smoothly to zero: the end of the schedule, or a decay far shorter than the run.
+        if total is None and self.peak_step is not None and self.zero_run >= self.ZERO_SAMPLES and (
+                step - self.zero_since >= self.ZERO_FRACTION * step):
+            # Decayed smoothly to zero: the end of the schedule, or a decay far shorter than the run (llm.c's GPT-2
+            # ends its decay at 0 350 steps before its last, 1.8% of the run).
             return Finding(Severity.WARNING, lr, self.epsilon,
                            f"learning rate has been {lr:g} since step {self.zero_since}: if the run is not about "
                            "to end, the schedule's decay is shorter than the run (set training.total_steps to "

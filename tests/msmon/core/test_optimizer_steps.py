@@ -245,3 +245,16 @@ def test_steps_skipped_by_loss_scaling_do_not_hide_the_accumulation() -> None:
     assert answer == (16, 0)
     stuck = Infer()  # every step overflowing from the first: answered, the rows are not held back for ever
     assert [a for a in (stuck.skip(s) for s in range(1, 400)) if a is not None][0] == (1, 0)
+
+
+def test_an_lr_decayed_to_exactly_zero_while_the_run_goes_on_is_flagged() -> None:
+    """No total_steps declared: the LR decays linearly to exactly 0 at step 400 and the run trains on at 0 (decay
+    steps set too short): a WARNING once it has been 0 for 5% of the run and 3 samples (before: 10 samples and 10%,
+    so never at step_interval 10 in a 250-step run: corpus run r0013-lr_zero-wsd-a8-micro). A cosine that reaches 0
+    at its last step: nothing (llm.c's GPT-2, at 0 for its last 1.8%, is in tests/msmon/offline/test_real_traces.py)."""
+    lrs = [1e-3 * max(0.0, 1 - s / 400) for s in range(1, 1000)]
+    events = _lr_events(lrs)
+    assert events and events[0].step == 422 and events[0].severity is Severity.WARNING, events
+    import math
+
+    assert _lr_events([1e-3 * 0.5 * (1 + math.cos(math.pi * s / 999)) for s in range(1, 1000)]) == []
