@@ -10,7 +10,8 @@ Items and their classes (the names the envelope's `dropped` counts use):
 |-------------------------------|---------------|------|-----------------------------------------|
 | ERROR event, firing           | `errors`      | high | `max_high` and `max_bytes` (refused then) |
 | action result                 | `actions`     | high | `max_high` and `max_bytes`              |
-| ERROR event, resolved         | `resolutions` | high | never dropped (one per firing)          |
+| ERROR event, resolved         | `resolutions` | high | never dropped (a newer one replaces it) |
+| an ERROR's chart window       | `windows`     |  -   | shed under `max_bytes` before the ERROR itself is refused |
 | WARNING event, firing         | `warnings`    | mid  | `max_queue` items / `max_bytes`          |
 | WARNING event, resolved       | `resolutions` | mid  | same, dropped only after every firing   |
 | metric sample                 | `samples`     | low  | same, dropped first                     |
@@ -23,7 +24,11 @@ Guarantees (tests/notifier/transport/test_sendq.py checks them for any sequence 
 * events go out in the order they were queued (one run's episodes keep firing -> resolved order),
   across failures, partial acceptance and a restart from the spool;
 * a high item the queue took is never dropped; a resolution is never dropped while a firing event
-  of the same alert is still queued;
+  of the same alert is still queued (an ERROR's resolution replaced by a newer one of its alert, none of
+  its firings queued between, is not dropped: the bot hears the alert resolved all the same);
+* the spool's bound (`max_bytes`) holds every tier: when ERRORs fill it, their chart windows (`Event.window`,
+  the bot's chart of the minutes before) are shed first, the oldest resolutions' first, and only then is a
+  new ERROR refused; windows shed and ERRORs refused are counted (`windows`, `errors`) and reported;
 * every drop is counted by class and reported in the next accepted envelope.
 """
 
@@ -37,7 +42,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from msmon.contract.wire import ActionResult, Event, Sample, Severity, Status
+from msmon.contract.wire import ActionResult, Event, Sample, Severity, Status, encode
 
 Item = Event | Sample | ActionResult
 
@@ -159,6 +164,7 @@ class Limits:
     persist_interval: float = 1.0  # the spool is rewritten at most this often
 
 
+FRAMING = 12  # a spool line's bytes around an item's own (notifier/transport.py SpoolRecord.line, its newline)
 _STREAMS = ("actions", "events", "samples")  # a batch lists them in this order
 
 
@@ -212,14 +218,16 @@ class SendQueue:
         """Queue an item (size: its encoded bytes; data: those bytes, kept with it for the edge to send and spool
         without encoding it again). False when it was refused or dropped at once."""
         cls, tier = classify(item)
+        entry = Entry(self._seq + 1, item, cls, tier, size, now, data=data)
+        if tier is Tier.HIGH and self._kept_bytes() + size > self.limits.max_bytes:
+            self._make_room(entry)  # chart windows shed, older resolutions of its alert replaced
         if tier is Tier.HIGH and cls != "resolutions" and (self._held[Tier.HIGH] >= self.limits.max_high or
-                                                           self._high_bytes + size > self.limits.max_bytes):
+                                                           self._kept_bytes() + entry.size > self.limits.max_bytes):
             self.refused[cls] = self.refused.get(cls, 0) + 1
             self._count_drop(cls, 1)
             self.cap_reached = True
             return False
         self._seq += 1
-        entry = Entry(self._seq, item, cls, tier, size, now, data=data)
         self._account(entry, +1)
         self._put(entry)
         self._dirty = True
@@ -238,7 +246,7 @@ class SendQueue:
         restored: list[Entry] = []
         for item, data in items:
             self._seq += 1
-            restored.append(Entry(self._seq, item, *classify(item), len(data), now, data=data))
+            restored.append(Entry(self._seq, item, *classify(item), len(data) + FRAMING, now, data=data))
         for entry in reversed(restored):
             self._account(entry, +1)
             self._put(entry, front=True)
@@ -326,7 +334,7 @@ class SendQueue:
         self.connected = True
         self._failures = 0
         self._not_before = self._backoff_until = now
-        if self._limit is not None and n == len(batch.entries):
+        if self._limit is not None and n == len(batch.entries) and n:  # (a batch of drop counts only: unchanged)
             self._limit = None if 2 * n >= self.limits.batch_max else 2 * n
         self._dirty = self._dirty or n > 0
         return out
@@ -472,6 +480,51 @@ class SendQueue:
                 self._dirty = True
             if not self._over():
                 return
+
+    def _kept_bytes(self) -> int:
+        """The bytes no eviction can free: the high entries', and the lower entries' in flight."""
+        flying = self._in_flight.entries if self._in_flight is not None else ()
+        return self._high_bytes + sum(e.size for e in flying if e.tier is not Tier.HIGH)
+
+    def _make_room(self, new: Entry) -> None:
+        """Room among the high entries for `new` within `max_bytes`, taking nothing an ERROR needs to be seen: the
+        chart windows of the queued ERROR events (resolutions' first, then firings', oldest first; never one in
+        flight), then `new`'s own; a resolution replaces its alert's last queued event when that is a resolution
+        too (its firing in between was refused: the bot hears the same, later). ERROR resolutions are then bounded
+        by the alerts with a firing queued."""
+        over = self._kept_bytes() + new.size - self.limits.max_bytes
+        high = [e for e in self._free["events"].values() if e.tier is Tier.HIGH]
+        for e in sorted(high, key=lambda e: e.cls != "resolutions"):
+            if over <= 0:
+                return
+            over -= self._shed_window(e)
+        if over > 0:
+            over -= self._shed_window(new, queued=False)
+        if over > 0 and new.cls == "resolutions":
+            same = [e for e in high if e.key == new.key]
+            if same and same[-1].cls == "resolutions":  # its alert's last queued event: replaced by the newer one
+                self._unput(same[-1])
+                self._account(same[-1], -1)
+                self._dirty = True
+
+    def _shed_window(self, entry: Entry, queued: bool = True) -> int:
+        """Drop an ERROR event's chart window (counted under `windows`); the bytes it freed."""
+        item = entry.item
+        if not isinstance(item, Event) or item.window is None:
+            return 0
+        stripped = msgspec.structs.replace(item, window=None)
+        data = encode(stripped)
+        freed = max(len(entry.data or encode(item)) - len(data), 0)  # its size keeps the spool line's framing
+        if queued:
+            self._account(entry, -1)
+        entry.item, entry.size = stripped, entry.size - freed
+        if entry.data:
+            entry.data = data
+        if queued:
+            self._account(entry, +1)
+            self._dirty = True
+        self._count_drop("windows", 1)
+        return freed
 
     def _count_drop(self, cls: str, n: int) -> None:
         self.dropped[cls] = self.dropped.get(cls, 0) + n

@@ -58,7 +58,7 @@ from msmon.contract.wire import (
 )
 
 from .http import HTTPFailure, request
-from .sendq import Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, judge
+from .sendq import FRAMING, Batch, Entry, Fault, Item, Limits, Outcome, SendQueue, judge
 
 log = logging.getLogger("msmon")
 
@@ -549,7 +549,7 @@ class BotTransport:
                     self._q.lost(item)
                     bad.append(f"{type(item).__name__} ({exc})")
                     continue
-                self._q.enqueue(item, now, len(data), data)
+                self._q.enqueue(item, now, len(data) + FRAMING, data)  # as its spool line: the bound is the file's
             cap = self._q.cap_reached
         if bad:
             self._complain("unencodable", f"msmon: run {self.run_id}: a {bad[0]} could not be encoded for the bot "

@@ -254,8 +254,9 @@ class BotConfig:
     project: str = _field("default", "project name, for routing")
     labels: dict[str, str] = _field({}, "free-form labels, for routing")
     spool_dir: str = _field("./msmon_spool", "where events wait on disk while the bot is unreachable")
-    spool_max_mb: float = _field(64.0, "spool size cap, ERRORs included: metric samples make room first, then "
-                                       "warnings; an ERROR that would not fit is refused and counted",
+    spool_max_mb: float = _field(64.0, "spool file size cap, ERRORs included: metric samples make room first, then "
+                                       "warnings, then the ERRORs' chart windows; an ERROR that would not fit even so "
+                                       "is refused and counted (the bot says so in chat and status)",
                                 ge=0.01, le=1e6)
     heartbeat_interval: float = _field(5.0, "seconds between heartbeats", ge=0.01, le=3600)
     commands: bool = _field(True, "take chat commands from the bot (pause, save-checkpoint, ...; MonitorCallback)")
