@@ -9,17 +9,18 @@ comma  := ,
 
 .PHONY: demo test services lint typecheck unit slow bench lock clean
 
-# $(call install,EXTRAS,STAMP-PREFIX): a venv with msmon and those extras, redone when pyproject.toml changes
-define install
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[$(1)]'
-	rm -f $(VENV)/$(2)-*
+# $(call venv,DIR,STAMP-PREFIX,PIP-ARGS...): a venv DIR, then `pip install -q` of each PIP-ARGS in turn (one install
+# per argument, so an argument may install MindSpore first and msmon over it), its stamp $@ redone when its inputs change
+define venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(foreach args,$(3),$(1)/bin/python -m pip install -q $(subst ;, ,$(args))
+	)rm -f $(1)/$(2)-*
 	touch $@
 endef
 
 $(STAMP): pyproject.toml
-	$(call install,dev$(comma)mindspore,.installed)
+	$(call venv,$(VENV),.installed,-e;'.[dev$(comma)mindspore]')
 
 # MindSpore 2.7.0, the oldest msmon supports, in a venv of its own, installed as a cluster has it: MindSpore first,
 # then msmon over it (which must leave it in place); make unit runs the MindSpore tests on it too
@@ -30,12 +31,7 @@ MS27_STAMP := $(MS27)/.installed-$(HASH)
 MS27_TESTS := tests/notifier/mindspore tests/e2e/test_custom_loop_example.py tests/project/test_install.py \
               -k "not damaged_checkpoint_on_one_rank"
 $(MS27_STAMP): pyproject.toml
-	$(PYTHON) -m venv $(MS27)
-	$(MS27)/bin/python -m pip install -q --upgrade pip
-	$(MS27)/bin/python -m pip install -q 'mindspore==2.7.0' 'numpy==1.26.4'
-	$(MS27)/bin/python -m pip install -q -e '.[mindspore$(comma)test]'
-	rm -f $(MS27)/.installed-*
-	touch $@
+	$(call venv,$(MS27),.installed,'mindspore==2.7.0';'numpy==1.26.4' -e;'.[mindspore$(comma)test]')
 
 # MindFormers' own Trainer in the tests (tests/mindformers, run from the suite as subprocesses in these venvs): one
 # venv per release, msmon in it with `-e .` and no extra, under constraints that keep the MindSpore, numpy and
@@ -45,24 +41,15 @@ MF      := tests/mindformers
 MF21    := .venv-mf21/.installed-$(HASH)
 MF19    := .venv-mf19/.installed-$(HASH)
 $(MF21): pyproject.toml $(MF)/requirements-mf21.txt $(MF)/constraints-mf21.txt
-	$(PYTHON) -m venv .venv-mf21
-	.venv-mf21/bin/python -m pip install -q --upgrade pip
-	.venv-mf21/bin/python -m pip install -q -r $(MF)/requirements-mf21.txt -c $(MF)/constraints-mf21.txt
-	.venv-mf21/bin/python -m pip install -q --no-deps mindformers==2.1.0
-	.venv-mf21/bin/python -m pip install -q -e . -c $(MF)/constraints-mf21.txt
-	rm -f .venv-mf21/.installed-*
-	touch $@
+	$(call venv,.venv-mf21,.installed,-r;$(MF)/requirements-mf21.txt;-c;$(MF)/constraints-mf21.txt \
+	  --no-deps;mindformers==2.1.0 -e;.;-c;$(MF)/constraints-mf21.txt)
 
 $(MF19): pyproject.toml $(MF)/requirements-mf19.txt $(MF)/constraints-mf19.txt
-	$(PYTHON) -m venv .venv-mf19
-	.venv-mf19/bin/python -m pip install -q --upgrade pip
-	.venv-mf19/bin/python -m pip install -q -r $(MF)/requirements-mf19.txt -c $(MF)/constraints-mf19.txt
-	.venv-mf19/bin/python -m pip install -q -e . -c $(MF)/constraints-mf19.txt
-	rm -f .venv-mf19/.installed-*
-	touch $@
+	$(call venv,.venv-mf19,.installed,-r;$(MF)/requirements-mf19.txt;-c;$(MF)/constraints-mf19.txt \
+	  -e;.;-c;$(MF)/constraints-mf19.txt)
 
 $(DEMO): pyproject.toml
-	$(call install,bot$(comma)mindspore,.demo)
+	$(call venv,$(VENV),.demo,-e;'.[bot$(comma)mindspore]')
 
 demo: $(DEMO)
 	$(BIN)/msmon demo
