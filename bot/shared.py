@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from bot.config import BotConfig
 from bot.metrics import BotMetrics
 from bot.ranks import RankViews
+from bot.runs.dropped import JobDrops
 from bot.store.alertindex import AlertIndex
 from bot.store.sqlite import Store
 from bot.store.windows import Windows
@@ -48,6 +49,7 @@ class BotState:
         self.index = AlertIndex(store)
         self.resumed_at: dict[str, float] = {}  # run -> job clock at its last resume (its progress restarts then)
         self.waiters = Waiters()  # the jobs' long polls
+        self.drops = JobDrops()  # what jobs reported they dropped, said in chat and status (bot/runs/dropped.py)
         self.doorbell: Callable[[], None] = lambda: None  # the outbox worker's (bot/app.py sets it)
 
     def wake_outbox(self) -> None:

@@ -265,6 +265,9 @@ class CommandService:
         ring = _ring_line(self.state.windows.checkpoints.get(run_id))
         if ring:
             lines.append(ring)
+        dropped = self.state.drops.line(run_id)  # what its job dropped before the bot took it
+        if dropped:
+            lines.append(dropped)
         hist = self._history(run)
         if hist:
             behind = (run["last_step"] or 0) - hist[-1].step

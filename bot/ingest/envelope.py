@@ -23,6 +23,8 @@ from bot.metrics import BotMetrics
 from bot.pipeline import STAGES, dedup
 from bot.pipeline.alert import fingerprint
 from bot.pipeline.flow import Context, Notification, run_stages
+from bot.pipeline.route import route_for
+from bot.receivers import Note, ReplyTo
 from bot.runs.devices import DeviceGate
 from bot.shared import BotState
 from bot.store.alertindex import Entry
@@ -70,16 +72,21 @@ class Ingest:
         self.devices.admit(env.run_id, env.device)  # TooManyDevices: refused before anything is kept
         self.runs.before(env.run_id, env.rank, env.device, env.host, env.proc, now)
         events, shed = self._shed(env)
-        decides = bool(events or env.actions)  # else the run's liveness only: its one write, no transaction
+        note = state.drops.due(env.run_id, env.dropped, now)  # the job's drops said in chat (bot/runs/dropped.py)
+        # else the run's liveness only: its one write, no transaction (drop counts: counted once it is committed)
+        decides = bool(events or env.actions or env.dropped or note)
         with state.tx() if decides else contextlib.nullcontext():
             if decides:
                 state.store.lock_run(env.run_id)  # replicas on one database: one decides on this run's alerts at a time
             self._record(env, now, keep_samples=not shed["samples"], defer=defer and not decides)
             queued = jobs.record_results(state, env.actions)
+            if note:
+                queued += self._drops_note(env, now)
             if events:
                 queued += self._events(events, self._context(env.run_id, env.project, env.labels, now),
                                        Payloads(env.project, env.labels, env.rank,
                                                 self.state.ranks.known(env.run_id)))
+        state.drops.add(env.run_id, env.device, env.dropped, now, note)
         state.metrics.samples_in.inc(len(env.samples))
         if queued:
             state.wake_outbox()
@@ -90,6 +97,18 @@ class Ingest:
         if shed["samples"] or shed["warnings"]:
             answer["shed"] = shed  # the bot is overloaded: what of this envelope it did not take (ERRORs never)
         return answer
+
+    def _drops_note(self, env: Envelope, now: float) -> int:
+        """Queue the chat note of what the run's job dropped (bot/runs/dropped.py) on the run's route for ERRORs,
+        in the thread of its first message there; 1."""
+        state = self.state
+        route = route_for(env.project, env.labels, Severity.ERROR, state.cfg.routes)
+        root = state.store.message(f"{env.run_id}|root|{route.receiver}|{route.channel}")
+        text = state.drops.note_text(env.run_id, env.device, env.rank, env.dropped)
+        note = Note(text=text, reply_to=ReplyTo(channel=route.channel, thread=root["ts"] if root else ""))
+        state.store.enqueue_many([OutboxEntry(now, route.receiver, route.channel, "note", f"drops|{env.run_id}|{now!r}",
+                                              env.run_id, encode(note).decode(), now)])
+        return 1
 
     def _shed(self, env: Envelope) -> tuple[list[Event], dict[str, int]]:
         """The events kept at the overload's level, and what is shed (counted): its samples from SAMPLES on (their

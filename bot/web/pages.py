@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from bot.receivers.render import console_path, escape_html
+from bot.runs.dropped import describe
 from bot.web.views import CHARTS
 
 BASE = "/console"
@@ -196,14 +197,21 @@ def run_page(detail: dict[str, Any], user: str, csrf: str) -> Markup:
         '<div id="page" data-page="run" data-run="{run}"><h1>Run <span class="run-id">{run}</span></h1>'
         '<p class="summary">project {project} &middot; <span id="run-state">{state}</span> &middot; step '
         '<span id="run-step">{step}</span>{progress}{eta} &middot; devices <span id="run-devices">{devices}</span>'
-        '</p>{ended}<section class="charts">{charts}</section><section><h2>Alerts</h2>{alerts}</section>{box}'
+        '</p>{ended}{dropped}<section class="charts">{charts}</section><section><h2>Alerts</h2>{alerts}</section>{box}'
         '<section><h2>Commands</h2><table class="commands" id="commands"><thead><tr><th>id</th><th>who</th>'
         '<th>command</th><th>status</th><th>result</th></tr></thead><tbody>{cmds}</tbody></table></section></div>',
         run=r["run_id"], project=r["project"], state=_state_badge(r), step=f"{r['step']:,}",
         progress=_progress(r), eta=eta, devices=", ".join(r["devices"]), charts=charts, ended=_ended(r),
+        dropped=_dropped(detail.get("dropped") or {}),
         alerts=alerts_table(detail["alerts"], csrf, with_run=False), box=command_box(r["run_id"], csrf),
         cmds=command_rows(detail["commands"]))
     return layout(f"run {r['run_id']}", body, user, csrf)
+
+
+def _dropped(totals: dict[str, int]) -> Markup:
+    """What the run's job dropped before the bot took it (bot/runs/dropped.py), when it reported any."""
+    text = describe(totals)
+    return page('<p class="dropped" id="run-dropped">{text}</p>', text=text) if text else Markup("")
 
 
 def answer_page(text: str, ok: bool, back: str, user: str, csrf: str) -> Markup:

@@ -110,4 +110,5 @@ def commands(state: BotState, run_id: str) -> list[dict[str, Any]]:
 def run_detail(state: BotState, run: RunRow) -> dict[str, Any]:
     """Everything a run page shows but the series."""
     return {"run": run_summary(state, run), "alerts": alerts(state, "*", run["run_id"]),
-            "commands": commands(state, run["run_id"])}
+            "commands": commands(state, run["run_id"]),
+            "dropped": state.drops.totals(run["run_id"])}  # what its job dropped unsent (bot/runs/dropped.py)
