@@ -708,7 +708,12 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
         escalator.stop()
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
-        state.flush()
+        try:
+            state.flush()
+        except store.Error as exc:  # the database is away at shutdown: stop all the same
+            log.warning("msmon bot: stopping while the state store at %s fails (%s); the alerts' last steps held in "
+                        "memory are not written (their jobs' next envelopes write them again)", store.where,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         store.close()
 
     async def drain(app: web.Application) -> None:

@@ -10,8 +10,8 @@ it) before its answer, as before. A failed commit fails every envelope that wait
 again). Whichever path writes the held updates (this commit, an event envelope's transaction, the delivery
 worker's, an escalation pass, a heartbeat, a read of the runs), a write that fails or a transaction that rolls
 back puts them back in the store (bot/store: `flush_runs`), so the next commit writes them and no waiter is
-answered 202 for what is not committed (tests/bot/store/test_accepted_is_stored.py). Measured: bench/bench_ranks.py (one run of 1,000 ranks: one UPDATE per window instead of one per
-envelope).
+answered 202 for what is not committed (tests/bot/store/test_accepted_is_stored.py). Measured:
+bench/bench_ranks.py (one run of 1,000 ranks: one UPDATE per window instead of one per envelope).
 """
 
 from __future__ import annotations

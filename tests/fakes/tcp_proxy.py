@@ -23,6 +23,8 @@ import struct
 import threading
 import time
 
+from tests.fakes.peers import _Listener
+
 _TICK = 0.05  # seconds a connection's thread waits in select before it looks at the proxy's state again
 
 
@@ -43,23 +45,18 @@ class _Pair:
         self.done.set()
 
 
-class FaultyProxy:
+class FaultyProxy(_Listener):
     """A TCP proxy from 127.0.0.1:`port` to `host`:`target_port` that resets, refuses and blackholes."""
 
     def __init__(self, host: str, target_port: int) -> None:
         self.target = (host, target_port)
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self._sock.settimeout(_TICK)
-        self.port = self._sock.getsockname()[1]
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
         self._held: list[socket.socket] = []  # accepted while blackholed: never answered
         self._refuse_until = 0.0
         self._hole_until = 0.0
-        self._stopped = threading.Event()
         self.faults = {"reset": 0, "refused": 0, "blackhole": 0, "connections": 0}
-        self._thread = threading.Thread(target=self._accept, name="faulty-proxy", daemon=True)
-        self._thread.start()
+        super().__init__()
 
     # -- faults ------------------------------------------------------------------------------------
 
@@ -87,6 +84,7 @@ class FaultyProxy:
     def restore(self) -> None:
         """End a refusal or a blackhole now."""
         self._refuse_until = self._hole_until = 0.0
+        self._release_held()
 
     @property
     def holed(self) -> bool:
@@ -94,32 +92,25 @@ class FaultyProxy:
 
     # -- forwarding --------------------------------------------------------------------------------
 
-    def _accept(self) -> None:
-        while not self._stopped.is_set():
-            self._release_held()
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.faults["connections"] += 1
-            if self.holed:
-                self._held.append(conn)
-                continue
-            if time.monotonic() < self._refuse_until:
-                self.faults["refused"] += 1
-                _Pair(conn, socket.socket()).close(rst=True)
-                continue
-            try:
-                up = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                _Pair(conn, socket.socket()).close(rst=True)
-                continue
-            pair = _Pair(conn, up)
-            with self._lock:
-                self._pairs = [p for p in self._pairs if not p.done.is_set()] + [pair]
-            threading.Thread(target=self._pump, args=(pair,), name="faulty-proxy-pair", daemon=True).start()
+    def _serve(self, conn: socket.socket) -> None:
+        self._release_held()
+        self.faults["connections"] += 1
+        if self.holed:
+            self._held.append(conn)
+            return
+        if time.monotonic() < self._refuse_until:
+            self.faults["refused"] += 1
+            _Pair(conn, socket.socket()).close(rst=True)
+            return
+        try:
+            up = socket.create_connection(self.target, timeout=5)
+        except OSError:
+            _Pair(conn, socket.socket()).close(rst=True)
+            return
+        pair = _Pair(conn, up)
+        with self._lock:
+            self._pairs = [p for p in self._pairs if not p.done.is_set()] + [pair]
+        threading.Thread(target=self._pump, args=(pair,), name="faulty-proxy-pair", daemon=True).start()
 
     def _release_held(self) -> None:
         if self._held and not self.holed:
@@ -131,7 +122,7 @@ class FaultyProxy:
     def _pump(self, pair: _Pair) -> None:
         socks = [pair.client, pair.upstream]
         try:
-            while not self._stopped.is_set():
+            while not self._done.is_set():
                 if pair.abort.is_set():
                     pair.close(rst=True)
                     return
@@ -150,9 +141,7 @@ class FaultyProxy:
         pair.close(rst=True)
 
     def close(self) -> None:
-        self._stopped.set()
-        self._thread.join(5)
-        self._sock.close()
+        self._stop()
         with self._lock:
             pairs = list(self._pairs)
         for p in pairs:

@@ -1,13 +1,13 @@
 """A 202 means stored, on every store, whatever path's write fails (issue 36).
 
 The real bot on loopback, with its delivery worker posting to a local Slack and its escalator passing every
-50 ms, takes envelopes (samples, events, heartbeats) and standalone heartbeats from 40 runs on 6 threads in a
+50 ms, takes envelopes (samples, events, heartbeats) and standalone heartbeats from 30 runs on 6 threads in a
 seeded random order (tests/fakes/accepted.py); every answer that is not a 202 is sent again, as the job does.
 Faults fire at random points meanwhile:
 
 - PostgreSQL behind a fault-injecting TCP proxy (tests/fakes/tcp_proxy.py): every connection reset, new ones
   refused for up to 0.5 s, a blackhole (no answer, no reset) once;
-- SQLite with another connection holding the file's write lock (short holds, and two past the bot's 5 s busy
+- SQLite with another connection holding the file's write lock (short holds, and three past the bot's 5 s busy
   timeout);
 - SQLite on a full disk (a 16 MB tmpfs filled to its last byte and emptied again; needs root to mount).
 
@@ -41,7 +41,7 @@ from tests.fakes.tcp_proxy import FaultyProxy
 
 pytest.importorskip("aiosmtpd")
 
-RUNS, REQUESTS = 40, 480
+RUNS, REQUESTS = 30, 360
 ROUNDS = int(os.environ.get("MSMON_FAULT_ROUNDS", "1"))
 
 
@@ -137,9 +137,9 @@ def sqlite_read(path: Path) -> tuple[dict[str, tuple[int | None, list[str]]], se
 
 def lock_holder(path: Path) -> Callable[[random.Random, threading.Event], None]:
     """Another process's connection taking the file's write lock at random points: mostly for a moment (the
-    bot waits), twice for longer than the bot's busy timeout (5 s: its writes fail then)."""
+    bot waits), three times for longer than the bot's busy timeout (5 s: its writes fail then)."""
     def fire(rng: random.Random, stop: threading.Event) -> None:
-        long_ones = set(rng.sample(range(3, 12), 2))  # which holds outlast the bot's busy timeout
+        long_ones = set(rng.sample(range(2, 10), 3))  # which holds outlast the bot's busy timeout
         with contextlib.closing(sqlite3.connect(path, timeout=30, isolation_level=None)) as other:
             n = 0
             while not stop.wait(rng.uniform(0.05, 0.3)):
