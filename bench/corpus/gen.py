@@ -348,14 +348,8 @@ class Step(nn.Cell):  # type: ignore[misc]
         return ops.concat((per, norm.reshape(1), overflow.astype(ms.float32).reshape(1)))
 
 
-class PlainStep(nn.Cell):  # type: ignore[misc]
+class PlainStep(Step):
     """`Step` without loss scaling: the update always applied (no control flow)."""
-
-    def __init__(self, net: Any, opt: Any, accum: int) -> None:
-        super().__init__()
-        self.net, self.opt, self.loss, self.accum = net, opt, MeanLoss(net), accum
-        self.weights = opt.parameters
-        self.grad = ops.GradOperation(get_by_list=True)
 
     def construct(self, x: Any, y: Any, m: Any, ctl: Any) -> Any:
         mult, lr = ctl[0], ctl[1]
