@@ -243,8 +243,10 @@ class GradNormCreep:
         short, long = self._recent(p), self._long(s)
         if short is None or (long is not None and long.level is not None and short.level is not None
                              and long.level.rank > short.level.rank):
+            if long is None:
+                return None
             short = long
-        if short is not None and self._learning():
+        if self._learning():
             self._new_normal()
             return None
         return short

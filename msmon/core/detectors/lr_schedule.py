@@ -193,7 +193,7 @@ class LrSchedule:
         if cw is not None and total is not None and cw >= total:
             return Finding(Severity.WARNING, float(cw), float(total),
                            f"warmup_steps {cw} is not shorter than total_steps {total}: the LR never leaves warmup")
-        if (total is not None and self.peak_step is None and cw is None and s.step > total // 2 and self.rose
+        if (cw is None and self.peak_step is None and total is not None and s.step > total // 2 and self.rose
                 and not self._settled()):  # still rising (a staircase's stairs included)
             return Finding(Severity.WARNING, lr, self.max_lr,
                            f"learning rate is still rising at step {s.step} of {total}: is warmup as long as the run?")
