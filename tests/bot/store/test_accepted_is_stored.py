@@ -1,7 +1,7 @@
 """A 202 means stored, on every store, whatever path's write fails (issue 36).
 
 The real bot on loopback, with its delivery worker posting to a local Slack and its escalator passing every
-50 ms, takes envelopes (samples, events, heartbeats) and standalone heartbeats from 30 runs on 6 threads in a
+50 ms, takes envelopes (samples, events, heartbeats) and standalone heartbeats from 40 runs on 6 threads in a
 seeded random order (tests/fakes/accepted.py); every answer that is not a 202 is sent again, as the job does.
 Faults fire at random points meanwhile:
 
@@ -41,7 +41,7 @@ from tests.fakes.tcp_proxy import FaultyProxy
 
 pytest.importorskip("aiosmtpd")
 
-RUNS, REQUESTS = 30, 360
+RUNS, REQUESTS = 40, 480
 ROUNDS = int(os.environ.get("MSMON_FAULT_ROUNDS", "1"))
 
 
@@ -180,7 +180,7 @@ def disk_filler(where: Path) -> Callable[[random.Random, threading.Event], None]
     """The disk filled to its last byte at random points, for a moment, then emptied again."""
     def fire(rng: random.Random, stop: threading.Event) -> None:
         filler = where / "filler"
-        while not stop.wait(rng.uniform(0.2, 0.6)):
+        while not stop.is_set():
             fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
             with contextlib.suppress(OSError):  # until ENOSPC
                 while True:
@@ -188,6 +188,7 @@ def disk_filler(where: Path) -> Callable[[random.Random, threading.Event], None]
             os.close(fd)
             stop.wait(rng.uniform(0.1, 0.4))
             filler.unlink()
+            stop.wait(rng.uniform(0.1, 0.4))  # the time until the disk fills again
     return fire
 
 
@@ -197,7 +198,7 @@ def test_every_202_is_in_sqlite_when_its_disk_fills_up(seed, tmp_path, small_dis
     cfg["bot"]["state_path"] = str(small_disk / "bot.sqlite")
     bot = bot_server(cfg, escalation_period=0.05)
     with firing(disk_filler(small_disk), seed):
-        books = drive(bot, seed, RUNS, REQUESTS // 2)
+        books = drive(bot, seed, RUNS, REQUESTS)
     checked(books, lambda: sqlite_read(small_disk / "bot.sqlite"), f"SQLite full disk, round {seed}")
 
 
