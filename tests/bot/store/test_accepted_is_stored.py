@@ -7,7 +7,7 @@ Faults fire at random points meanwhile:
 
 - PostgreSQL behind a fault-injecting TCP proxy (tests/fakes/tcp_proxy.py): every connection reset, new ones
   refused for up to 0.5 s, a blackhole (no answer, no reset) once;
-- SQLite with another connection holding the file's write lock (short holds, and three past the bot's 5 s busy
+- SQLite with another connection holding the file's write lock (short holds, and three of 11 s past the bot's 5 s busy
   timeout);
 - SQLite on a full disk (a 16 MB tmpfs filled to its last byte and emptied again; needs root to mount).
 
@@ -137,14 +137,14 @@ def sqlite_read(path: Path) -> tuple[dict[str, tuple[int | None, list[str]]], se
 
 def lock_holder(path: Path) -> Callable[[random.Random, threading.Event], None]:
     """Another process's connection taking the file's write lock at random points: mostly for a moment (the
-    bot waits), three times for longer than the bot's busy timeout (5 s: its writes fail then)."""
+    bot waits), three times (the first at once) for 11 s, past the bot's busy timeout (5 s: its writes fail then)."""
     def fire(rng: random.Random, stop: threading.Event) -> None:
-        long_ones = set(rng.sample(range(2, 10), 3))  # which holds outlast the bot's busy timeout
+        long_ones = {0, *rng.sample(range(2, 10), 2)}  # which holds outlast the bot's busy timeout (the first)
         with contextlib.closing(sqlite3.connect(path, timeout=30, isolation_level=None)) as other:
             n = 0
             while not stop.wait(rng.uniform(0.05, 0.3)):
                 other.execute("BEGIN IMMEDIATE")
-                stop.wait(5.5 if n in long_ones else rng.uniform(0.01, 0.3))
+                stop.wait(11.0 if n in long_ones else rng.uniform(0.01, 0.3))
                 other.execute("ROLLBACK")
                 n += 1
     return fire
