@@ -228,8 +228,12 @@ class Store:
         if defer:
             self._held[run_id] = sets
             return
-        self.flush_runs()  # what is held was heard before this: written first
-        self._update_run(run_id, sets)
+        try:
+            self.flush_runs()  # what is held was heard before this: written first
+            self._update_run(run_id, sets)
+        except BaseException:
+            self._run_cache.pop(run_id, None)  # it says what was not written: read the row again when next heard
+            raise
 
     def _update_run(self, run_id: str, sets: dict[str, Any]) -> None:
         values = [json.dumps(v) if k == "devices" else v for k, v in sets.items()]  # `sets` kept: a retry writes it

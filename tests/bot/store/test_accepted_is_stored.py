@@ -150,7 +150,6 @@ def lock_holder(path: Path) -> Callable[[random.Random, threading.Event], None]:
     return fire
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(1, ROUNDS + 1))
 def test_every_202_is_in_sqlite_while_another_connection_holds_its_write_lock(seed, tmp_path, bot_server, slack,
                                                                                 smtp):
@@ -248,4 +247,25 @@ def test_held_updates_written_in_a_transaction_that_rolls_back_are_held_again(tm
     assert store.flush_runs() == 1
     row = store.run("r")
     assert row is not None and row["last_step"] == 7 and row["devices"] == ["0", "1", "2"]
+    store.close()
+
+
+def test_a_heartbeats_failed_write_leaves_nothing_behind_that_a_later_one_skips(tmp_path):
+    """A write outside the group commit (a standalone heartbeat's) that fails must not leave the store believing
+    the row has it: the heartbeat sent again writes its step and device (before: the retry wrote neither and got
+    its 202, found by the lock-contention test above)."""
+    from bot.store.sqlite import Store
+
+    path = tmp_path / "s.sqlite"
+    store = Store(str(path))
+    store.db.execute("PRAGMA busy_timeout=50")
+    store.touch_run("r", "llm", {}, "0", 1, 1.0)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.OperationalError):
+            store.touch_run("r", "llm", {}, "3", 7, 2.0, heartbeat=True)  # answered 503: the job sends it again
+        other.execute("ROLLBACK")
+    store.touch_run("r", "llm", {}, "3", 7, 3.0, heartbeat=True)
+    row = store.run("r")
+    assert row is not None and row["last_step"] == 7 and row["devices"] == ["0", "3"]
     store.close()
