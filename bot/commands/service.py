@@ -395,8 +395,8 @@ def _ring_line(devices: Mapping[str, list[RingCheckpoint]] | None) -> str | None
     device, ring = next(iter(sorted(devices.items())))
     if not ring:
         return f"health checkpoints (device {device}): none yet"
-    shown = ", ".join(f"step {c.step:,} {c.health}" + (f" ({c.why})" if c.health in ("unhealthy", "doubted") and c.why else "")
-                      for c in ring[-8:])
+    shown = ", ".join(f"step {c.step:,} {c.health}"
+                      + (f" ({c.why})" if c.health in ("unhealthy", "doubted") and c.why else "") for c in ring[-8:])
     steps = [c.step for c in ring]
     same = sum(1 for r in devices.values() if [c.step for c in r] == steps)
     agree = f"; {same} of {len(devices)} devices list the same steps" if len(devices) > 1 else ""
