@@ -139,6 +139,7 @@ BURN = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\n
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # holds the level to "normal" through 14 s of wall clock beside CPU burners: run alone
 def test_a_busy_host_and_a_late_loop_with_a_toy_jobs_traffic_is_no_overload(bot, slack):
     """The machine's contention is not the bot's backlog: CPU burners on every core, the bot's own loop held 0.3 s
     at a time with nothing waiting, then a toy job's traffic: never a level, nothing shed, its ERROR's chart drawn."""
