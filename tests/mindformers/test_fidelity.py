@@ -3,7 +3,7 @@ callbacks list, on every MindFormers release `make test` builds a venv for (test
 records (loss, LR, grad norm, overflow, loss scale) equals MindFormers' own log line at every step; `scale-lr 0.5`
 halves the LR in MindFormers' log line and in msmon's CSV from the next step (MindFormers' train cell reports the LR
 of a deep copy of the schedule: msmon gives it the optimizer's own); save-checkpoint writes a checkpoint with msmon's
-state next to it; stop ends the run at that step."""
+state next to it; a pause holds the run at its step until its timeout; stop ends the run at that step."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.mindspore]
 
 
 def test_records_equal_mindformers_log_and_scale_lr_save_and_stop_act_on_its_trainer(mf_python, tmp_path):
-    script = [[20, "scale_lr", 0.5], [30, "save_checkpoint"], [40, "stop"]]
+    script = [[10, "pause", 1.0], [20, "scale_lr", 0.5], [30, "save_checkpoint"], [40, "stop"]]
     config = yaml_with(tmp_path, callbacks=[{"type": "Operator", "script": script}])
     job = run_job(mf_python, config, tmp_path / "job", steps=60)
     assert_same_as_mindformers(job, range(1, 41))  # stop at step 40's boundary: the run ends there
@@ -30,3 +30,4 @@ def test_records_equal_mindformers_log_and_scale_lr_save_and_stop_act_on_its_tra
     assert len(ckpts) >= 2, list(folder.iterdir())  # save-checkpoint at 30, and stop saves one
     assert all(Path(f"{c}.msmon.json").exists() for c in ckpts)
     assert "MFTrainOneStepCell reports the optimizer's LR instead of its own copy" in job.text
+    assert "step 10 device 0] action pause" in job.text and "its 1 s timeout" in job.text  # paused, then went on
