@@ -233,11 +233,19 @@ def test_stop_writes_a_checkpoint_then_ends_training(tmp_path):
 
 
 def test_set_threshold_live():
+    # Asked at step 10 (applied at the next boundary), when the rules have samples to judge it on: the first rows
+    # wait until the Monitor has read whether the log is per micro-step (msmon.core.accumulation), so at step 1
+    # there is nothing yet to say what the change would have done.
     x, y = regression_data()
     m, _, _ = model()
     cb = MonitorCallback(cfg(grad_norm_threshold=10.0), run_id="thr")
-    cb.set_threshold("grad_norm", 15.0, level="error")
-    m.train(1, dataset(x, y, 256, 3), callbacks=[cb], dataset_sink_mode=False)
+
+    class Ask(ms.train.Callback):
+        def on_train_step_end(self, run_context):
+            if run_context.original_args().cur_step_num == 10:
+                cb.set_threshold("grad_norm", 15.0, level="error")
+
+    m.train(1, dataset(x, y, 256, 14), callbacks=[Ask(), cb], dataset_sink_mode=False)
     assert cb.monitor.config.alert.rules.grad_norm.levels == (7.5, 15.0)
     res = [r for r in cb.control.results if r.action == "set_threshold"][0]
     assert res.ok and res.detail.startswith("grad_norm error level 10.0 -> 15; over the last ")
