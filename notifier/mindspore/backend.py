@@ -25,7 +25,7 @@ from mindspore import ops
 from msmon.common.safenames import inside
 
 from ..control import ActionError
-from .lr import LrHandle, global_step, live_settings, lr_handles, share_lr
+from .lr import LrHandle, global_step, live_settings, lr_handles, scale_problem, share_lr
 from .reads import uncounted
 
 
@@ -215,8 +215,12 @@ class MindSporeBackend:
         handles = self._lr_handles()
         idx = max(global_step(opt) - 1, 0)
         before = [h.read(idx) for h in handles]
-        for h in handles:
-            h.scale(factor)
+        problem = scale_problem(before, factor)  # the LR in use (a ScalableLR's schedule x its scale)
+        if problem is not None:
+            raise ActionError(problem)
+        values = [h.scaled(factor) for h in handles]  # every group checked before any is changed: all or none
+        for h, value in zip(handles, values, strict=True):
+            h.assign(value)
         after = [h.read(idx) for h in handles]
         return "lr " + ", ".join(f"{a:.3g} -> {b:.3g}" for a, b in zip(before, after, strict=True))
 

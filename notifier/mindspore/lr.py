@@ -8,8 +8,24 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from msmon.contract.actions import FLOAT32_MIN_NORMAL
+
 from ..control import ActionError
 from .reads import uncounted
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def scale_problem(values: Any, factor: float) -> str | None:
+    """Why `values` x `factor` cannot be a learning rate in float32 (None when it can): an entry that is not 0 would
+    become infinite or leave the positive normal range (below ~1.18e-38 it is a subnormal or 0, and an LR of 0 is
+    one no later scale-lr can bring back)."""
+    old = np.asarray(values, dtype=np.float64)
+    new = np.abs(old[old != 0] * factor)
+    if new.size and (not np.all(np.isfinite(new)) or new.min() < FLOAT32_MIN_NORMAL or new.max() > FLOAT32_MAX):
+        return (f"an LR of {float(np.abs(old[old != 0]).min()):.3g} x {factor:g} leaves float32's range "
+                f"[{FLOAT32_MIN_NORMAL:.3g}, {FLOAT32_MAX:.3g}]: the LR would be 0 or infinite for good")
+    return None
 
 
 class ScalableLR(nn.learning_rate_schedule.LearningRateSchedule):  # type: ignore[misc]
@@ -27,9 +43,8 @@ class ScalableLR(nn.learning_rate_schedule.LearningRateSchedule):  # type: ignor
         return self.schedule(global_step) * self.scale
 
 
-def _assign_scaled(param: Any, factor: float) -> None:
-    value = param.asnumpy() * factor
-    ops.assign(param, ms.Tensor(value.astype(np.float32)))  # set_data would not reach a compiled step
+def _assign(param: Any, value: Any) -> None:
+    ops.assign(param, ms.Tensor(value))  # set_data would not reach a compiled step
 
 
 class LrHandle:
@@ -65,18 +80,34 @@ class LrHandle:
         # A schedule: one evaluation (a few ms); train cells that return the LR avoid it.
         return float(read(lr(ms.Tensor([max(step_index, 0)], ms.int32))).reshape(-1)[0])
 
-    def scale(self, factor: float) -> None:
+    def _setting(self) -> Any:
+        """The parameter a scale multiplies: the LR itself, a ScalableLR's scale, or a wrapped scalar's or list's."""
         lr = self.lr
         if isinstance(lr, ms.Parameter):
-            _assign_scaled(lr, factor)
-        elif isinstance(lr, ScalableLR):
-            _assign_scaled(lr.scale, factor)
-        elif isinstance(getattr(lr, "learning_rate", None), ms.Parameter):
-            _assign_scaled(lr.learning_rate, factor)
-            self._array = None
-        else:
-            raise ActionError(f"the LR schedule {type(lr).__name__} cannot be changed while training runs: "
-                              "wrap it as learning_rate=ScalableLR(schedule) (from notifier.mindspore)")
+            return lr
+        if isinstance(lr, ScalableLR):
+            return lr.scale
+        if isinstance(getattr(lr, "learning_rate", None), ms.Parameter):
+            return lr.learning_rate
+        raise ActionError(f"the LR schedule {type(lr).__name__} cannot be changed while training runs: "
+                          "wrap it as learning_rate=ScalableLR(schedule) (from notifier.mindspore)")
+
+    def scaled(self, factor: float) -> Any:
+        """The setting's value x `factor` in float32, changing nothing; ActionError when it cannot be (see
+        `scale_problem`, or a schedule that cannot be scaled). Every handle is asked before any is changed."""
+        value = self._setting().asnumpy()
+        problem = scale_problem(value, factor)
+        if problem is not None:
+            raise ActionError(problem)
+        return (value.astype(np.float64) * factor).astype(np.float32)
+
+    def assign(self, value: Any) -> None:
+        """Set the value `scaled` gave."""
+        _assign(self._setting(), value)
+        self._array = None
+
+    def scale(self, factor: float) -> None:
+        self.assign(self.scaled(factor))
 
 
 def lr_handles(optimizer: Any) -> list[LrHandle]:

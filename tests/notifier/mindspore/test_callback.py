@@ -162,6 +162,24 @@ def test_scale_lr_on_a_plain_schedule_is_refused_with_the_fix(caplog):
     assert "FAILED" in caplog.text and "Training continues" in caplog.text
 
 
+@pytest.mark.parametrize("form", ["fixed", "schedule"])
+def test_a_scale_lr_that_would_zero_the_lr_is_refused_and_changes_nothing(form):
+    """scale-lr 1e-30 is a valid factor, but twice on an LR of 0.05 the float32 LR would be 0 (or a subnormal), and no
+    later scale-lr could bring a 0 back: the second is refused on the job, every parameter group left as it was, and
+    training goes on exactly as a run that got only the first."""
+    def lr():
+        return 0.05 if form == "fixed" else ScalableLR(nn.PolynomialDecayLR(0.05, 0.01, 200, power=1.0))
+
+    twice = {10: lambda c: c.scale_lr(1e-30), 20: lambda c: c.scale_lr(1e-30)}
+    got, cb = _train_weights(lr(), 30, twice)
+    ref, _ = _train_weights(lr(), 30, {10: lambda c: c.scale_lr(1e-30)})
+    res = [r for r in cb.control.results if r.action == "scale_lr"]
+    assert [r.ok for r in res] == [True, False], res
+    assert "leaves float32's range" in res[1].detail and "0 or infinite for good" in res[1].detail, res[1].detail
+    for name in ref:
+        np.testing.assert_array_equal(got[name], ref[name])
+
+
 def test_pause_stops_progress_until_resume_and_the_job_still_reports_alive():
     alive = []
     x, y = regression_data()
