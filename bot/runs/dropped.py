@@ -6,8 +6,10 @@ counts each by class and reports the counts in the next envelope the bot takes (
 dropped since the last report). Here the bot sums them per run and device and says so:
 
 - in chat, through the durable outbox like any note, on the run's route for ERRORs (in its thread when it has
-  one): one note when the counts grow, at most one per run every `NOTE_EVERY` seconds (growth in between is in
-  the next note, which the run's next envelope after the pause queues);
+  one): one note when the counts of what chat would have shown grow (`CHAT`: ERRORs, action results, ERRORs'
+  charts), at most one per run every `NOTE_EVERY` seconds (growth in between is in the next note, which the run's
+  next envelope after the pause queues); samples and WARNINGs dropped in an outage are said in the next note and
+  in status, never in a note of their own (a job sends tens of thousands of samples through any outage);
 - in `status` (bot/commands/service.py) and the console's run detail: `dropped_line`.
 
 The counts live in memory (a restart starts them at zero; the notes already queued stay in the outbox).
@@ -23,6 +25,8 @@ NOTE_EVERY = 60.0  # seconds between two chat notes of one run's drops
 MAX_RUNS = 10_000  # runs whose drops are remembered (the oldest reported first forgotten)
 MAX_DEVICES = 1_024  # devices per run kept apart (the rest summed under "other devices")
 MAX_CLASSES = 16  # classes per device (a job names at most a handful; more are summed under "other")
+
+CHAT = frozenset({"errors", "actions", "windows"})  # drops that chat would have shown: their growth makes a note due
 
 # The job's drop classes (notifier/sendq.py), as a sentence names them, in the order they matter.
 NAMES = {"errors": "ERROR events", "actions": "action results", "resolutions": "resolutions",
@@ -60,15 +64,16 @@ class JobDrops:
 
     def due(self, run_id: str, dropped: dict[str, int], now: float) -> bool:
         """Whether the envelope now taken for `run_id` (reporting `dropped`) should queue a chat note: the run's
-        totals with these counts are above what the last note said, and its last note is `note_every` old."""
+        totals of a `CHAT` class with these counts are above what the last note said, and its last note is
+        `note_every` old."""
         run = self._runs.get(run_id)
         new = _clean(dropped)
         if run is None:
-            return bool(new)
+            return any(cls in CHAT for cls in new)
         if run.noted_at is not None and now - run.noted_at < self.note_every:
             return False
         totals = run.totals()
-        return any(totals.get(cls, 0) + new.get(cls, 0) > run.told.get(cls, 0) for cls in {*totals, *new})
+        return any(totals.get(cls, 0) + new.get(cls, 0) > run.told.get(cls, 0) for cls in CHAT)
 
     def add(self, run_id: str, device: str, dropped: dict[str, int], now: float, noted: bool) -> None:
         """Count what an envelope reported, once it is committed (a 503'd envelope comes again with the same

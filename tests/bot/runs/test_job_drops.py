@@ -78,7 +78,21 @@ def test_a_jobs_dropped_errors_are_said_in_chat_once_per_increase_and_in_status(
     post(bot, {}, step=14)  # nothing grew: no note
     post(bot, {"samples": 0}, step=15)
     assert state.drops.totals("run-7") == {"errors": 4, "warnings": 5, "samples": 400}
-    assert len(notes(slack)) == 2
+    post(bot, {"samples": 20_000, "warnings": 3}, step=16)  # an outage's samples and WARNINGs: status, not a note
+    assert state.drops.totals("run-7") == {"errors": 4, "warnings": 8, "samples": 20_400}
+    post(bot, {"windows": 2}, step=17)  # two ERRORs went out without their charts: said
+    assert wait_for(lambda: len(notes(slack)) == 3, 10)
+    assert "2 ERROR chart windows" in notes(slack)[2] and "20,400 metric samples" in notes(slack)[2]
+    assert len(notes(slack)) == 3
+
+
+def test_dropped_samples_and_warnings_alone_are_in_status_not_in_chat(bot, slack):
+    post(bot, {"samples": 9_000, "warnings": 2}, run="run-s")
+    post(bot, {}, run="run-s", step=11)
+    code, body = slash(bot.url, "status run-s")
+    assert code == 200 and "dropped by the job before the bot took them: 2 WARNING events" in body["text"] and \
+        "9,000 metric samples" in body["text"], body["text"]
+    assert not notes(slack), slack.messages()
 
 
 def test_a_503_envelope_sent_again_counts_its_drops_once(bot, slack):
