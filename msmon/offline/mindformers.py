@@ -170,7 +170,7 @@ class _Line:
         if raw.startswith("[") and "/" in raw:  # loss:[current/mean of the epoch]: the current one
             raw = raw.strip("[]").split("/")[0]
         v = None if m.end(1) >= self.end and (self.cut or not last) else _number(raw, form)
-        if v is None and (not raw.strip() or any(c.isdigit() for c in raw)):  # words say "not known"
+        if v is None and (not any(c.isalpha() for c in raw) or any(c.isdigit() for c in raw)):  # words: "not known"
             self.report.missing.append((self.number, name, raw.strip()))
         return v
 
