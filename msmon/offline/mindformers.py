@@ -120,6 +120,15 @@ _SAMPLES = re.compile(r"\d+\.(?:\d{5}|\d{2})|nan|inf", re.IGNORECASE)  # %.5f (1
 _SHOWN = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d(?:\.\d*)?[eE][-+]?\d+|nan|inf)", re.IGNORECASE)
 
 
+def _words(raw: str) -> bool:
+    """Words where a value goes (MindFormers' "CPU Mode Not Support Compute LR Now.", a None): not a damaged
+    number. A number's own letters cut short ("n" of nan, "in" of inf) are no words: that value was cut."""
+    text = _strip(raw).lstrip("+-").lower()
+    return text.isalpha() and not any(w.startswith(text) for w in ("nan", "inf", "infinity"))
+
+
+
+
 def _pair(text: str) -> tuple[int, int] | None:
     m = _PAIR.fullmatch(text.strip())
     return (int(m.group(1)), int(m.group(2))) if m else None
@@ -170,7 +179,7 @@ class _Line:
         if raw.startswith("[") and "/" in raw:  # loss:[current/mean of the epoch]: the current one
             raw = raw.strip("[]").split("/")[0]
         v = None if m.end(1) >= self.end and (self.cut or not last) else _number(raw, form)
-        if v is None and (not any(c.isalpha() for c in raw) or any(c.isdigit() for c in raw)):  # words: "not known"
+        if v is None and not _words(raw):  # a cut or damaged value; words ("Not Set LR.", None) say "not known"
             self.report.missing.append((self.number, name, raw.strip()))
         return v
 
