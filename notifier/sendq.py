@@ -28,7 +28,9 @@ Guarantees (tests/notifier/transport/test_sendq.py checks them for any sequence 
   its firings queued between, is not dropped: the bot hears the alert resolved all the same);
 * the spool's bound (`max_bytes`) holds every tier: when ERRORs fill it, their chart windows (`Event.window`,
   the bot's chart of the minutes before) are shed first, the oldest resolutions' first, and only then is a
-  new ERROR refused; windows shed and ERRORs refused are counted (`windows`, `errors`) and reported;
+  new ERROR refused; windows shed and ERRORs refused are counted (`windows`, `errors`) and reported; lower entries in
+  flight never count against an ERROR (the bound may be passed by them until their request settles, when they are
+  evicted first);
 * every drop is counted by class and reported in the next accepted envelope.
 """
 
@@ -441,6 +443,8 @@ class SendQueue:
         for entry in reversed(entries):
             entry.in_flight = False
             self._put(entry, front=True)
+        if entries and self._over():  # room taken while they flew (an ERROR's): back within the bounds
+            self._evict()
 
     def _account(self, entry: Entry, sign: int) -> None:
         self._held[entry.tier] += sign
@@ -482,9 +486,11 @@ class SendQueue:
                 return
 
     def _kept_bytes(self) -> int:
-        """The bytes no eviction can free: the high entries', and the lower entries' in flight."""
-        flying = self._in_flight.entries if self._in_flight is not None else ()
-        return self._high_bytes + sum(e.size for e in flying if e.tier is not Tier.HIGH)
+        """The bytes that can make an ERROR wait for room: the high entries'. Lower entries in flight are not counted:
+        their batch settles soon (taken, or back and evicted first, `_give_back`), so the bound may be passed by them
+        for one request; a sample in flight never refuses an ERROR (with a 20 KB spool, a batch of samples in flight
+        when the bot went down made the ERRORs raised meanwhile refused)."""
+        return self._high_bytes
 
     def _make_room(self, new: Entry) -> None:
         """Room among the high entries for `new` within `max_bytes`, taking nothing an ERROR needs to be seen: the
