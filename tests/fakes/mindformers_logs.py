@@ -199,7 +199,7 @@ def printed(s: dict[str, Any], version: Version | str = NEWEST, *, lr_known: boo
     v = VERSIONS[version] if isinstance(version, str) else version
     out: dict[str, Any] = {
         "step": s["step"], "loss": float(v.loss % s["loss"]), "lr": float(shown(s["lr"])) if lr_known else None,
-        "grad_norm": float(shown(s["grad_norm"])) if v.norm else None,
+        "grad_norm": float(shown(s["grad_norm"], (1,)).strip("[]")) if v.norm else None,  # as the line: `[0.05273438]`
         "throughput": float(v.samples % s["throughput"]),
         "time": math.floor(s["time"]) + int(s["time"] % 1 * 1000) / 1000,  # the prefix's milliseconds, as %03d
         "overflow": bool(s.get("overflow", False)), "loss_scale": float(shown(s.get("loss_scale", 1.0)))}
