@@ -29,8 +29,8 @@ Guarantees (tests/notifier/transport/test_sendq.py checks them for any sequence 
 * the spool's bound (`max_bytes`) holds every tier: when ERRORs fill it, their chart windows (`Event.window`,
   the bot's chart of the minutes before) are shed first, the oldest resolutions' first, and only then is a
   new ERROR refused; windows shed and ERRORs refused are counted (`windows`, `errors`) and reported; lower entries in
-  flight never count against an ERROR (the bound may be passed by them until their request settles, when they are
-  evicted first);
+  flight never count against an ERROR (the queue may pass the bound by them until their request settles, when they
+  are evicted first; the spool file never does: `spool_entries` leaves out those that do not fit);
 * every drop is counted by class and reported in the next accepted envelope.
 """
 
@@ -407,6 +407,24 @@ class SendQueue:
             out.extend(e for e in flying if _stream(e.item) == name)
             out.extend(self._free[name].values())
         return out
+
+    def spool_entries(self) -> list[Entry]:
+        """What the spool file holds: `snapshot_entries()` within `max_bytes`. Samples and WARNINGs in flight may pass
+        the bound until their request settles (`_kept_bytes`); the file never does: the lower entries in flight that do
+        not fit are left out of it (samples first, then WARNINGs, the newest first). They are in the request; when it
+        settles they are taken, or back in the queue and evicted first: the next write is within the bound anyway."""
+        entries = self.snapshot_entries()
+        over = sum(e.size for e in entries) - self.limits.max_bytes
+        if over <= 0 or self._in_flight is None:
+            return entries
+        lower = [e for e in self._in_flight.entries if e.tier is not Tier.HIGH]
+        left_out: set[int] = set()
+        for e in sorted(reversed(lower), key=lambda e: e.tier is not Tier.LOW):  # samples first, newest first
+            if over <= 0:
+                break
+            left_out.add(id(e))
+            over -= e.size
+        return [e for e in entries if id(e) not in left_out]
 
     def persisted(self, now: float, count: int, took: float = 0.0) -> None:
         """The edge wrote `count` records (a snapshot) to the spool in `took` seconds; the next write

@@ -676,7 +676,7 @@ class BotTransport:
         """Rewrite the spool from the queue's snapshot (at most one writer; the queue is not held)."""
         with self._spool_lock:
             with self._lock:
-                items = self._q.snapshot_entries()
+                items = self._q.spool_entries()
             start = self._mono()
             try:
                 self.spool.write(items)
@@ -872,7 +872,7 @@ class BotTransport:
             self._backend.close(min(left(), 1.0))
         with self._spool_lock:
             with self._lock:
-                items = self._q.snapshot_entries()
+                items = self._q.spool_entries()
             try:
                 self.spool.write(items)
             except (OSError, TypeError, ValueError, msgspec.EncodeError) as exc:

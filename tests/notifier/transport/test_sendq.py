@@ -188,6 +188,29 @@ def test_the_spool_bound_holds_errors_too_samples_and_warnings_make_room_first()
     assert q.unreported() == q.dropped  # reported in the next envelope
 
 
+def test_samples_in_flight_never_refuse_an_error_and_the_spool_file_holds_the_bound_all_the_same():
+    """A batch of samples is in flight when ERRORs come: the ERRORs are taken (the samples in flight do not count
+    against them), the queue passes the bound by those samples until the request settles, and the spool file written
+    meanwhile holds the bound: it leaves out the samples in flight that do not fit, never an ERROR. When the request
+    fails, the samples come back and are evicted first; nothing is lost uncounted."""
+    q = queue(max_queue=100, max_bytes=1_000, batch_max=50)
+    for _ in range(8):
+        q.enqueue(sample(), 0.0, 100)
+    batch = q.take(1000.0)
+    assert batch is not None and len(batch.entries) == 8  # 800 bytes of samples in flight
+    errors = [event(Severity.ERROR) for _ in range(3)]
+    assert all(q.enqueue(e, 0.0, 300) for e in errors)  # 900 bytes of ERRORs: taken
+    assert q.stats()["bytes"] == 1_700  # the queue passes the bound by the samples in flight
+    kept = q.spool_entries()
+    assert sum(e.size for e in kept) <= 1_000
+    assert [e.item for e in kept if e.tier is Tier.HIGH] == errors  # every ERROR in the file
+    # (sizes here are nominal; the file's real bytes under the real transport: tests/bot/runs/test_job_drops.py)
+    q.failed(batch, 1001.0, Fault.UNREACHABLE)
+    assert q.stats()["bytes"] <= 1_000 and q.stats()["high"] == 3  # back, and the samples evicted first
+    assert q.dropped == {"samples": 7} and q.refused == {}  # 700 bytes over: 7 of them
+    assert sum(e.size for e in q.spool_entries()) <= 1_000
+
+
 def test_the_error_cap_refuses_counts_and_reports_when_reached():
     q = queue(max_high=5)
     assert all(q.enqueue(event(), 0.0, 10) for _ in range(5))
