@@ -31,9 +31,10 @@ add_bounds(RuleParams, warning={"ge": 0, "le": 1e12}, error={"ge": 0, "le": 1e12
            min_fluctuation={"le": 100}, epsilon={"le": 1}, min_seconds={"le": DAY}, gross={"le": 1e6},
            long_warning={"le": 1e6}, long_error={"le": 1e6}, long_window={"le": 100_000},
            min_steps={"le": 1_000_000}, repeats={"le": 10_000})
-for _ratio_rule in ("loss_spike", "grad_norm_spike", "grad_norm_creep", "step_stall", "straggler", "vanished_grad",
-                    "loss_forecast"):  # multiples, counts, loss units: below a million
+for _ratio_rule in ("loss_spike", "loss_collapse", "grad_norm_spike", "grad_norm_creep", "step_stall", "straggler",
+                    "vanished_grad", "loss_forecast"):  # multiples, counts, loss units: below a million
     add_bounds(RULES[_ratio_rule][0], warning={"le": 1e6}, error={"le": 1e6})
+add_bounds(RULES["loss_collapse"][0], blocks={"le": 1_000})
 add_bounds(RULES["convergence"][0], warning={"le": 1_000}, error={"le": 1_000})
 
 _C = TypeVar("_C")

@@ -14,6 +14,7 @@ from msmon.core.detectors.grad_norm import (
     GradNormSpikeParams,
     GradNormThreshold,
 )
+from msmon.core.detectors.loss_collapse import LossCollapse, LossCollapseParams
 from msmon.core.detectors.loss_scale import LossScale, LossScaleParams
 from msmon.core.detectors.loss_spike import LossSpike, LossSpikeParams
 from msmon.core.detectors.lr_schedule import LrSchedule, LrScheduleParams
@@ -27,6 +28,7 @@ from msmon.core.detectors.vanished import VanishedGrad, VanishedGradParams
 RULES: dict[str, tuple[type[RuleParams], type[Detector]]] = {
     "nonfinite": (NonFiniteParams, NonFinite),
     "loss_spike": (LossSpikeParams, LossSpike),
+    "loss_collapse": (LossCollapseParams, LossCollapse),
     "grad_norm": (GradNormParams, GradNormThreshold),
     "grad_norm_spike": (GradNormSpikeParams, GradNormSpike),
     "grad_norm_creep": (GradNormCreepParams, GradNormCreep),

@@ -183,6 +183,7 @@ def _clean_forecast() -> tuple[RuleParams, list]:
 CLEAN: dict[str, Callable[[], tuple[RuleParams, list]]] = {
     "nonfinite": lambda: _clean_default("nonfinite"),
     "loss_spike": lambda: _clean_default("loss_spike"),
+    "loss_collapse": lambda: _clean_default("loss_collapse"),
     "grad_norm": _clean_grad_norm,
     "grad_norm_spike": lambda: _clean_default("grad_norm_spike"),
     "grad_norm_creep": lambda: _clean_default("grad_norm_creep"),

@@ -17,8 +17,9 @@ from msmon.offline.readers import read_csv
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three short runs, trained for real: an unannounced LR x10 under accumulation 4 logged per micro-step, a NaN
-    under sink-mode logging (every 2nd step, with gaps), and a clean warmup + cosine run under accumulation 2."""
+    """Four short runs, trained for real: an unannounced LR x10 under accumulation 4 logged per micro-step, a NaN
+    under sink-mode logging (every 2nd step, with gaps), a clean warmup + cosine run under accumulation 2, and a
+    loader that serves the same 4 optimizer steps' batches from step 640 on (accumulation 2, per micro-step)."""
     pytest.importorskip("mindspore", reason="MindSpore is not installed (pip install msmon[mindspore])")
     from bench.corpus import gen
 
@@ -32,6 +33,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             opt_steps=150, warmup=0, fault_opt=101, fault_param=0.0, **common),
         dataclasses.replace(base, index=3, fault="clean", schedule="warmup_cosine", accum=2, logging="opt",
                             log_every=1, opt_steps=150, warmup=20, fault_opt=None, fault_param=0.0, **common),
+        dataclasses.replace(base, index=4, fault="data_repeat", schedule="constant", accum=2, logging="micro",
+                            log_every=1, opt_steps=760, warmup=0, fault_opt=640, fault_param=0.0,
+                            **{**common, "optimizer": "sgd_momentum", "peak_lr": 0.6, "width": 32}),
     ]
     for spec in specs:
         gen.generate_one(spec, out)
@@ -72,6 +76,27 @@ def test_a_nan_under_sink_logging_is_labelled_at_the_first_logged_row_from_its_s
     assert math.isnan(next(r.loss for r in rows if r.step == fault))
     assert run["diverge_step"] == str(fault)  # the divergence rule: a NaN at once
     assert steps[-1] <= 101 + 6  # the run stopped a few steps after
+
+
+@pytest.mark.mindspore
+def test_a_loader_repeating_its_batches_is_a_loss_collapse_after_it_starts_and_nothing_before(corpus: Path) -> None:
+    """The model memorizes the 4 repeated steps' batches: the loss falls far below the level it had settled at,
+    which learning never does that fast. `loss_collapse` says so as a WARNING, at step interval 1 and 10 (the
+    Monitor reads the micro-step log as accumulation 2 and judges optimizer steps); nothing fires before."""
+    from bench.corpus import score
+
+    run = manifest(corpus)["data_repeat"]
+    rows = list(read_csv(str(corpus / "runs" / f"{run['run']}.csv")))
+    before = [r.loss for r in rows if 2 * 560 <= r.step < 2 * 639]
+    after = [r.loss for r in rows if r.step > rows[-1].step - 40]
+    assert sorted(after)[len(after) // 2] < sorted(before)[len(before) // 2] / 3  # memorized: a third, or less
+    for si in (1, 10):
+        cfg = score.config_file(score.DEFAULT_CONFIG, si, None, corpus)
+        sc, _ = score.score_run(run, rows, cfg, si)
+        assert sc.false_episodes == [], (si, sc.false_episodes)
+        d = sc.result.detection
+        assert d is not None and d.rule == "loss_collapse" and d.severity.value == "WARNING", (si, d)
+        assert 640 <= d.step <= 640 + 100, (si, d)
 
 
 @pytest.mark.mindspore
