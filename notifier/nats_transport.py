@@ -52,7 +52,7 @@ from .transport import BotTransport, Reply
 
 log = logging.getLogger("msmon")
 
-_ACCEPTED = b'{"commands": []}'  # a stored envelope: the bot answers commands on the poll subject
+_ACCEPTED = b"{}"  # a stored envelope (commands come on the poll subject)
 _ROUTES = {"/v1/ingest": ENVELOPE, "/v1/heartbeat": HEARTBEAT, "/v1/commands/poll": POLL,
            "/v1/actions/request": ACTION}  # path -> subject kind
 

@@ -124,10 +124,6 @@ def _line(entry: Entry) -> bytes:
     return SpoolRecord.line(entry.item, entry.data) if entry.data else encode(SpoolRecord.of(entry.item))
 
 
-class IngestAnswer(msgspec.Struct, kw_only=True):
-    commands: list[Command] = msgspec.field(default_factory=list)
-
-
 SPOOL_MAX_AGE = 7 * 86_400.0  # seconds a spool of another run and device may sit untouched before a job removes it
 
 
@@ -609,8 +605,6 @@ class BotTransport:
             self._changed.notify_all()
             persist = self._q.persist_due(now)
         self._report(batch, reply, out)
-        if reply.fault is None:
-            self._commands(self._ingest_commands(reply.body))
         if persist:
             self._persist()
         return 0.0
@@ -718,16 +712,8 @@ class BotTransport:
         detail = "" if fault is None else answer.body[:200].decode("utf-8", "replace").strip()
         return Reply(fault, answer.status, answer.body, answer.headers.get("Retry-After"), detail)
 
-    def _ingest_commands(self, body: bytes) -> list[Command]:
-        try:
-            return decode(body, IngestAnswer).commands
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            self._complain("bad-commands", f"msmon: run {self.run_id}: the bot sent commands this notifier cannot "
-                                           f"read ({exc}); is the bot newer than the job's msmon? Commands ignored.")
-            return []
-
     def _commands(self, cmds: list[Command]) -> None:
-        """Hand commands from the bot (a poll's or an ingest's answer) to the job; duplicates are
+        """Hand commands from the bot (a poll's answer) to the job; duplicates are
         expected (at-least-once delivery) and dropped by id where they are applied."""
         if not cmds or self.on_commands is None:
             return

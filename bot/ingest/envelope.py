@@ -90,10 +90,10 @@ class Ingest:
         state.metrics.samples_in.inc(len(env.samples))
         if queued:
             state.wake_outbox()
-        # Commands reach a job one way only, its long poll (bot/commands/jobs.py); `commands` stays in the answer,
-        # empty, for the notifiers that read it there.
+        # Commands reach a job one way only, its long poll (bot/commands/jobs.py). (The answer's old `commands`, always
+        # empty, is gone: a notifier that still reads it takes its default, an empty list.)
         answer = {"accepted": {"events": len(env.events), "samples": len(env.samples), "actions": len(env.actions)},
-                  "queued": queued, "commands": []}
+                  "queued": queued}
         if shed["samples"] or shed["warnings"]:
             answer["shed"] = shed  # the bot is overloaded: what of this envelope it did not take (ERRORs never)
         return answer
