@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from msmon.contract.wire import Sample, Severity
 from msmon.core.detectors.base import SKIP, DetectorContext, Finding, RuleParams, classify
-from msmon.core.detectors.rolling import RollingQuantiles, median
+from msmon.core.detectors.rolling import median
 from msmon.core.spec import spec
 
 
@@ -18,10 +18,12 @@ from msmon.core.spec import spec
 class LossCollapseParams(RuleParams):
     """The level is a fall, in times: the settled level of the loss over its median now.
 
-    The settled level is the median of the medians of the `blocks` blocks of `window` samples before the last
-    `window` samples, taken where those blocks agree (the lowest at least `settled` x the highest: the loss was
-    learning slowly), and kept while they do not (the loss is falling fast: from what level is what counts). Before
-    the blocks first agree (a run's first descent from its initial loss) nothing is judged. Learning, even a phase
+    The loss is judged a block of `window` samples at a time: the block's median against the settled level, the
+    median of the medians of the `blocks` blocks before it where those blocks agree (the lowest at least `settled`
+    x the highest: the loss was learning slowly; the lowest such level so far), and kept while they do not (the loss is falling fast:
+    from what level is what counts; a loss coming back down from a spike or a restart comes back to its level, it
+    does not fall below it). Before the blocks first agree (a run's first descent from its initial loss) nothing is
+    judged. Learning, even a phase
     change leaving a plateau, lowers a language model's loss by a fraction (4.65 to 3.6: 1.3x; a unigram plateau
     to the next level: under 2x); a model that sees the same batches again and again drives it towards 0 (3.4 to
     0.2 within a hundred steps). Once firing, the settled level is held until the loss returns or a person
@@ -30,7 +32,7 @@ class LossCollapseParams(RuleParams):
 
     warning: float | None = dataclasses.field(
         default=2.5, metadata=spec(gt=1, doc="the loss's median now this many times below its settled level"))
-    window: int = dataclasses.field(default=10, metadata=spec(ge=5, doc="samples in the median now, and in a block"))
+    window: int = dataclasses.field(default=10, metadata=spec(ge=5, doc="samples in a block, judged by its median"))
     blocks: int = dataclasses.field(default=4, metadata=spec(ge=2, doc="blocks in the settled level"))
     settled: float = dataclasses.field(
         default=0.9, metadata=spec(gt=0, le=1, doc="the blocks' lowest median over their highest, at least: "
@@ -47,36 +49,39 @@ class LossCollapse:
                            "Compare the eval loss; if this is a small fine-tune dataset on its later epochs, "
                            "acknowledge the alert.")
 
-    __slots__ = ("now", "block", "medians", "level", "held")
+    __slots__ = ("block", "medians", "level", "held")
 
     RETURN: ClassVar[float] = 0.5  # a firing collapse resolves once its fall is under this x the WARNING level
 
     def __init__(self, p: LossCollapseParams, ctx: DetectorContext) -> None:
-        self.now = RollingQuantiles(p.window)  # the last `window` samples
-        self.block: list[float] = []  # samples that have left `now`, filling the next block
-        self.medians: deque[float] = deque(maxlen=p.blocks)  # one median per block, oldest first
-        self.level: float | None = None  # the settled level: where the blocks last agreed
+        self.block: list[float] = []  # the samples of the block being filled
+        self.medians: deque[float] = deque(maxlen=p.blocks)  # one median per earlier block, oldest first
+        self.level: float | None = None  # the settled level: the lowest at which the blocks agreed
         self.held: float | None = None  # the settled level while firing
 
     def update(self, s: Sample, p: RuleParams) -> Finding | None:
+        """A verdict once per `window` samples, when a block is full (its median against the settled level); the
+        samples between say nothing (SKIP: a firing alert stays as it is). A sample costs the job an append."""
         x = s.loss
-        if x is None or not math.isfinite(x):
+        if x is None or x - x != 0.0:  # missing, NaN or Inf
+            return SKIP
+        block = self.block
+        block.append(x)
+        if len(block) < p.window:  # type: ignore[attr-defined]
             return SKIP
         assert isinstance(p, LossCollapseParams)
-        now = self.now
-        if now.n == now.size:
-            leaving = now.oldest()  # leaves `now` with this sample
-            if self.held is None:
-                self.block.append(leaving)
-                if len(self.block) == now.size:
-                    self.medians.append(median(self.block))
-                    self.block = []
-                    self.level = self._settled(p) or self.level
-        now.add(x)
+        cur = median(block)
+        self.block = []
         level = self.held if self.held is not None else self.level
-        if level is None or now.n < now.size:
-            return None
-        cur = now.median()
+        finding = None if level is None else self._judge(cur, level, p)
+        if self.held is None:  # a firing collapse holds the level it fell from
+            self.medians.append(cur)
+            settled = self._settled(p)
+            if settled is not None:  # the lowest the loss has settled at: coming back from a rise is no fall
+                self.level = settled if self.level is None else min(self.level, settled)
+        return finding
+
+    def _judge(self, cur: float, level: float, p: LossCollapseParams) -> Finding | None:
         fall = level / cur if cur > 0.0 else math.inf
         sev, thr = classify(fall, p)
         if sev is None and self.held is not None and p.warning is not None and fall >= self.RETURN * p.warning:
@@ -86,9 +91,9 @@ class LossCollapse:
             return None
         self.held = level
         return Finding(sev, fall, thr,
-                       f"loss has collapsed: its median {cur:.4g} over the last {now.n} samples is {fall:.3g}x below "
-                       f"its settled level {level:.4g} (threshold {thr:g}x); learning lowers a loss by a fraction, "
-                       f"a model memorizing repeated batches drives it towards 0", level)
+                       f"loss has collapsed: its median {cur:.4g} over the last {p.window} samples is {fall:.3g}x "
+                       f"below its settled level {level:.4g} (threshold {thr:g}x); learning lowers a loss by a "
+                       f"fraction, a model memorizing repeated batches drives it towards 0", level)
 
     def _settled(self, p: LossCollapseParams) -> float | None:
         """The median of the block medians when every block is in and they agree, else None."""
