@@ -170,7 +170,7 @@ class Monitor:
             self._writer = BackgroundWriter(sinks)
         self.transport = transport if transport is not None else self._default_transport(cfg)
         if self.transport is not None:
-            self.transport.total_steps, self.transport.target_loss = cfg.training.total_steps, cfg.training.target_loss
+            self.transport.plan(cfg.training.total_steps, cfg.training.target_loss)
         for line in describe(cfg, self.run_id):
             log.info("msmon: %s", line)
         if self.world.multi and cfg.actions:
@@ -436,8 +436,7 @@ class Monitor:
             self._writer.put(sample)
         transport = self.transport
         if transport is not None:
-            transport.sample(sample)
-            transport.last_step = step
+            transport.sample(sample)  # (its step is the one the next heartbeat reports)
         self._n_samples += 1
         if self._n_samples <= 3:
             self._check_missing(sample)

@@ -375,7 +375,7 @@ class BotTransport:
         self._clock, self._mono = clock, monotonic
         self.last_step: int | None = None
         self.paused = False
-        self.total_steps: int | None = None  # the run's plan, sent with heartbeats (set by the Monitor)
+        self.total_steps: int | None = None  # the run's plan, sent with heartbeats (`plan`, from the Monitor)
         self.target_loss: float | None = None
         self._rng = rng or random.Random()
         self.limits = Limits(max_queue=max_queue, max_bytes=spool_max_bytes, max_high=max_errors,
@@ -448,7 +448,13 @@ class BotTransport:
         self._put(ev)
 
     def sample(self, s: Sample) -> None:
+        """A sampled step's metrics, and the step the next heartbeat reports."""
+        self.last_step = s.step
         self._put(s)
+
+    def plan(self, total_steps: int | None, target_loss: float | None) -> None:
+        """The run's plan from its config, sent with every heartbeat (the bot's forecast and progress)."""
+        self.total_steps, self.target_loss = total_steps, target_loss
 
     def action(self, r: ActionResult) -> None:
         self._put(r)

@@ -205,7 +205,7 @@ def test_the_job_says_it_ended_normally_and_the_watchdog_leaves_it_alone(tmp_pat
     bot = start(bot_server, tmp_path, slack, smtp, clock)
     t = BotTransport(bot.url, "run-done", "0", token="job-token", project="llm", spool_dir=str(tmp_path / "spool"),
                      flush_interval=0.05)
-    t.last_step = 5_000
+    t.progress(5_000)
     beat(bot, "run-done", 5_000, clock)
     t.close(final=True)  # what Monitor.close() does at the end of training
     assert "run-done" in bot.store.escalations.ended()

@@ -145,7 +145,6 @@ def test_a_heartbeat_due_rides_in_the_envelope_going_anyway(bot, tmp_path):
     step = 0
     while time.monotonic() - t0 < 2.5:
         t.sample(sample(step))
-        t.last_step = step
         step += 1
         time.sleep(0.02)
     folded = [hb for env in bot.envelopes for hb in env.heartbeats]
