@@ -20,10 +20,10 @@ class LossCollapseParams(RuleParams):
 
     The loss is judged a block of `window` samples at a time: the block's median against the settled level, the
     median of the medians of the `blocks` blocks before it where those blocks agree (the lowest at least `settled`
-    x the highest: the loss was learning slowly; the lowest such level so far), and kept while they do not (the loss is falling fast:
-    from what level is what counts; a loss coming back down from a spike or a restart comes back to its level, it
-    does not fall below it). Before the blocks first agree (a run's first descent from its initial loss) nothing is
-    judged. Learning, even a phase
+    x the highest: the loss was learning slowly; the lowest such level so far), and kept while they do not (the
+    loss is falling fast: from what level is what counts; a loss coming back down from a spike or a restart comes
+    back to its level, it does not fall below it). Before the blocks first agree (a run's first descent from its
+    initial loss) nothing is judged. Learning, even a phase
     change leaving a plateau, lowers a language model's loss by a fraction (4.65 to 3.6: 1.3x; a unigram plateau
     to the next level: under 2x); a model that sees the same batches again and again drives it towards 0 (3.4 to
     0.2 within a hundred steps). Once firing, the settled level is held until the loss returns or a person
