@@ -38,4 +38,7 @@ def test_the_walk_of_one_command_names_at_most_12_files_and_one_way_to_the_job()
     files = _walk_files("The path of one command")
     assert files[0] == "bot/chat/slack/inbound.py" and "notifier/control.py" in files
     assert len(set(files)) <= 12, files
-    assert "ingest answer no longer carries commands" in _section("The path of one command")
+    assert "the ingest answer carries none, and the job reads none there" in _section("The path of one command")
+    import notifier.transport as job_side
+
+    assert not hasattr(job_side, "IngestAnswer")  # and so the code: the job decodes no commands from an ingest answer
