@@ -75,7 +75,7 @@ class _Device:
 
     __slots__ = ("name", "rules", "prev_t", "prev_step", "max_dt", "last_t", "last_step",
                  "tokens", "samples", "data", "data_n", "acc_loss", "acc_n", "recent", "whatif", "skipped",
-                 "accum", "shift", "infer", "held")
+                 "accum", "shift", "infer", "held", "ctx")
 
     def __init__(self, name: str, rules: list[_Rule], accum: int | None = 1) -> None:
         self.name = name
@@ -100,6 +100,7 @@ class _Device:
         self.skipped = 0  # steps skipped by dynamic loss scaling (step(overflow=True)) so far
         self.recent: deque[Sample] = deque(maxlen=WINDOW_SAMPLES)
         self.whatif = Recent()  # the last WHATIF_SAMPLES samples, compact: what a threshold change is judged on
+        self.ctx: DetectorContext | None = None  # what its rules know of the run (Monitor.plan adds to it)
 
 
 class Monitor:
@@ -145,6 +146,7 @@ class Monitor:
         self._active = self._active_rules(cfg, metrics)
         self._levels.order(self._active)
         self._ctx_peers: dict[str, float] = {}
+        self._job_steps: int | None = None  # plan(): the steps the job says it will run, where none is declared
         self._devices: dict[str, _Device] = {}
         self._ignored: set[str] = set()
         self._seen: set[str] = set()
@@ -241,13 +243,32 @@ class Monitor:
     def _build_device(self, name: str) -> _Device:
         """A device's fresh rules (not yet registered)."""
         cfg = self.config
-        ctx = DetectorContext(device=name, total_steps=cfg.training.total_steps,
+        ctx = DetectorContext(device=name, total_steps=cfg.training.total_steps, job_steps=self._job_steps,
                               warmup_steps=cfg.training.warmup_steps, target_loss=cfg.training.target_loss,
                               peers=self._ctx_peers)
         rules = [_Rule(n, RULES[n][1](cfg.alert.rules.get(n), ctx)) for n in self._active]
         dev = _Device(name, rules, cfg.training.grad_accumulation_steps)
         ctx.recent = dev.recent  # a rule may read the device's recent samples (grad_norm_creep's losses)
+        dev.ctx = ctx
         return dev
+
+    def plan(self, steps: int | None) -> None:
+        """The steps the job itself says it will run (MonitorCallback: MindSpore's epochs x steps per epoch, at
+        the start of training), where the config declares no `training.total_steps`: lr_schedule then judges the
+        run's length by them (an LR still rising past mid-run, decayed to 0 long before the end), and the bot's
+        progress shows them. Steps as the Monitor is given them: divided by a declared accumulation factor."""
+        cfg = self.config
+        if cfg.training.total_steps is not None or steps is None or steps <= 0:
+            return
+        k = cfg.training.grad_accumulation_steps or 1
+        self._job_steps = max(steps // k, 1)
+        log.info("msmon: run %s: the job says it will run %d steps; lr_schedule judges the run's length by them "
+                 "(training.total_steps in the config sets it instead)", self.run_id, self._job_steps)
+        for dev in self._devices.values():
+            if dev.ctx is not None:
+                dev.ctx.job_steps = self._job_steps
+        if self.transport is not None:
+            self.transport.plan(self._job_steps, cfg.training.target_loss)
 
     # -- the hot path ----------------------------------------------------------------------
 

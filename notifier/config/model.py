@@ -132,7 +132,8 @@ class AlertConfig:
 class TrainingConfig:
     """Facts about the run that some rules need."""
 
-    total_steps: int | None = _field(None, "planned optimizer steps (LR and forecast rules)", ge=1, le=STEPS)
+    total_steps: int | None = _field(None, "planned optimizer steps (LR and forecast rules); null: MonitorCallback "
+                                           "takes MindSpore's epochs x steps per epoch for the LR rule", ge=1, le=STEPS)
     warmup_steps: int | None = _field(None, "LR warmup length; null: inferred from the LR", ge=0, le=STEPS)
     target_loss: float | None = _field(None, "loss the run should reach (loss_forecast rule)",
                                        ge=-1e6, le=1e6)

@@ -260,6 +260,7 @@ class MonitorCallback(Callback):  # type: ignore[misc]
             log.info("msmon: MindSpore counts this resumed run's steps from %d; msmon numbers them on from the "
                      "checkpoint's step %d", first, resumed)
         self._last_step = first + self._offset
+        self.monitor.plan(_planned_steps(cb, self._offset))
         self._batch = None  # read from the first batch's shape (a dataset's get_batch_size() may say 1)
         self._ended = self._wait = None
         self._time_input = not getattr(cb, "dataset_sink_mode", False)
@@ -444,3 +445,13 @@ class MonitorCallback(Callback):  # type: ignore[misc]
 
     def stop(self) -> None:
         self.control.request("stop")
+
+
+def _planned_steps(cb: Any, offset: int) -> int | None:
+    """The step training ends at, as msmon numbers steps: MindSpore's epochs x steps per epoch (a sink's steps in
+    sink mode: its epochs are sinks then), moved by the resume offset; None where the job does not say."""
+    try:  # MindSpore's run context answers a missing key with KeyError, not AttributeError
+        epochs, per_epoch = int(getattr(cb, "epoch_num", 0) or 0), int(getattr(cb, "batch_num", 0) or 0)
+    except Exception:  # noqa: BLE001 - what the job says is data: none readable, no plan
+        return None
+    return epochs * per_epoch + offset if epochs > 0 and per_epoch > 0 else None

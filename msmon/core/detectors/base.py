@@ -293,6 +293,9 @@ class DetectorContext:
 
     device: str = "0"
     total_steps: int | None = None
+    # the optimizer steps the job itself says it will run (MindSpore: epochs x steps per epoch), known when training
+    # starts and set only where the config declares no total_steps: what lr_schedule judges the run's length by then
+    job_steps: int | None = None
     warmup_steps: int | None = None
     target_loss: float | None = None
     peers: dict[str, float] = dataclasses.field(default_factory=dict)  # device -> latest step time

@@ -175,7 +175,7 @@ class LrSchedule:
             self.peak_step = s.step
         if self.settled_at is None and self.peak_step is None:
             self._track_level(s.step, lr, prev)
-        total = self.ctx.total_steps
+        total = self.ctx.total_steps or self.ctx.job_steps  # declared, else what the job says it will run
         change = self._change(s, lr, prev, prev_step)
         if lr <= self.epsilon:
             if self.zero_run == 0:
