@@ -77,7 +77,7 @@ class _Device:
                  "tokens", "samples", "data", "data_n", "acc_loss", "acc_n", "recent", "whatif", "skipped",
                  "accum", "shift", "infer", "held", "ctx")
 
-    def __init__(self, name: str, rules: list[_Rule], accum: int | None = 1) -> None:
+    def __init__(self, name: str, rules: list[_Rule], ctx: DetectorContext, accum: int | None = 1) -> None:
         self.name = name
         self.rules = rules
         self.prev_t: float | None = None  # time of the previous step() call
@@ -100,7 +100,7 @@ class _Device:
         self.skipped = 0  # steps skipped by dynamic loss scaling (step(overflow=True)) so far
         self.recent: deque[Sample] = deque(maxlen=WINDOW_SAMPLES)
         self.whatif = Recent()  # the last WHATIF_SAMPLES samples, compact: what a threshold change is judged on
-        self.ctx: DetectorContext | None = None  # what its rules know of the run (Monitor.plan adds to it)
+        self.ctx = ctx  # what its rules know of the run (Monitor.plan adds to it)
 
 
 class Monitor:
@@ -247,9 +247,8 @@ class Monitor:
                               warmup_steps=cfg.training.warmup_steps, target_loss=cfg.training.target_loss,
                               peers=self._ctx_peers)
         rules = [_Rule(n, RULES[n][1](cfg.alert.rules.get(n), ctx)) for n in self._active]
-        dev = _Device(name, rules, cfg.training.grad_accumulation_steps)
+        dev = _Device(name, rules, ctx, cfg.training.grad_accumulation_steps)
         ctx.recent = dev.recent  # a rule may read the device's recent samples (grad_norm_creep's losses)
-        dev.ctx = ctx
         return dev
 
     def plan(self, steps: int | None) -> None:
@@ -265,8 +264,7 @@ class Monitor:
         log.info("msmon: run %s: the job says it will run %d steps; lr_schedule judges the run's length by them "
                  "(training.total_steps in the config sets it instead)", self.run_id, self._job_steps)
         for dev in self._devices.values():
-            if dev.ctx is not None:
-                dev.ctx.job_steps = self._job_steps
+            dev.ctx.job_steps = self._job_steps
         if self.transport is not None:
             self.transport.plan(self._job_steps, cfg.training.target_loss)
 

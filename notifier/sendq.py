@@ -414,7 +414,7 @@ class SendQueue:
         not fit are left out of it (samples first, then WARNINGs, the newest first). They are in the request; when it
         settles they are taken, or back in the queue and evicted first: the next write is within the bound anyway."""
         entries = self.snapshot_entries()
-        over = sum(e.size for e in entries) - self.limits.max_bytes
+        over = self._held_bytes + self._high_bytes - self.limits.max_bytes  # every entry's, in flight included
         if over <= 0 or self._in_flight is None:
             return entries
         lower = [e for e in self._in_flight.entries if e.tier is not Tier.HIGH]

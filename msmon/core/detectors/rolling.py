@@ -54,10 +54,6 @@ class RollingQuantiles:
             self._next = (i + 1) % self.size
         insort(s, x)
 
-    def oldest(self) -> float:
-        """The oldest value held (not empty): once full, the one the next `add` replaces."""
-        return self._ring[self._next] if self.n == self.size else self._ring[0]
-
     def clear(self) -> None:
         self._ring.clear()
         self._sorted.clear()
