@@ -77,14 +77,14 @@ def train(steps: int, hidden: int, ring: bool, rewind_at: int | None, folder: st
           "checkpoint_ring": {"enable": ring, "every_steps": 100, "dir": os.path.join(folder, "ring")}}
     cb = MonitorCallback({"monitor_config": mc}, run_id="bench", device=0, checkpoint_dir=folder)
     saves: list[float] = []
-    save = cb.control._ring_save
+    save = cb.control.health._save
 
     def timed(step: int, rc: object) -> None:
         t = time.perf_counter()
         save(step, rc)
         saves.append(time.perf_counter() - t)
 
-    cb.control._ring_save = timed  # type: ignore[method-assign]
+    cb.control.health._save = timed  # type: ignore[method-assign]
     clock = Clock(cb, rewind_at)
     data = ds.GeneratorDataset(Src(steps), ["x", "y"], shuffle=False)
     model.train(1, data, callbacks=[clock, cb], dataset_sink_mode=False)

@@ -17,7 +17,7 @@ Rewind (docs/rewind.md): with `--ring` the loop keeps health checkpoints (`contr
 step) and LoopBackend has the rest of notifier.control.RewindBackend: it reads and restores its checkpoints, and
 its data position is `self.position`, the batches read so far: `seek_data` moves it (the documented hook for a
 custom loop's data: the next batch read is the one at that position). After `control.apply(step)`,
-`control.rewound_to` is the step the training carries on from. `clip-grad` changes the GradClip passed into the
+`control.take_rewound_to()` is the step the training carries on from. `clip-grad` changes the GradClip passed into the
 compiled step.
 """
 
@@ -169,8 +169,9 @@ def main() -> None:
                 # at the step boundary, in the order the bot accepted them: checkpoint, scale the LR, ...; a pause
                 # waits in here until a resume, a stop or its timeout (that time is not counted as step time)
                 control.apply(step)
-                if control.rewound_to is not None:  # a rewind: carry on from the checkpoint's step
-                    step, control.rewound_to = control.rewound_to, None
+                rewound_to = control.take_rewound_to()
+                if rewound_to is not None:  # a rewind: carry on from the checkpoint's step
+                    step = rewound_to
                 if control.stop_requested:
                     break
 

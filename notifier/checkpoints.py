@@ -20,7 +20,7 @@ out the last good one.
 `RewindBudget` bounds rewinds per run (how many, how often, counted in steps trained so that every rank of
 a data-parallel run decides the same); an automatic rewind over the budget is refused and escalated instead.
 
-No clock of its own (`now` is passed in), no I/O, no MindSpore; JobControl (notifier/control.py) carries the
+No clock of its own (`now` is passed in), no I/O, no MindSpore; JobControl (notifier/control/) carries the
 decisions out. tests/notifier/test_checkpoints.py checks the tables and the invariants with hypothesis.
 """
 

@@ -356,7 +356,8 @@ class BotTransport:
         # from a late message of this one, and a heartbeat overtaken in flight from a newer one (bot/runs/lifecycle.py).
         self.proc = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._seq = itertools.count(1)
-        # The health checkpoints and the attempt (notifier/control.py sets them; a rewind also renews `proc`)
+        # The health checkpoints and the attempt, sent with every heartbeat (`ring`, from notifier/control; a rewind
+        # renews `proc` through `new_attempt`)
         self.checkpoints: list[RingCheckpoint] | None = None
         self.attempt: int | None = None
         # Every wait a thread makes is bounded here, whoever built the transport: Event.wait(1e12) raises
@@ -455,6 +456,14 @@ class BotTransport:
     def plan(self, total_steps: int | None, target_loss: float | None) -> None:
         """The run's plan from its config, sent with every heartbeat (the bot's forecast and progress)."""
         self.total_steps, self.target_loss = total_steps, target_loss
+
+    def ring(self, checkpoints: list[RingCheckpoint], attempt: int) -> None:
+        """The job's health checkpoints and its attempt, sent with every heartbeat (the bot's `checkpoints`)."""
+        self.checkpoints, self.attempt = checkpoints, attempt
+
+    def new_attempt(self) -> None:
+        """A rewind: the bot sees a new attempt of the same run from here on (a fresh process nonce)."""
+        self.proc = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
     def action(self, r: ActionResult) -> None:
         self._put(r)

@@ -1,7 +1,7 @@
 """msmon for MindSpore: the callback, grad-norm train steps, live LR scaling, job actions.
 
 Importing this module imports MindSpore (`pip install msmon[mindspore]`); `notifier` itself does not.
-`JobControl` is framework-neutral (notifier/control.py); `MindSporeBackend` is its MindSpore part.
+`JobControl` is framework-neutral (notifier/control/); `MindSporeBackend` is its MindSpore part.
 """
 
 from ..control import ActionError, JobControl

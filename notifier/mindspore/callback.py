@@ -223,7 +223,8 @@ class MonitorCallback(Callback):  # type: ignore[misc]
         self.deferred = self.monitor.config.deferred_read if deferred_read is None else deferred_read
         self._kept: _Kept | None = None
         self.backend = MindSporeBackend(checkpoint_dir, read=self.reads)
-        self.control = JobControl(self.monitor, self.backend, pause_timeout, on_result=on_action)
+        self.control = JobControl(self.monitor, self.backend, pause_timeout, on_result=on_action,
+                                  on_rewind=self._rewound)  # a rewind renumbers the steps from the checkpoint's
         self.on_event = on_event
         self._seq_length = seq_length or self.monitor.config.training.seq_length
         self._batch: int | None = None
@@ -250,7 +251,6 @@ class MonitorCallback(Callback):  # type: ignore[misc]
     def on_train_begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
         self.backend.bind(cb.train_network, find_optimizer(cb), getattr(cb, "train_dataset", None))
-        self.control.on_rewind = self._rewound  # a rewind renumbers the steps from the checkpoint's
         self.control.listen()  # chat commands, applied at step boundaries
         first = int(getattr(cb, "initial_step", 0) or 0)
         resumed = self._resumed_at

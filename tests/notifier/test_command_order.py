@@ -1,4 +1,4 @@
-"""The order commands of one run take effect in, as the pure `CommandOrder` (notifier/control.py) decides it:
+"""The order commands of one run take effect in, as the pure `CommandOrder` (notifier/control/order.py) decides it:
 a resume cancels a pending pause, a stop always applies (paused or not), the job never stays paused after a
 trailing resume or stop; table-driven, and a hypothesis property over any interleaving and duplication of
 deliveries. No MindSpore here: tests/e2e/test_command_order.py drives JobControl with a real MindSpore network

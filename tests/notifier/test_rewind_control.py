@@ -1,4 +1,4 @@
-"""JobControl's rewind and clip-grad (notifier/control.py) with a pure-Python backend: which checkpoint, what the
+"""JobControl's rewind and clip-grad (notifier/control/) with a pure-Python backend: which checkpoint, what the
 answer says, refusals that change nothing, the budget's escalation, a rewind asked in an abandoned attempt, and the
 monitor's state: after a rewind its rules raise the same alerts as a run that never went past the checkpoint.
 The dispatch table is checked against the one action table. Real MindSpore: tests/notifier/mindspore/test_rewind.py."""
@@ -115,8 +115,9 @@ class Job:
             self.ctl.step_end(self.step)
             if self.ctl.has_pending:
                 self.ctl.apply(self.step)
-            if self.ctl.rewound_to is not None:
-                self.step, self.ctl.rewound_to = self.ctl.rewound_to, None
+            rewound_to = self.ctl.take_rewound_to()
+            if rewound_to is not None:
+                self.step = rewound_to
                 return  # the trouble (`bad`) was in the batches skipped
 
 

@@ -36,7 +36,7 @@ def test_the_walk_of_one_event_names_at_most_15_files_from_the_step_to_the_chat_
 
 def test_the_walk_of_one_command_names_at_most_12_files_and_one_way_to_the_job() -> None:
     files = _walk_files("The path of one command")
-    assert files[0] == "bot/chat/slack/inbound.py" and "notifier/control.py" in files
+    assert files[0] == "bot/chat/slack/inbound.py" and "notifier/control/job.py" in files
     assert len(set(files)) <= 12, files
     assert "the ingest answer carries none, and the job reads none there" in _section("The path of one command")
     import notifier.transport as job_side

@@ -1,5 +1,5 @@
 """The apply steps the bot gives a run's commands, against the real bot on loopback: they never go backwards
-for a run, and a pause the job answered "not applied" (CommandOrder's answer on a rank, notifier/control.py)
+for a run, and a pause the job answered "not applied" (CommandOrder's answer on a rank, notifier/control/order.py)
 does not mark the run paused. No MindSpore here."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A rewind's follow-up (the loss after report_after steps against the pre-fault curve, notifier/control.py) goes
+"""A rewind's follow-up (the loss after report_after steps against the pre-fault curve, notifier/control/rewind.py) goes
 where the rewind command came from, once, whichever ranks send it (bot/commands/jobs.py record_results)."""
 
 from __future__ import annotations
