@@ -1,5 +1,5 @@
-"""The metric chart posted with an alert (draw.py: matplotlib's Agg canvas, off the event loop) and the
-signed, expiring links that serve it to robots that cannot take an image (links.py)."""
+"""The metric chart posted with an alert (draw.py: matplotlib's Agg canvas, off the event loop; the rule's own lines
+on it from lines.py) and the signed, expiring links that serve it to robots that cannot take an image (links.py)."""
 
 from __future__ import annotations
 

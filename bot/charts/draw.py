@@ -30,11 +30,9 @@ What is drawn follows the README's rule table:
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import io
 import math
-import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,6 +43,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FixedLocator, Formatter, FuncFormatter, MaxNLocator, NullLocator
 
 from msmon.contract.wire import Event, Severity, Status, Window
+
+from .lines import _finite, threshold_lines
 
 if TYPE_CHECKING:
     from bot.store.windows import Windows
@@ -126,8 +126,32 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
     FigureCanvasAgg(fig)
     g = _Geometry(width, height)
     colour = _status_colour(event)
+    y = _header(fig, event, g, colour)
+    window = event.window
+    if not _has_points(window):
+        fig.text(0.5, g.fy((y + height) / 2), "no recent metrics", ha="center", va="center", fontsize=g.pt(15),
+                 color=MUTED_COLOUR, style="italic")
+        return fig
+    assert window is not None
+    legend_top = y + g.px(10)
+    top = legend_top + _line_px(g.pt(10.5)) + g.px(14)  # one legend row under the message
+    left = g.px(108)
+    axes = _panels(fig, event, window, top, left, colour, ranks, g)
+    steps = [float(s) for s in window.steps]
+    if window.overflow_steps:
+        _mark_skipped(axes[[m for m, _, _ in PANELS].index("grad_norm")], window.overflow_steps, steps, g)
+    if starts:
+        _mark_starts(axes, starts, steps, g)
+    axes[-1].set_xlabel(f"step   ({'now' if event.rule == 'status' else 'alert'} at step {event.step}, "
+                        f"{_clock(event.time)})", fontsize=g.pt(12), labelpad=g.pt(3))
+    axes[-1].ticklabel_format(axis="x", useOffset=False, style="plain")
+    _legend(fig, axes, left, legend_top, g)
+    return fig
 
-    # Header: title, then the message wrapped to the figure's width.
+
+def _header(fig: Any, event: Event, g: _Geometry, colour: str) -> float:
+    """The title, then the message wrapped to the figure's width; returns where the next row starts (px)."""
+    width = g.width
     title = _title(event)
     title_pt = min(g.pt(17), _fit_pt(title, width - 2 * g.px(12), bold=True))
     # Job text is text: parse_math=False, or `loss $\frac{1}{$` is mathtext that fails to draw.
@@ -138,21 +162,16 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
     message = _wrap(event.message, _chars_per_line(width - 2 * g.px(12), message_pt), MESSAGE_LINES)
     fig.text(g.fx(12), g.fy(y), message, color=TEXT_COLOUR, fontsize=message_pt, va="top", linespacing=1.3,
              parse_math=False)
-    y += message.count("\n") * _line_px(message_pt) * 1.3 + _line_px(message_pt)
+    return y + message.count("\n") * _line_px(message_pt) * 1.3 + _line_px(message_pt)
 
-    window = event.window
-    if not _has_points(window):
-        fig.text(0.5, g.fy((y + height) / 2), "no recent metrics", ha="center", va="center", fontsize=g.pt(15),
-                 color=MUTED_COLOUR, style="italic")
-        return fig
-    assert window is not None
 
-    legend_top = y + g.px(10)
-    top = legend_top + _line_px(g.pt(10.5)) + g.px(14)  # one legend row under the message
-    left, right, bottom, gap = g.px(108), g.px(18), g.px(52), g.px(12)
+def _panels(fig: Any, event: Event, window: Any, top: float, left: float, colour: str,
+            ranks: Mapping[str, RankSeries] | None, g: _Geometry) -> list[Any]:
+    """One panel per metric of PANELS, stacked under `top`, sharing the step axis."""
+    width, height = g.width, g.height
+    right, bottom, gap = g.px(18), g.px(52), g.px(12)
     panel_h = (height - top - bottom - gap * (len(PANELS) - 1)) / len(PANELS)
     panel_w = width - left - right
-
     steps = [float(s) for s in window.steps]
     n = len(steps)
     axes: list[Any] = []
@@ -172,14 +191,11 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
         ax.axvline(event.step, color=colour, linewidth=g.pt(1.5), linestyle=":", zorder=3,
                    label=f"now: step {event.step}" if event.rule == "status" else f"alert at step {event.step}")
         ax.tick_params(labelbottom=i == len(PANELS) - 1)
-    if window.overflow_steps:
-        _mark_skipped(axes[[m for m, _, _ in PANELS].index("grad_norm")], window.overflow_steps, steps, g)
-    if starts:
-        _mark_starts(axes, starts, steps, g)
-    axes[-1].set_xlabel(f"step   ({'now' if event.rule == 'status' else 'alert'} at step {event.step}, "
-                        f"{_clock(event.time)})", fontsize=g.pt(12), labelpad=g.pt(3))
-    axes[-1].ticklabel_format(axis="x", useOffset=False, style="plain")
+    return axes
 
+
+def _legend(fig: Any, axes: list[Any], left: float, legend_top: float, g: _Geometry) -> None:
+    """One legend row for every panel's lines, the alert's marker first."""
     handles: dict[str, Any] = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -187,9 +203,8 @@ def chart_figure(event: Event, *, width_px: int = 1200, ranks: Mapping[str, Rank
     order = sorted(handles, key=lambda lab: (not lab.startswith(("alert", "now")), lab == "NaN/Inf"))
     handles = {lab: handles[lab] for lab in order}
     fig.legend(list(handles.values()), list(handles.keys()), loc="upper left", frameon=False,
-               bbox_to_anchor=(left / width, g.fy(legend_top)), borderaxespad=0, borderpad=0,
+               bbox_to_anchor=(left / g.width, g.fy(legend_top)), borderaxespad=0, borderpad=0,
                ncol=len(handles), fontsize=g.pt(10.5), handlelength=2.2, columnspacing=2.0)
-    return fig
 
 
 def _mark_skipped(ax: Any, skipped: Sequence[int], steps: list[float], g: _Geometry) -> None:
@@ -295,10 +310,6 @@ def _has_points(window: Window | None) -> bool:
     return window is not None and len(window.steps) > 0
 
 
-def _finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
-
-
 def _panel(ax: Any, event: Event, steps: list[float], raw: list[float | None], label: str, metric: str,
            watched: bool, colour: str, g: _Geometry) -> None:
     """One metric's panel: line, NaN/Inf marks, the rule's lines when it watches this metric."""
@@ -331,23 +342,7 @@ def _panel(ax: Any, event: Event, steps: list[float], raw: list[float | None], l
     if watched and event.status is not Status.RESOLVED and len(finite):
         _rule_lines(ax, event, g, colour)
 
-    log = False
-    if metric == "grad_norm" and len(finite):
-        pos = finite[finite > 0]
-        if len(pos) and pos.max() / pos.min() > LOG_SPAN:
-            log = True
-            ax.set_ylabel(f"{label} (log)", fontsize=g.pt(12), fontweight="bold" if watched else "normal",
-                          color=colour if watched else TEXT_COLOUR)
-            zeros = len(pos) < len(finite)
-            if zeros:  # vanished gradients: linear between 0 and the smallest value, log above
-                ax.set_yscale("symlog", linthresh=float(pos.min()))
-            else:
-                ax.set_yscale("log")
-            # Fixed 1-2-5 or decade ticks, thinned to fit, labelled in plain text: the default log
-            # locators label every decade (unreadable over 12 of them) and mathtext costs time.
-            ax.yaxis.set_major_locator(FixedLocator(_log_ticks(float(pos.min()), float(pos.max()), zeros)))
-            ax.yaxis.set_minor_locator(NullLocator())
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _log_label(v)))
+    log = metric == "grad_norm" and len(finite) > 0 and _log_axis(ax, finite, label, watched, colour, g)
     if not log and len(finite) and _constant(finite):
         # one value all along (a constant LR): one line in the middle, one tick saying it, not a panel of
         # ticks 1.90e-5 ... 2.10e-5 around nothing
@@ -372,6 +367,26 @@ def _panel(ax: Any, event: Event, steps: list[float], raw: list[float | None], l
         ax.plot(bad, [0.93] * len(bad), linestyle="none", marker="x", color=NONFINITE_COLOUR,
                 markersize=g.pt(8), markeredgewidth=g.pt(2), transform=ax.get_xaxis_transform(),
                 zorder=4, label="NaN/Inf")
+
+
+def _log_axis(ax: Any, finite: Any, label: str, watched: bool, colour: str, g: _Geometry) -> bool:
+    """A log axis for a grad norm spanning more than LOG_SPAN (symlog when some are 0); False: stays linear."""
+    pos = finite[finite > 0]
+    if not len(pos) or pos.max() / pos.min() <= LOG_SPAN:
+        return False
+    ax.set_ylabel(f"{label} (log)", fontsize=g.pt(12), fontweight="bold" if watched else "normal",
+                  color=colour if watched else TEXT_COLOUR)
+    zeros = len(pos) < len(finite)
+    if zeros:  # vanished gradients: linear between 0 and the smallest value, log above
+        ax.set_yscale("symlog", linthresh=float(pos.min()))
+    else:
+        ax.set_yscale("log")
+    # Fixed 1-2-5 or decade ticks, thinned to fit, labelled in plain text: the default log
+    # locators label every decade (unreadable over 12 of them) and mathtext costs time.
+    ax.yaxis.set_major_locator(FixedLocator(_log_ticks(float(pos.min()), float(pos.max()), zeros)))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _log_label(v)))
+    return True
 
 
 def _constant(finite: Any) -> bool:
@@ -429,11 +444,6 @@ def _log_label(v: float) -> str:
     return f"{mantissa}e{int(exp)}"
 
 
-def _human(v: float, metric: str) -> str:
-    """A value for a legend label: "125k" tokens/s, "2.6" loss."""
-    return EngFormatter(sep="", places=None)(v) if metric == "throughput" else f"{v:.4g}"
-
-
 def _rank_lines(ax: Any, ranks: Mapping[str, RankSeries], label: str, g: _Geometry) -> None:
     """One thin line per rank over the panel's own line (the slowest `MAX_RANK_LINES` at their last value)."""
     def last(series: RankSeries) -> float:
@@ -451,69 +461,6 @@ def _rank_lines(ax: Any, ranks: Mapping[str, RankSeries], label: str, g: _Geomet
                 va="bottom", fontsize=g.pt(9), color=MUTED_COLOUR)
 
 
-def _at_step(event: Event, values: Sequence[float | None]) -> float | None:
-    """The metric's value at the alert's step in its window (the newest at or before it)."""
-    if event.window is None:
-        return None
-    best = None
-    for s, v in zip(event.window.steps, values, strict=False):
-        if s <= event.step and _finite(v):
-            best = v
-    return best
-
-
-def _spike_level(event: Event, base: float, thr: float) -> tuple[float, str] | None:
-    """(level, how) that `loss_spike` or `grad_norm_spike` alerted above, in the metric's units."""
-    if event.rule == "grad_norm_spike" or "gross jump" in event.message:
-        return base * thr, f"{thr:.3g}x baseline"
-    if event.rule != "loss_spike" or "long horizon" in event.message or not _finite(event.value) or event.value <= 0:
-        return None
-    x = _at_step(event, event.window.loss) if event.window is not None else None
-    if x is None or x <= base:
-        return None
-    sigma = (x - base) / event.value  # the value is (loss - baseline) / sigma: the alert's own sigma
-    return base + thr * sigma, f"{thr:.3g} sigma above baseline"
-
-
-@dataclasses.dataclass(frozen=True)
-class RuleLine:
-    """A line a rule's alert puts on its metric's panel, in the metric's own units: a level (`y`), or the fitted
-    trend from (`x0`, `y0`) to (`x1`, `y`) (`grad_norm_creep`). `kind`: "threshold", "baseline" or "trend"."""
-
-    kind: str
-    y: float
-    label: str
-    x0: float | None = None
-    y0: float | None = None
-    x1: float | None = None
-
-
-def threshold_lines(event: Event) -> list[RuleLine]:
-    """The lines `event`'s rule has in its metric's units (the chart and `msmon replay --plot` draw them):
-    `grad_norm`'s absolute threshold; the rolling median of `loss_spike`, `grad_norm_spike` and
-    `throughput_drop` and the level it implies; `grad_norm_creep`'s fitted trend and its threshold's level.
-    The other rules' thresholds are in units of their own and have none."""
-    rule, thr, base = event.rule, event.threshold, event.baseline
-    if rule == "grad_norm" and _finite(thr):
-        return [RuleLine("threshold", thr, f"threshold {thr:.4g}")]
-    if rule == "grad_norm_creep":
-        return _creep_lines(event)
-    if rule not in ("loss_spike", "grad_norm_spike", "throughput_drop") or base is None or not _finite(base):
-        return []
-    out = [RuleLine("baseline", base, f"baseline (rolling median) {_human(base, event.metric)}")]
-    if not _finite(thr):
-        return out
-    if rule in ("grad_norm_spike", "loss_spike"):
-        found = _spike_level(event, base, thr)
-        if found is not None:
-            level, how = found
-            out.append(RuleLine("threshold", level, f"threshold {how} = {_human(level, event.metric)}"))
-    elif rule == "throughput_drop":
-        level = base * (1.0 - thr)
-        out.append(RuleLine("threshold", level, f"threshold {thr:.0%} below baseline = {_human(level, event.metric)}"))
-    return out
-
-
 def _rule_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
     """Threshold / baseline lines, only where they are in the panel's metric units."""
     for line in threshold_lines(event):
@@ -525,25 +472,6 @@ def _rule_lines(ax: Any, event: Event, g: _Geometry, colour: str) -> None:
         else:
             ax.axhline(line.y, color=BASELINE_COLOUR if line.kind == "baseline" else colour, linewidth=g.pt(1.6),
                        linestyle="--" if line.kind == "baseline" else "-.", zorder=3, label=line.label)
-
-
-_CREEP = re.compile(r"crept up [0-9.e+-]+x over the last ([0-9]+) steps")
-
-
-def _creep_lines(event: Event) -> list[RuleLine]:
-    """`grad_norm_creep`'s fitted trend (log-linear: from its start `baseline` to `baseline x value` over the
-    fit's span of steps, ending at the alert) and the level its threshold puts at the trend's end. The long
-    horizon's alert (a median against a reference) says no span: nothing is drawn for it."""
-    m = _CREEP.search(event.message)
-    start, rise, thr = event.baseline, event.value, event.threshold
-    if m is None or start is None or not (_finite(start) and _finite(rise) and start > 0 and rise > 0):
-        return []
-    span = float(m.group(1))
-    out = [RuleLine("trend", start * rise, f"fitted trend {start:.3g} -> {start * rise:.3g} over {span:.0f} steps",
-                    x0=event.step - span, y0=start, x1=float(event.step))]
-    if _finite(thr) and thr > 0:
-        out.append(RuleLine("threshold", start * thr, f"threshold {thr:.3g}x the trend's start = {start * thr:.3g}"))
-    return out
 
 
 def _png(canvas: Any) -> bytes:

@@ -82,7 +82,7 @@ def label_rows(steps: Sequence[int], span: float, rows: int = LABEL_ROWS, gap: f
 
 def _mark(ax: Any, events: list[Event], labelled: bool, span: float) -> int:
     """The alert lines, and their rule names staggered (`label_rows`); how many names were left out. Where the
-    rule has a level in the metric's units (bot/charts/draw.py's `threshold_lines`), a short horizontal tick at the
+    rule has a level in the metric's units (bot/charts/lines.py's `threshold_lines`), a short horizontal tick at the
     alert says it (a creep's fitted trend is drawn over its span)."""
     events = sorted(events, key=lambda e: e.step)
     rows = label_rows([e.step for e in events], span) if labelled else [None] * len(events)
@@ -104,7 +104,7 @@ def _mark(ax: Any, events: list[Event], labelled: bool, span: float) -> int:
 def _levels(e: Event) -> list[Any]:
     """The alert's lines in its metric's units (none without the bot's charts installed)."""
     try:
-        from bot.charts.draw import threshold_lines
+        from bot.charts.lines import threshold_lines
     except ImportError:
         return []
     return threshold_lines(e)

@@ -583,6 +583,19 @@ def _throughput_baseline(cfg: MonitorConfig, baseline: float | None, section: Ma
             "(samples that report samples/s)")
 
 
+def _global_norm_switches(mf: MindFormers, threshold: float, rec: _Record) -> None:
+    """What MindFormers itself does at the global norm's threshold, as its two switches say (when given)."""
+    m, given, skip = mf.monitor, mf.given, mf.switches.use_skip_data_by_global_norm
+    if "use_skip_data_by_global_norm" in given:
+        rec.add("use_skip_data_by_global_norm", skip, "MindFormers skips each batch whose global norm reaches "
+                f"{threshold:g} and stops after {m.global_norm_spike_count_threshold} in a row" if skip else
+                "off: MindFormers skips no batch")
+    if f"{SECTION}.check_for_global_norm" in given:
+        rec.add(f"{SECTION}.check_for_global_norm", m.check_for_global_norm,
+                f"MindFormers stops the run at the first step whose global norm reaches {threshold:g}"
+                if m.check_for_global_norm else "off: MindFormers does not stop on the global norm")
+
+
 def _global_norm(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any], rec: _Record) -> None:
     """check_for_global_norm / use_skip_data_by_global_norm: MindFormers stops (or skips, then stops) at the
     threshold, so msmon's grad_norm rule must page by then: its ERROR level is the threshold and its run length
@@ -590,13 +603,7 @@ def _global_norm(cfg: MonitorConfig, mf: MindFormers, section: Mapping[str, Any]
     m, given, skip = mf.monitor, mf.given, mf.switches.use_skip_data_by_global_norm
     threshold, source = _threshold(mf)
     count = m.global_norm_spike_count_threshold
-    if "use_skip_data_by_global_norm" in given:
-        rec.add("use_skip_data_by_global_norm", skip, "MindFormers skips each batch whose global norm reaches "
-                f"{threshold:g} and stops after {count} in a row" if skip else "off: MindFormers skips no batch")
-    if f"{SECTION}.check_for_global_norm" in given:
-        rec.add(f"{SECTION}.check_for_global_norm", m.check_for_global_norm,
-                f"MindFormers stops the run at the first step whose global norm reaches {threshold:g}"
-                if m.check_for_global_norm else "off: MindFormers does not stop on the global norm")
+    _global_norm_switches(mf, threshold, rec)
     active = m.check_for_global_norm or skip
     if not active:
         for key in ("global_norm_spike_threshold", "global_norm_spike_count_threshold"):
