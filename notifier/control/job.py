@@ -96,6 +96,13 @@ class JobControl:
         calls `take_rewound_to()`; MonitorCallback renumbers MindSpore's steps)."""
         return self.rewinder.rewound_to
 
+    @rewound_to.setter
+    def rewound_to(self, value: None) -> None:
+        """`control.rewound_to = None`, as custom loops written before take_rewound_to() clear it: still works."""
+        if value is not None:
+            raise AttributeError("rewound_to is set by a rewind; a custom loop reads it with take_rewound_to()")
+        self.rewinder.take_rewound_to()
+
     def take_rewound_to(self) -> int | None:
         """The step a rewind carries the training on from, once (None: no rewind since the last call)."""
         return self.rewinder.take_rewound_to()

@@ -308,3 +308,16 @@ def test_the_follow_up_of_a_rewind_far_past_its_checkpoint_still_compares_with_t
     follow = [r for r in job.results if r.action == "rewind" and "steps after the rewind" in r.detail]
     assert follow and "not enough samples" not in follow[0].detail, follow
     assert "against the pre-fault" in follow[0].detail and "over steps 181-200" in follow[0].detail, follow
+
+
+def test_a_custom_loop_takes_the_rewinds_step_once_and_the_old_way_still_works(tmp_path: Path) -> None:
+    """take_rewound_to() gives a rewind's step once; `control.rewound_to = None` (custom loops written before it)
+    clears it too; no caller sets a step there."""
+    job = Job(tmp_path)
+    job.ctl.rewinder.rewound_to = 300  # as a rewind leaves it
+    assert job.ctl.rewound_to == 300 and job.ctl.take_rewound_to() == 300 and job.ctl.take_rewound_to() is None
+    job.ctl.rewinder.rewound_to = 200
+    job.ctl.rewound_to = None
+    assert job.ctl.rewound_to is None
+    with pytest.raises(AttributeError, match="take_rewound_to"):
+        job.ctl.rewound_to = 100  # type: ignore[assignment]
