@@ -11,9 +11,10 @@ import yaml
 
 from msmon.cli.main import main
 from msmon.contract.wire import Status
-from msmon.offline.calibrate import CalibrationError, _scalar, calibrate, detrended_sigma, find_warmup, sustained_max
+from msmon.offline.calibrate import CalibrationError, _scalar, calibrate, find_warmup
 from msmon.offline.readers import Row, read_log
 from msmon.offline.replay import replay, replay_monitor
+from msmon.offline.stats import detrended_sigma, sustained_max
 from notifier.config import load_config
 from tests.conftest import ROOT
 from tests.fakes import analysis_data as data
