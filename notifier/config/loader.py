@@ -11,7 +11,7 @@ from msmon.config.errors import ConfigError, Issue, shown
 from msmon.config.validate import Context, build, fields_of
 from msmon.config.yamlio import LineDict, check_shape, load_yaml, location_of
 
-from . import mindformers
+from . import mindformers, mindformers_apply
 from .model import MonitorConfig
 
 SECTION = "monitor_config"
@@ -147,7 +147,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | MonitorConf
     if not ctx.issues:
         _apply_legacy_thresholds(cfg, section, ctx)
     if not ctx.issues:
-        cfg.mindformers = mindformers.apply(cfg, mf, section, top, theirs_section,
+        cfg.mindformers = mindformers_apply.apply(cfg, mf, section, top, theirs_section,
                                             entry[1] if entry is not None else None)
     if not ctx.issues:
         for i, phase in enumerate(cfg.alert.phases):

@@ -283,7 +283,7 @@ class BotConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Taken:
-    """How one MindFormers key of a file was taken (notifier/config/mindformers.py): shown at start-up and by
+    """How one MindFormers key of a file was taken (notifier/config/mindformers_apply.py): shown at start-up and by
     `msmon check-config`, so no key is accepted silently."""
 
     key: str  # "monitor_config.check_for_global_norm"
