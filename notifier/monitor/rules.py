@@ -1,7 +1,7 @@
 """A run's rules: each sample through a device's detectors and the alert gate, what gets through made an `Event`.
 
 `Rules` holds what every device shares (the active rules, their levels per phase, the alert gate, the
-configured actions) and builds each device's own rules (`notifier/device.py`). `judge` is on the hot
+configured actions) and builds each device's own rules (device.py). `judge` is on the hot
 path: it runs for every sample. A rule whose detector raises is taken out for that device alone.
 """
 
@@ -17,10 +17,10 @@ from msmon.core.detectors.base import SKIP
 from msmon.core.gate import AlertGate, Verdict
 from msmon.core.levels import Levels, PhaseSpec
 
-from .config import MonitorConfig
-from .config.model import ActionConfig
+from ..config import MonitorConfig
+from ..config.model import ActionConfig
+from ..transport import BotTransport
 from .device import Device, Rule, rule_off
-from .transport import BotTransport
 
 log = logging.getLogger("msmon")
 

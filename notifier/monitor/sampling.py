@@ -4,7 +4,7 @@
 a step that is not sampled must cost a few comparisons, not a call). A sampled one comes here: `sample`
 takes the step time, throughput and input wait over the span since the device's last sample, makes the
 `Sample`, hands it to the background writer, the transport and the step's log line, and then to the rules
-(`notifier/rules.py`). With gradient accumulation, `micro_step` sums a sampled optimizer step's micro-step
+(rules.py). With gradient accumulation, `micro_step` sums a sampled optimizer step's micro-step
 losses and samples it at its last micro-step; while a device's rows per optimizer step are still being
 inferred, `infer` holds its calls. The first samples are checked for metrics the config wants and the job
 never reports.
@@ -18,12 +18,12 @@ from typing import Any
 
 from msmon.contract.wire import Event, Sample
 
-from .config import MonitorConfig
+from ..config import MonitorConfig
+from ..outputs import BackgroundWriter, format_log_line
+from ..outputs.logline import LineRecords
+from ..transport import BotTransport
 from .device import Device
-from .outputs import BackgroundWriter, format_log_line
-from .outputs.logline import LineRecords
 from .rules import NO_EVENTS, Rules
-from .transport import BotTransport
 
 log = logging.getLogger("msmon")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msmon.core.detectors import RULES
 
-from .config import MonitorConfig
+from ..config import MonitorConfig
 
 
 def describe(cfg: MonitorConfig, run_id: str) -> list[str]:

@@ -9,9 +9,9 @@ Every call is cheap: a step that is not sampled costs a clock read and two modul
 Detection is pure code (see `detectors/` and `gate.py`); files are written off-thread.
 
 The Monitor composes the parts: `step()` times every step and decides which are sampled (inline: the hot
-path), `notifier/sampling.py` makes a sampled step a `Sample` and gives it to the outputs, `notifier/rules.py`
-runs a device's rules on it and makes the events, `notifier/device.py` is what is kept per device and
-`notifier/monitor_state.py` saves and loads it (`state_dict`).
+path), sampling.py makes a sampled step a `Sample` and gives it to the outputs, rules.py
+runs a device's rules on it and makes the events, device.py is what is kept per device and
+state.py saves and loads it (`state_dict`).
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from msmon.contract.wire import MAX_ID, Event, Sample, Severity
 from msmon.core.detectors import RuleParams
 from msmon.core.gate import AlertGate
 
-from . import monitor_state
-from .config import MonitorConfig, load_config
+from ..config import MonitorConfig, load_config
+from ..outputs import BackgroundWriter, CsvSink, Sink
+from ..outputs.logline import LineRecords
+from ..transport import BotTransport
+from ..world import World, detect, refuse_lone_actions
+from . import state as monitor_state
 from .describe import describe
 from .device import WINDOW_SAMPLES, Device
-from .outputs import BackgroundWriter, CsvSink, Sink
-from .outputs.logline import LineRecords
 from .rules import NO_EVENTS, Rules, known_rule
 from .sampling import Sampler
-from .transport import BotTransport
-from .world import World, detect, refuse_lone_actions
 
 __all__ = ["STATE_FORMAT", "STATE_VERSION", "WINDOW_SAMPLES", "Monitor", "describe"]
 
@@ -140,7 +140,7 @@ class Monitor:
         if cfg.csv.enable:
             sinks.append(CsvSink(cfg.csv.path, self.run_id))
         if cfg.tensorboard.enable:
-            from .outputs.tensorboard_sink import TensorBoardSink  # tensorboardX only when asked for
+            from ..outputs.tensorboard_sink import TensorBoardSink  # tensorboardX only when asked for
 
             sinks.append(TensorBoardSink(cfg.tensorboard.log_dir, self.run_id))
         return sinks
@@ -156,7 +156,7 @@ class Monitor:
         log.info("msmon: sending run %s to the bot at %s (spool: %s)", self.run_id, b.url, b.spool_dir)
         backend = None  # bot.url nats://...: through NATS JetStream instead of HTTP (notifier/nats_transport.py)
         if is_nats_url(b.url):
-            from .nats_transport import NatsBackend
+            from ..nats_transport import NatsBackend
 
             backend = NatsBackend(b.url, b.project, self.run_id, self.default_device, token, prefix=b.nats_prefix)
         return BotTransport(b.url, self.run_id, self.default_device, token, project=b.project, labels=b.labels,

@@ -1,8 +1,8 @@
 """What the Monitor keeps per device: its rules (detector and alert state), its steps since the last sample.
 
 `Device` is bounded whatever the length of the run: sums and counts since the last sample, and windows of
-recent samples. `notifier/sampling.py` fills and empties its counters, `notifier/rules.py` runs its rules,
-`notifier/monitor_state.py` saves and loads it.
+recent samples. sampling.py fills and empties its counters, rules.py runs its rules,
+state.py saves and loads it.
 """
 
 from __future__ import annotations
