@@ -1,8 +1,10 @@
 """The job's send queue as a pure state machine: what waits, what goes in the next batch, what is in
 flight, what an answer does, when to try again, what a full queue drops, and what the spool holds.
 
-No threads, sockets, files or clock in here: the edge (`notifier.transport`) calls it under one lock
-with `now` from its clock and does the I/O it asks for. Every rule below is a unit test away.
+No threads, sockets, files or clock in here: the edge (`notifier.sender`) calls it under one lock
+with `now` from its clock and does the I/O it asks for. Every rule below is a unit test away. What it
+holds and hands out (entries, batches, outcomes, limits) is `notifier.entries`; the faults it judges
+answers by, `notifier.faults`.
 
 Items and their classes (the names the envelope's `dropped` counts use):
 
@@ -36,137 +38,17 @@ Guarantees (tests/notifier/transport/test_sendq.py checks them for any sequence 
 
 from __future__ import annotations
 
-import enum
 import random
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import msgspec
 
-from msmon.contract.wire import ActionResult, Event, Sample, Severity, Status, encode
+from msmon.contract.wire import Event, Sample, encode
 
-Item = Event | Sample | ActionResult
+from .entries import FRAMING, Batch, Entry, Item, Limits, Outcome, Tier, classify
+from .faults import Fault, judge
 
-
-class Tier(enum.IntEnum):
-    LOW = 0
-    MID = 1
-    HIGH = 2
-
-
-def classify(item: Item) -> tuple[str, Tier]:
-    """The drop class and tier of an item (see the table in the module docstring)."""
-    if isinstance(item, Sample):
-        return "samples", Tier.LOW
-    if isinstance(item, ActionResult):
-        return "actions", Tier.HIGH
-    tier = Tier.HIGH if item.severity is Severity.ERROR else Tier.MID
-    if item.status is Status.RESOLVED:
-        return "resolutions", tier
-    return ("errors" if tier is Tier.HIGH else "warnings"), tier
-
-
-class Fault(str, enum.Enum):
-    """What went wrong with one request, as far as the job can tell."""
-
-    UNREACHABLE = "unreachable"  # refused, reset, DNS, no route
-    TIMEOUT = "timeout"  # no answer within the timeout
-    NOT_HTTP = "not-http"  # the peer answered something that is not HTTP
-    TRUNCATED = "truncated"  # the answer's body ended early
-    BAD_ANSWER = "bad-answer"  # 2xx, but not the bot's JSON object: a proxy, a captive portal
-    SERVER = "server-error"  # 5xx
-    RATE_LIMITED = "rate-limited"  # 429
-    AUTH = "auth"  # 401 / 403: the job's token
-    TOO_LARGE = "too-large"  # 413: the batch is over the bot's byte limit
-    REJECTED = "rejected"  # any other 4xx: the bot refuses the data itself
-    BAD_URL = "bad-url"  # the configured URL cannot be used
-    BUG = "bug"  # anything else: contained, retried
-
-    @property
-    def refuses_data(self) -> bool:
-        """The bot looked at this batch and will not take it: retrying it whole cannot help."""
-        return self in (Fault.TOO_LARGE, Fault.REJECTED)
-
-
-def judge(status: int, body: bytes) -> Fault | None:
-    """The fault in a complete HTTP answer, or None when the bot accepted the request."""
-    if 200 <= status < 300:
-        try:
-            answer = msgspec.json.decode(body)
-        except msgspec.DecodeError:
-            return Fault.BAD_ANSWER
-        return None if isinstance(answer, dict) else Fault.BAD_ANSWER
-    if status in (401, 403):
-        return Fault.AUTH
-    if status == 413:
-        return Fault.TOO_LARGE
-    if status == 429:
-        return Fault.RATE_LIMITED
-    if 400 <= status < 500:
-        return Fault.REJECTED
-    return Fault.SERVER  # 5xx, and 1xx/3xx the client did not follow: try again later
-
-
-@dataclass(eq=False, slots=True)
-class Entry:
-    seq: int
-    item: Item
-    cls: str
-    tier: Tier
-    size: int
-    since: float  # when it was queued (the edge's clock)
-    in_flight: bool = False
-    data: bytes = b""  # its wire JSON where the edge has it (encoded once: for its size, the envelope, the spool)
-
-    @property
-    def key(self) -> tuple[str, str, str] | None:
-        """The alert an event belongs to (None for samples and action results)."""
-        return self.item.fingerprint if isinstance(self.item, Event) else None
-
-
-@dataclass(eq=False)
-class Batch:
-    """One request's worth of entries: action results, then events, then samples, each in queue order."""
-
-    id: int
-    entries: list[Entry]
-    dropped: dict[str, int]  # the drop counts this envelope reports
-    probe: bool = False
-
-    @property
-    def items(self) -> list[Item]:
-        return [e.item for e in self.entries]
-
-
-@dataclass
-class Outcome:
-    """What an answer changed, for the edge to log and act on."""
-
-    delivered: int = 0
-    dead: list[Entry] = field(default_factory=list)  # refused by the bot on their own: dead letters
-    fault: Fault | None = None
-    first_of_kind: bool = False  # log this fault: the first time this kind happened
-    recovered: bool = False  # the first accepted request after a failure
-    reported: dict[str, int] = field(default_factory=dict)  # drop counts the bot now knows
-    delay: float = 0.0  # seconds until the next attempt
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_queue: int = 10_000  # mid + low items held
-    max_bytes: int = 64 << 20  # encoded bytes held, every tier (what the spool may take: spool_max_mb)
-    max_high: int = 10_000  # ERROR firings and action results held; reported when reached
-    batch_max: int = 500
-    batch_max_bytes: int = 1 << 20  # the bot takes 4 MiB by default
-    flush_interval: float = 1.0  # low and mid items wait at most this long for company
-    backoff: tuple[float, float] = (0.5, 30.0)
-    probe_interval: float = 1.0  # while the bot is down, high items are tried this often
-    probe_max: int = 4  # entries in a probe batch: one small request
-    persist_interval: float = 1.0  # the spool is rewritten at most this often
-
-
-FRAMING = 12  # a spool line's bytes around an item's own (notifier/transport.py SpoolRecord.line, its newline)
 _STREAMS = ("actions", "events", "samples")  # a batch lists them in this order
 
 
@@ -555,4 +437,4 @@ class SendQueue:
         self._unreported[cls] = self._unreported.get(cls, 0) + n
 
 
-__all__ = ["Batch", "Entry", "Fault", "Item", "Limits", "Outcome", "SendQueue", "Tier", "classify", "judge"]
+__all__ = ["FRAMING", "Batch", "Entry", "Fault", "Item", "Limits", "Outcome", "SendQueue", "Tier", "classify", "judge"]

@@ -25,7 +25,6 @@ MODULE_DEBT: dict[str, int] = {
     "bot/escalation/scheduler.py": 527,
     "bot/store/sqlite.py": 900,
     "notifier/transport.py": 889,
-    "notifier/sendq.py": 558,
 }
 
 # Functions over MAX_FUNCTION lines today: "path:qualified name" -> lines
