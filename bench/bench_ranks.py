@@ -85,7 +85,7 @@ def _poll(rank: int) -> bytes:
     return encode(Poll(run_id=RUN, device=str(rank), wait=POLL_WAIT))
 
 
-# What a rank's BotTransport sends (notifier/transport.py), per pattern:
+# What a rank's BotTransport sends (notifier/transport/), per pattern:
 #   transport - now: kept-alive connections (one per thread: sender, heartbeat, poll), an envelope a second, a
 #               heartbeat in every third envelope (due within two flushes of its 5 s), a long poll held open
 #   old       - before: the same with a new connection per request and every heartbeat a request of its own

@@ -1,12 +1,12 @@
 """The job's NATS JetStream edge: `BotTransport`'s requests over NATS instead of HTTP, for very large fleets.
 
-`BotTransport` (notifier/transport.py) keeps everything that makes delivery safe: the training thread
-only queues, the pure send queue (notifier/sendq.py) batches, retries with backoff and spools, the
-threads never die. This module is only its `Backend`: where each request goes and what came back,
-as the same `Reply` the HTTP client gives (subjects: msmon/contract/subjects.py).
+`BotTransport` (notifier/transport/) keeps everything that makes delivery safe: the training thread
+only queues, the pure send queue (notifier/sendq/) batches, retries with backoff and spools, the
+threads never die. This module is only its `Backend` (notifier/transport/link.py): where each request goes and
+what came back, as the same `Reply` the HTTP client gives (subjects: msmon/contract/subjects.py).
 
     /v1/ingest         JetStream publish to <prefix>.<project>.<run>.env, Nats-Msg-Id = the batch's key
-                       (transport.batch_key), so a batch sent again after a lost PubAck is stored once;
+                       (transport/sender.py batch_key), so a batch sent again after a lost PubAck is stored once;
                        the PubAck is the "accepted" (the bot's durable consumer takes it from there)
     /v1/heartbeat      JetStream publish to <prefix>.<project>.<run>.hb
     /v1/commands/poll  the rank's Poll on <prefix>.<project>.<run>.poll, with the reply subject

@@ -1,6 +1,6 @@
 """What a job dropped before the bot could take it, shown where operators look (issue 36).
 
-A job's send queue (notifier/sendq.py) drops what its spool cannot hold while the bot is unreachable or slow:
+A job's send queue (notifier/sendq/) drops what its spool cannot hold while the bot is unreachable or slow:
 metric samples first, then WARNINGs, then ERRORs' chart windows, and ERRORs themselves only at their cap. It
 counts each by class and reports the counts in the next envelope the bot takes (`Envelope.dropped`: what was
 dropped since the last report). Here the bot sums them per run and device and says so:
@@ -28,7 +28,7 @@ MAX_CLASSES = 16  # classes per device (a job names at most a handful; more are 
 
 CHAT = frozenset({"errors", "actions", "windows"})  # drops that chat would have shown: their growth makes a note due
 
-# The job's drop classes (notifier/sendq.py), as a sentence names them, in the order they matter.
+# The job's drop classes (notifier/sendq/), as a sentence names them, in the order they matter.
 NAMES = {"errors": "ERROR events", "actions": "action results", "resolutions": "resolutions",
          "windows": "ERROR chart windows", "warnings": "WARNING events", "samples": "metric samples"}
 WHY = {"errors": "refused at the job's ERROR cap (BotTransport max_errors) or the spool's bound (spool_max_mb)",

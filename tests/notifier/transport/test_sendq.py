@@ -1,4 +1,4 @@
-"""The job's send queue (notifier/sendq.py), a pure state machine: every delivery failure the issue
+"""The job's send queue (notifier/sendq/), a pure state machine: every delivery failure the issue
 "Delivery you can trust" reports is a table row here, then a property suite drives it with any mix
 of enqueues, answers, malformed answers, refusals, partial acceptance, time and restarts."""
 

@@ -24,7 +24,7 @@ class Tier(enum.IntEnum):
 
 
 def classify(item: Item) -> tuple[str, Tier]:
-    """The drop class and tier of an item (see the table in notifier/sendq.py's docstring)."""
+    """The drop class and tier of an item (see the table in notifier/sendq/queue.py's docstring)."""
     if isinstance(item, Sample):
         return "samples", Tier.LOW
     if isinstance(item, ActionResult):
@@ -93,7 +93,7 @@ class Limits:
     persist_interval: float = 1.0  # the spool is rewritten at most this often
 
 
-FRAMING = 12  # a spool line's bytes around an item's own (notifier/spool.py SpoolRecord.line, its newline)
+FRAMING = 12  # a spool line's bytes around an item's own (notifier/transport/spool.py SpoolRecord.line, its newline)
 
 
 __all__ = ["FRAMING", "Batch", "Entry", "Item", "Limits", "Outcome", "Tier", "classify"]

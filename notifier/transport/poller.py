@@ -14,7 +14,7 @@ import msgspec
 from msmon.common.retry import retry_after
 from msmon.contract.wire import Command, Poll, PollAnswer, decode, encode
 
-from .faults import Fault
+from ..sendq.faults import Fault
 from .link import Link, Origin
 from .timing import Timing
 

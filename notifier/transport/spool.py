@@ -18,7 +18,7 @@ import msgspec
 from msmon.common.safenames import inside, slug
 from msmon.contract.wire import ActionResult, Event, Sample, decode, encode
 
-from .entries import Entry, Item
+from ..sendq.entries import Entry, Item
 
 log = logging.getLogger("msmon")
 

@@ -14,8 +14,8 @@ from typing import Protocol
 
 from msmon.common.urls import redacted, url_problem
 
-from .faults import Fault, judge
-from .http import HTTPFailure, request
+from ..http import HTTPFailure, request
+from ..sendq.faults import Fault, judge
 
 log = logging.getLogger("msmon")
 

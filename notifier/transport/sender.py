@@ -25,9 +25,9 @@ import msgspec
 from msmon.common.retry import retry_after
 from msmon.contract.wire import ActionResult, Envelope, Event, Heartbeat, Sample, Severity, encode
 
+from ..sendq import FRAMING, Batch, Entry, Fault, Item, Limits, Outcome, SendQueue
 from .heartbeat import Heartbeats
 from .link import ADVICE, Link, Origin, Reply
-from .sendq import FRAMING, Batch, Entry, Fault, Item, Limits, Outcome, SendQueue
 from .spool import Spool, entry_line
 from .timing import Timing
 

@@ -4,15 +4,15 @@ the training thread calls blocks on the network or raises.
 
 The flow, one module each:
 
-* `notifier.sender`: the training thread's inbox, the pure send queue (`notifier.sendq`) under one lock,
+* `sender.py`: the training thread's inbox, the pure send queue (`notifier.sendq`) under one lock,
   and the sender thread that POSTs envelopes, applies each answer, reports faults and keeps the spool;
-* `notifier.spool`: the spool file (one JSONL file per run and device, one `SpoolRecord` a line), sent
+* `spool.py`: the spool file (one JSONL file per run and device, one `SpoolRecord` a line), sent
   first by a job that starts with the same run id and device;
-* `notifier.heartbeat`: what a heartbeat says, and the thread that sends one when no envelope did;
-* `notifier.poller`: the command long-poll and its cursor; `notifier.asks`: a multi-rank run's
+* `heartbeat.py`: what a heartbeat says, and the thread that sends one when no envelope did;
+* `poller.py`: the command long-poll and its cursor; `asks.py`: a multi-rank run's
   configured actions for the bot to apply on every rank;
-* `notifier.link`: every request as a `Reply` (over `notifier.http`, or a `Backend` such as NATS), each
-  kind of trouble said once; `notifier.timing`: every wait, bounded.
+* `link.py`: every request as a `Reply` (over `notifier.http`, or a `Backend` such as NATS), each
+  kind of trouble said once; `timing.py`: every wait, bounded.
 
 Standard library and msgspec only: nothing heavy on the notifier's import path.
 """
@@ -29,12 +29,12 @@ from typing import Any
 
 from msmon.contract.wire import ActionRequest, ActionResult, Command, Event, RingCheckpoint, Sample
 
+from ..sendq import Limits, SendQueue
 from .asks import Asks
 from .heartbeat import Heartbeats
 from .link import Backend, Link, Origin, Reply, check_url
 from .poller import CommandPoller
 from .sender import Sender, batch_key, envelope_body
-from .sendq import Limits, SendQueue
 from .spool import SPOOL_MAX_AGE, Spool, SpoolRecord, open_spool
 from .timing import Timing
 

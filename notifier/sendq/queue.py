@@ -1,10 +1,10 @@
 """The job's send queue as a pure state machine: what waits, what goes in the next batch, what is in
 flight, what an answer does, when to try again, what a full queue drops, and what the spool holds.
 
-No threads, sockets, files or clock in here: the edge (`notifier.sender`) calls it under one lock
+No threads, sockets, files or clock in here: the edge (`notifier.transport.sender`) calls it under one lock
 with `now` from its clock and does the I/O it asks for. Every rule below is a unit test away. What it
-holds and hands out (entries, batches, outcomes, limits) is `notifier.entries`; the faults it judges
-answers by, `notifier.faults`.
+holds and hands out (entries, batches, outcomes, limits) is `notifier.sendq.entries`; the faults it judges
+answers by, `notifier.sendq.faults`.
 
 Items and their classes (the names the envelope's `dropped` counts use):
 

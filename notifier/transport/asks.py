@@ -16,7 +16,7 @@ import msgspec
 from msmon.common.retry import retry_after
 from msmon.contract.wire import ActionRequest, encode
 
-from .faults import Fault
+from ..sendq.faults import Fault
 from .link import ADVICE, Link, Origin
 from .timing import Timing
 
