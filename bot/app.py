@@ -1,8 +1,9 @@
-"""The HTTP service: versioned API (see docs/openapi.yaml), auth, limits, and the background tasks.
+"""The bot's HTTP API (see docs/openapi.yaml): its handlers, auth and limits, and `create_app`, which serves them.
 
 A handler decodes, authorizes, hands the request to the ingest (bot/ingest/envelope.py), the command service
 (bot/commands/service.py) or the jobs' side of commands (bot/commands/jobs.py) and encodes the answer;
-all of them work on the one `BotState` built here. Slack's own routes are bot/chat/slack/inbound.py.
+all of them work on the one `BotState` that bot/assembly.py builds with the rest of the bot, and its background
+tasks. Slack's own routes are bot/chat/slack/inbound.py.
 Every malformed request gets a 4xx with a reason; a 5xx only ever means a bug (it is logged).
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hmac
 import json
 import logging
@@ -23,47 +23,39 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
+from bot import assembly
+from bot.assembly import build_receivers as build_receivers  # imported from here too (bench, tests)
+from bot.assembly import prune_old_runs as prune_old_runs
 from bot.charts.links import add_chart_route, chart_links
 from bot.commands import jobs
 from bot.commands.origin import Origin
 from bot.commands.service import CommandService, view
 from bot.config import BotConfig
-from bot.delivery import nflog
-from bot.delivery.digest import DigestReceiver, Digests
-from bot.delivery.worker import Lane, Outbox
-from bot.escalation.scheduler import AckLinks, Escalator
+from bot.delivery.digest import Digests
+from bot.delivery.worker import Outbox
+from bot.escalation.scheduler import Escalator
+from bot.ingest.auth import JobAuth
 from bot.ingest.deadlines import read_in_time
 from bot.ingest.envelope import Ingest
-from bot.ingest.overload import Level, Median
 from bot.ingest.runs import alias_problem, events_problem, keyed
-from bot.ingest.watchdog import Watchdog
-from bot.integration import Context, Integration, Task
-from bot.integrations import chat_integrations
 from bot.metrics import BotMetrics, project_runs
-from bot.pipeline.ratelimit import RateLimiter
 from bot.pipeline.schedule import Policy
-from bot.ranks.missing import RULE as MISSING_RULE
-from bot.ranks.watch import RankWatch
 from bot.receivers import Receiver
 from bot.receivers.alertmanager.inbound import ROUTE as ALERTMANAGER_ROUTE
 from bot.receivers.alertmanager.inbound import add_alertmanager_route
-from bot.receivers.alertmanager.receiver import interop_receivers
-from bot.receivers.console import ConsoleReceiver, save_status_chart
+from bot.receivers.console import save_status_chart
 from bot.receivers.render import escape_html
 from bot.runs.devices import TooManyDevices
 from bot.shared import BotState
-from bot.store import open_store
 from bot.store.rows import RunRow
 from bot.store.sqlite import Store
-from bot.web import add_console_routes, console_link
+from bot.web import add_console_routes
 from msmon.contract.wire import (
     ActionRequest,
     Envelope,
-    Event,
     Heartbeat,
     Poll,
     PollAnswer,
-    Status,
     decode,
     encode,
     tag_nonfinite,
@@ -83,27 +75,13 @@ ESCALATOR = web.AppKey("escalator", Escalator)
 DIGESTS = web.AppKey("digests", Digests)
 REFUSED = web.AppKey("refused", Counter)  # cross-project requests refused, by route
 DRAINING = web.AppKey("draining", asyncio.Event)  # set on shutdown: jobs' long polls are answered at once
+AUTH = web.AppKey("auth", JobAuth)  # whose a token is and whose a run is (bot/ingest/auth.py), as NATS's ingest asks
 PROJECT = web.RequestKey("project", str)
 OPERATOR = web.RequestKey("operator", str)  # the operator's name; "" for a job's token
 
 
 def _error(status: int, reason: str, **extra: Any) -> web.Response:
     return web.json_response({"error": reason, **extra}, status=status)
-
-
-def _tokens(cfg: BotConfig) -> list[tuple[str, str, bytes]]:
-    """(project, operator name or "", token) for every job and operator token configured."""
-    out = []
-    for secret, project, operator in [(t, t.project, "") for t in cfg.tokens] + \
-            [(o, "*", o.user) for o in cfg.commands.operators]:
-        value = secret.value()
-        if value:
-            out.append((project, operator, value.encode()))
-        else:
-            whose = f"operator {operator}" if operator else f"the jobs of project {project}"
-            log.warning("msmon bot: the token of %s (%s) is empty or missing; it will be refused", whose,
-                        f"env {secret.env}" if secret.env else f"file {secret.file}")
-    return out
 
 
 def _authenticate(request: web.Request) -> tuple[str, str] | None:
@@ -116,16 +94,7 @@ def _authenticate(request: web.Request) -> tuple[str, str] | None:
         given = header[7:].strip().encode()
     except UnicodeEncodeError:  # raw bytes that are not UTF-8: no token of ours
         return None
-    return token_holder(request.app[TOKENS], given)
-
-
-def token_holder(tokens: list[tuple[str, str, bytes]], given: bytes) -> tuple[str, str] | None:
-    """(project, operator) of the token `given` (HTTP's bearer token, NATS's Msmon-Token header), or None."""
-    found = None
-    for project, operator, token in tokens:
-        if hmac.compare_digest(given, token) and found is None:
-            found = (project, operator)
-    return found
+    return request.app[AUTH].token_holder(given)
 
 
 def _job_only(request: web.Request) -> None:
@@ -203,13 +172,13 @@ async def _body(request: web.Request, type_: Any) -> Any:
 
 
 def _own(request: web.Request, run_id: str, claimed: str | None = None) -> tuple[str | None, str]:
-    """(the project, the bot's key) of the job's run `run_id` (`run_owner`); a refusal is a 403, logged (no
+    """(the project, the bot's key) of the job's run `run_id` (`JobAuth.run_owner`); a refusal is a 403, logged (no
     secret) and counted (msmon_cross_project_refused_total)."""
     token = request[PROJECT]
     problem = alias_problem(run_id)
     if problem is not None:
         raise web.HTTPUnprocessableEntity(reason=problem)
-    owner, key, refusal = run_owner(request.app[STORE], token, run_id, claimed)
+    owner, key, refusal = request.app[AUTH].run_owner(token, run_id, claimed)
     if refusal is None:
         return owner, key
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else request.path
@@ -218,31 +187,6 @@ def _own(request: web.Request, run_id: str, claimed: str | None = None) -> tuple
                 "reaches only its own project's runs: check the job's bot.token and bot.project.", route,
                 request.remote, token, run_id, owner, refusal)
     raise web.HTTPForbidden(reason=refusal)
-
-
-def run_owner(store: Store, token: str, run_id: str, claimed: str | None = None
-              ) -> tuple[str | None, str, str | None]:
-    """(project, key, None) when a token of project `token` may act on the job's run `run_id`, else (project,
-    key, why not). (HTTP's `_own`, NATS's ingest.)
-
-    The run is the project's: the one the job states (`claimed`), else the token's own; never a default. Run
-    ids are the jobs' own, so two projects may use one: each has its own run, and a token of one project can
-    never claim, move or read the other's (no squatting: whoever came first, the other's run is kept as
-    "<run_id>@<project>", its `key` here). A token of every project (`*`) with a message that states no
-    project (an older notifier) reaches the run of that id as it is; it creates none: (None, run_id, None)."""
-    project = claimed if claimed is not None else token if token != "*" else None
-    if token not in ("*", project):
-        return project, run_id, f"this token is for project {token!r}, not {project!r} (run {run_id!r})"
-    owner = store.project_of(run_id)
-    if project is None:
-        return owner, run_id, None
-    if owner is None or owner == project:
-        return project, run_id, None
-    alias = f"{run_id}@{project}"
-    other = store.project_of(alias)
-    if other is None or other == project:
-        return project, alias, None
-    return project, alias, f"run ids {run_id!r} and {alias!r} both belong to other projects"
 
 
 async def ingest(request: web.Request) -> web.Response:
@@ -285,13 +229,8 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 def _ended(request: web.Request, beats: list[Heartbeat]) -> None:
     """A final heartbeat: the rank ended normally (the watchdog raises nothing for it after this); the
-    run's attempt ends when every rank did (bot/ingest/runs.py)."""
-    runs_ended(request.app[INGEST], beats)
-
-
-def runs_ended(ingest: Ingest, beats: list[Heartbeat]) -> None:
-    """`_ended` for any edge (bot/ingest/nats.py too)."""
-    ingest.runs.ended(beats)
+    run's attempt ends when every rank did (bot/ingest/runs.py); NATS's ingest does the same."""
+    request.app[INGEST].runs.ended(beats)
 
 
 _ACK_PAGE = ("<!doctype html><html><head><meta charset=utf-8><title>msmon: acknowledge</title></head><body>"
@@ -506,138 +445,31 @@ def _scraper(request: web.Request) -> str | None:
     return "*" if operator else project
 
 
-def _extra_receivers(cfg: BotConfig, receivers: dict[str, Receiver], store: Store,
-                     clock: Callable[[], float]) -> dict[str, Receiver]:
-    """`receivers` plus the email receiver (bot.email.host set) and the digest receiver (a route uses it)."""
-    out = dict(receivers)
-    e = cfg.email
-    if e.host and "email" not in out:
-        from bot.receivers.email import EmailReceiver
-
-        out["email"] = EmailReceiver(e.host, e.port, e.tls, e.sender, e.timeout, e.username_env, e.password_env,
-                                     e.ca_file, clock)
-    if any(r.receiver == "digest" for r in cfg.routes) and "digest" not in out:
-        out["digest"] = DigestReceiver(store, clock)
-    return out
-
-
-def _ack_links(cfg: BotConfig) -> AckLinks | None:
-    key = os.environ.get(cfg.email.ack_secret_env, "")
-    if cfg.email.host and cfg.email.public_url and not key:
-        log.warning("msmon bot: escalation mail goes without an acknowledge link: the environment variable %s (the "
-                    "key that signs the links) is empty", cfg.email.ack_secret_env)
-    return AckLinks(key.encode(), cfg.email.ack_link_ttl) if key else None
-
-
-def build_receivers(cfg: BotConfig, chat: list[Integration] | None = None,
-                    clock: Callable[[], float] = time.time) -> dict[str, Receiver]:
-    """The console, each chat platform's receiver its routes use (bot/integrations.py), and the Alertmanager and
-    webhook receivers the routes use."""
-    receivers: dict[str, Receiver] = {
-        "console": ConsoleReceiver(cfg.console.charts_dir if cfg.console.charts else None)}
-    ctx = Context(cfg, clock)
-    for integration in chat if chat is not None else chat_integrations():
-        receiver = integration.receiver(ctx)
-        if receiver is not None:
-            receivers[integration.name] = receiver
-    receivers.update(interop_receivers(cfg))  # alertmanager, alertmanager_api, webhook (the routes that use them)
-    return receivers
-
-
-def prune_old_runs(state: BotState) -> list[str]:
-    """The runs past bot.retention forgotten, a batch a pass, by one replica at a time (its lease)."""
-    if not state.cfg.retention or not state.owns("retention"):
-        return []
-    gone = state.store.prune_runs(state.clock() - state.cfg.retention)
-    if gone:
-        log.info("msmon bot: forgot %d run(s) last seen more than %.0f days ago (bot.retention): %s", len(gone),
-                 state.cfg.retention / 86400, ", ".join(gone[:5]) + (" ..." if len(gone) > 5 else ""))
-    return gone
-
-
-async def _every(period: float, fn: Callable[[], object], stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), period)
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - a failed flush is retried next period; the bot keeps serving
-            log.exception("msmon bot: %s failed; retrying in %.0f s", getattr(fn, "__name__", fn), period)
-
-
-LAG_PERIOD = 0.05  # seconds between two samples of the backlog and of the event loop's lag
-LAG_SAMPLES = 40  # the signals are the medians of the last 40 (2 s when on time): a backlog that lasts, not a burst
 JOB_WORK = ("/v1/ingest", "/v1/heartbeat")  # the requests whose wait in the bot is its ingest backlog
-
-
-async def watch_lag(ingest: Ingest, metrics: BotMetrics, stop: asyncio.Event, period: float = LAG_PERIOD) -> None:
-    """How long the bot's own waiting work waits (and, while some waits, how late the event loop runs a timer) sets
-    what the ingest sheds (bot/ingest/overload.py); a change of level is logged once, with what was shed in the last
-    minute (never a line per request)."""
-    loop = asyncio.get_running_loop()
-    overload, lags, waits = ingest.overload, Median(LAG_SAMPLES), Median(LAG_SAMPLES)
-    backlogs = overload.backlogs
-    while not stop.is_set():
-        t0 = loop.time()
-        await asyncio.sleep(period)
-        lag = lags(max(0.0, loop.time() - t0 - period))
-        changed = overload.observe(waits(backlogs.age(overload.clock())), lag, backlogs.depth)
-        if changed is not None:
-            metrics.overload.set(int(changed))
-            (log.warning if changed else log.info)("msmon bot: %s", overload.say())
 
 
 def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
                receivers: dict[str, Receiver] | None = None, delivery: Policy | None = None,
                escalation_period: float = 1.0) -> web.Application:
+    """The bot as an aiohttp application: its parts built once, each with what it needs (bot/assembly.py), the
+    HTTP API's routes and every platform's, the background tasks for the app's lifetime and the drain at shutdown."""
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[guard])
-    store = open_store(cfg)  # SQLite (bot.state_path) or PostgreSQL (bot.store.url), migrated (bot/store)
-    m = BotMetrics()
-    state = BotState(cfg, store, m, clock)
-    m.watch(state)  # per-run gauges and delivery figures at /metrics
-    rl = cfg.rate_limit
-    if delivery is None:
-        dc = cfg.delivery
-        delivery = Policy(base=dc.backoff_base, cap=dc.backoff_max, max_attempts=dc.max_attempts,
-                          max_error_attempts=dc.max_error_attempts, max_retry_after=dc.max_retry_after)
-    chat = chat_integrations()  # Slack, Matrix, Feishu, DingTalk, WeCom (bot/integrations.py)
-    receivers = _extra_receivers(cfg, receivers or build_receivers(cfg, chat), store, clock)
-    outbox = Outbox(store, receivers, RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock,
-                    policy=delivery, lane=Lane("email", only=False))
-    mailbox = Outbox(store, receivers, RateLimiter(rl.per_channel, rl.per_run, rl.global_rate, rl.burst), m, clock,
-                     policy=delivery, lane=Lane("email", only=True)) if "email" in receivers else None
+    bot = assembly.build(cfg, clock, receivers, delivery, escalation_period)
+    state = bot.state
+    app[CONFIG], app[STORE], app[METRICS], app[INGEST], app[OUTBOX] = cfg, state.store, state.metrics, bot.ingest, \
+        bot.outbox
+    app[TOKENS], app[AUTH], app[DRAINING], app[REFUSED] = bot.tokens, bot.auth, bot.draining, bot.refused
+    app[COMMANDS], app[STATE], app[ESCALATOR], app[DIGESTS] = bot.svc, state, bot.escalator, bot.digests
+    _add_routes(app, bot)
+    app.on_shutdown.append(assembly.Drain(state, bot.draining))
+    app.cleanup_ctx.append(assembly.Background(bot))
+    return app
 
-    def ring() -> None:
-        outbox.wake()
-        if mailbox is not None:
-            mailbox.wake()
 
-    state.doorbell = ring
-    outbox.link = console_link(cfg)  # "open in msmon": each message links to its run's console page (bot/web)
-    outbox.given_up = lambda rows: nflog.given_up(state, rows)  # a dead letter's alerts are not notified
-    if mailbox is not None:
-        mailbox.link = outbox.link
-    app[CONFIG], app[STORE], app[METRICS], app[INGEST], app[OUTBOX] = cfg, store, m, Ingest(state), outbox
-    overload = app[INGEST].overload
-    outbox.shedding = lambda: overload.level > Level.NORMAL  # overloaded: an ERROR's text goes without its chart
-    charts_waiting = overload.backlogs["charts"]
-
-    def chart_waits() -> Callable[[], None]:
-        token = charts_waiting.enter(overload.clock())
-        return lambda: charts_waiting.leave(token)
-
-    outbox.chart_waits = chart_waits  # a chart waiting for the drawing executor is the bot's backlog too
-    app[TOKENS] = _tokens(cfg)
-    app[DRAINING] = asyncio.Event()
-    app[REFUSED] = Counter("msmon_cross_project_refused_total", "job requests refused for another project's run, "
-                           "by route", ["route"], registry=m.registry)
-    svc = CommandService(state)
-    app[COMMANDS], app[STATE] = svc, state
-    escalator = Escalator(state, clock, period=escalation_period, links=_ack_links(cfg))
-    escalator.on_ack = lambda run, rule, who, now: svc.tell_job_acked(run, rule, None, Origin(source="email", user=who),
-                                                                       now)
-    app[ESCALATOR] = escalator
-    digests = app[DIGESTS] = Digests(state, clock)
+def _add_routes(app: web.Application, bot: assembly.Parts) -> None:
+    """The HTTP API's routes (docs/openapi.yaml), each chat platform's way in, the charts, the web console,
+    Alertmanager's webhook, the acknowledge links, /healthz and /metrics."""
+    cfg, clock = bot.cfg, bot.clock
     app.router.add_post("/v1/ingest", ingest)
     app.router.add_post("/v1/heartbeat", heartbeat)
     app.router.add_get("/v1/runs", runs)
@@ -647,85 +479,12 @@ def create_app(cfg: BotConfig, *, clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/commands/poll", poll_commands)
     app.router.add_post("/v1/actions/request", rule_action)
     app.router.add_get("/v1/outbox/dead", dead_letters)
-    ctx = Context(cfg, clock, svc)
-    for integration in chat:  # each platform's way in: /slack/..., /feishu/events, /dingtalk/callback
-        integration.routes(app, ctx)
+    for integration in bot.chat:  # each platform's way in: /slack/..., /feishu/events, /dingtalk/callback
+        integration.routes(app, bot.ctx)
     add_chart_route(app, chart_links(cfg, clock))  # GET /charts/<signed token> (bot/charts/links.py)
-    add_console_routes(app, cfg, state, svc, app[TOKENS])  # the web console at /console (bot/web/)
-    add_alertmanager_route(app, cfg, state, clock)
+    add_console_routes(app, cfg, bot.state, bot.svc, bot.tokens)  # the web console at /console (bot/web/)
+    add_alertmanager_route(app, cfg, bot.state, clock)
     app.router.add_get("/ack/{token}", ack_page)
     app.router.add_post("/ack/{token}", ack_link)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
-    watchdog = Watchdog(cfg, store, app[INGEST], clock)
-    def rank_event(ev: Event, project: str, labels: dict[str, str], now: float, rank: int | None = None) -> int:
-        queued = app[INGEST].event(ev, project, labels, now, rank)
-        if ev.rule == MISSING_RULE and ev.status is Status.FIRING:
-            app[INGEST].runs.settle(ev.run_id)  # the others may have ended: the run died (bot/ingest/runs.py)
-        return queued
-
-    ranks = RankWatch(state.ranks, cfg.ranks, rank_event, store.run, clock, state.wake_outbox)  # bot/ranks
-
-    async def background(app: web.Application) -> Any:
-        chat_tasks: list[Task] = []  # Slack's Socket Mode, Matrix's /sync loop
-        for integration in chat:
-            task = integration.task(ctx)
-            if task is not None:
-                await task.start()
-                chat_tasks.append(task)
-        nats_in = None
-        if cfg.nats.url:  # jobs' envelopes over NATS JetStream too (bot/ingest/nats.py)
-            from bot.ingest.nats import NatsIngest
-
-            nats_in = NatsIngest(cfg.nats, state, app[INGEST], lambda given: token_holder(app[TOKENS], given),
-                                 lambda token, run, claimed: run_owner(store, token, run, claimed),
-                                 lambda beats: runs_ended(app[INGEST], beats), svc.apply_step)
-            await nats_in.start()
-        stop = asyncio.Event()
-        escalator.start()
-        digests.start(escalator.scheduler)
-        tasks = [asyncio.create_task(outbox.run(stop)), asyncio.create_task(watchdog.run(stop)),
-                 asyncio.create_task(_every(60.0, lambda: prune_old_runs(state), stop)),
-                 asyncio.create_task(_every(1.0, state.flush, stop)),
-                 asyncio.create_task(_every(1.0, lambda: state.owns("command-expiry") and jobs.expire(state), stop)),
-                 asyncio.create_task(store.listen(state.command_queued, stop))]  # other replicas' commands
-        if mailbox is not None:
-            tasks.append(asyncio.create_task(mailbox.run(stop)))
-        if "alertmanager_api" in receivers:  # firing alerts pushed again, as Prometheus does (alertmanager/push.py)
-            from bot.receivers.alertmanager.push import AlertmanagerRefresh
-
-            refresh = AlertmanagerRefresh(state, receivers["alertmanager_api"], cfg.alertmanager.resend_interval)
-            tasks.append(asyncio.create_task(refresh.run(stop)))
-        if cfg.ranks.enable:
-            tasks.append(asyncio.create_task(_every(cfg.ranks.period, ranks.check, stop)))
-        if cfg.overload.enable:
-            tasks.append(asyncio.create_task(watch_lag(app[INGEST], m, stop)))
-        yield
-        for task in chat_tasks:
-            await task.stop()  # first: no command arrives while the rest shuts down
-        if nats_in is not None:
-            await nats_in.stop()  # what it took and did not commit goes to another replica after ack_wait
-        escalator.stop()
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            state.flush()
-        except store.Error as exc:  # the database is away at shutdown: stop all the same
-            log.warning("msmon bot: stopping while the state store at %s fails (%s); the alerts' last steps held in "
-                        "memory are not written (their jobs' next envelopes write them again)", store.where,
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-        store.close()
-
-    async def drain(app: web.Application) -> None:
-        """Shutting down: the jobs' long polls are answered now with what is there (usually nothing) and new
-        ones at once, so the bot stops in about a second instead of after the longest poll; a job polls again
-        later (from this bot when it is back)."""
-        app[DRAINING].set()
-        polls = list(state.waiters.events)
-        for run_id in polls:
-            state.waiters.wake(run_id)
-        log.info("msmon bot: shutting down; %d job long poll(s) answered", len(polls))
-
-    app.on_shutdown.append(drain)
-    app.cleanup_ctx.append(background)
-    return app

@@ -1,9 +1,9 @@
 """The bot's live state: one object the ingest path and the command service share.
 
-Built once at start-up (bot/app.py) and handed to both, so neither reaches into the other: ingest
+Built once at start-up (bot/assembly.py) and handed to both, so neither reaches into the other: ingest
 records samples into `windows` and alerts into `index`, the command service reads them for `status`
 and `ack`; the jobs' resume times (`resumed_at`) are kept here for both; `wake_outbox()` rings the outbox
-worker whoever queued a message.
+workers (each joins the `Doorbell` when it is built) whoever queued a message.
 """
 
 from __future__ import annotations
@@ -40,6 +40,21 @@ class Waiters:
             ev.set()
 
 
+class Doorbell:
+    """Rung when rows were queued: wakes every delivery worker that joined it (bot/delivery/worker.py), in the
+    order they joined."""
+
+    def __init__(self) -> None:
+        self._wakes: tuple[Callable[[], None], ...] = ()
+
+    def join(self, wake: Callable[[], None]) -> None:
+        self._wakes += (wake,)
+
+    def ring(self) -> None:
+        for wake in self._wakes:
+            wake()
+
+
 class BotState:
     def __init__(self, cfg: BotConfig, store: Store, metrics: BotMetrics,
                  clock: Callable[[], float] = time.time) -> None:
@@ -50,10 +65,10 @@ class BotState:
         self.resumed_at: dict[str, float] = {}  # run -> job clock at its last resume (its progress restarts then)
         self.waiters = Waiters()  # the jobs' long polls
         self.drops = JobDrops()  # what jobs reported they dropped, said in chat and status (bot/runs/dropped.py)
-        self.doorbell: Callable[[], None] = lambda: None  # the outbox worker's (bot/app.py sets it)
+        self.doorbell = Doorbell()  # the outbox workers join it when built
 
     def wake_outbox(self) -> None:
-        self.doorbell()
+        self.doorbell.ring()
 
     def command_queued(self, run_id: str | None) -> None:
         """A command for `run_id` was queued, here or on another replica (store.listen): its long polls

@@ -59,6 +59,7 @@ from bot.pipeline.schedule import (
     Verdict,
 )
 from bot.receivers import DeliveryError, Held, Mail, Mailer, Message, Note, PartlyRefused, Receiver, decode_note
+from bot.shared import Doorbell
 from bot.store.sqlite import OutboxEntry, Store
 from msmon.contract.wire import Event, Severity, Status, decode
 
@@ -142,17 +143,14 @@ class Lane:
 class Outbox:
     def __init__(self, store: Store, receivers: dict[str, Receiver], limiter: RateLimiter, metrics: BotMetrics,
                  clock: Callable[[], float] = time.time, policy: Policy | None = None,
-                 rand: Callable[[], float] = random.random, lane: Lane | None = None) -> None:
-        self.store, self.receivers, self.metrics, self.clock = store, receivers, metrics, clock
-        self.lane = lane  # None: every row
-        self.link: Callable[[str], str] | None = None  # a run's web console page, for its messages (bot/app.py)
-        # A dead letter's alert rows: their notification log is taken back (bot/delivery/nflog.py, wired by bot/app.py).
-        self.given_up: Callable[[list[OutboxRow]], object] | None = None
-        # True while the ingest sheds (bot/ingest/overload.py, wired by app.py): no chart is drawn, the text says why.
-        self.shedding: Callable[[], bool] = lambda: False
-        # A chart begins to wait for the drawing executor: the overload's backlog (wired by app.py); call what it
-        # returns when the chart is done.
-        self.chart_waits: Callable[[], Callable[[], None]] = lambda: lambda: None
+                 rand: Callable[[], float] = random.random, lane: Lane | None = None, *, bell: Doorbell | None = None,
+                 link: Callable[[str], str] | None = None, given_up: Callable[[list[OutboxRow]], object] | None = None,
+                 shedding: Callable[[], bool] = lambda: False,
+                 chart_waits: Callable[[], Callable[[], None]] = lambda: lambda: None) -> None:
+        """`bell`: the doorbell it joins (BotState.wake_outbox). `link`: a run's console page. `given_up`: a dead
+        letter's rows (nflog.py). `shedding`: no chart while the ingest sheds. `chart_waits`: the overload's backlog."""
+        self.store, self.receivers, self.metrics, self.clock, self.lane = store, receivers, metrics, clock, lane
+        self.link, self.given_up, self.shedding, self.chart_waits = link, given_up, shedding, chart_waits
         self.scheduler = Scheduler(policy, rand)
         self.doorbell = asyncio.Event()
         # Row id -> the reference of its posted message, until the row's verdict is written: a post is
@@ -174,6 +172,8 @@ class Outbox:
         self.trace = Trace.from_env()  # each message's time per stage, for bench/bench_error_latency.py (trace.py)
         self._loop: asyncio.AbstractEventLoop | None = None  # while run delivers: a ring starts a round (wake)
         self._soon = False  # a round is to start at the loop's next step
+        if bell is not None:
+            bell.join(self.wake)
 
     def wake(self) -> None:
         """Rows were queued (the ingest rings after its commit). While `run` delivers, their round starts at the

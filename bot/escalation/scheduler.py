@@ -203,15 +203,14 @@ class Escalator:
     """Runs the escalation policies of `cfg.routes` over the bot's alerts (see the module docstring)."""
 
     def __init__(self, state: BotState, clock: Callable[[], float] = time.time, owner: str | None = None,
-                 period: float = 1.0, links: AckLinks | None = None) -> None:
+                 period: float = 1.0, links: AckLinks | None = None, *,
+                 on_ack: Callable[[str, str, str, float], object] | None = None) -> None:
         self.state, self.cfg, self.clock, self.period, self.links = state, state.cfg, clock, period, links
         # The store's owner: one per SQLite file (a restarted bot holds its escalations' leases at once, so
         # a level falls due on time across a SIGKILL), one per process on PostgreSQL (released at stop).
         self.owner = owner or state.store.owner
         self.scheduler: AsyncIOScheduler | None = None
-        # (run, rule, who, now) after an email link acknowledged a firing alert: bot/app.py tells the job
-        # through the command service, as for an ack typed in chat
-        self.on_ack: Callable[[str, str, str, float], object] | None = None
+        self.on_ack = on_ack  # (run, rule, who, now) after an email link acked: the job is told as of a chat ack
         # the open escalations and firing alert groups as the last pass left them (None: read them whole at the next
         # pass), and when this instance last renewed the escalator's lease (time.monotonic(); None: not holding it)
         self._picture: Picture | None = None

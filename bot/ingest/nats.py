@@ -42,6 +42,7 @@ from prometheus_client import Counter
 from bot.commands import jobs
 from bot.commands.service import view
 from bot.config import NatsConfig
+from bot.ingest.auth import JobAuth
 from bot.ingest.envelope import Ingest
 from bot.ingest.overload import errors_first
 from bot.ingest.runs import alias_problem, events_problem, keyed
@@ -62,10 +63,6 @@ from msmon.contract.wire import ActionRequest, Envelope, Heartbeat, Poll, PollAn
 
 log = logging.getLogger("msmon.bot")
 
-Who = Callable[[bytes], "tuple[str, str] | None"]  # a token -> (project, operator name or "")
-# (the token's project, run, claimed project) -> (the run's project, why it is refused or None)
-Owner = Callable[[str, str, "str | None"], "tuple[str | None, str, str | None]"]
-Ended = Callable[[list[Heartbeat]], None]
 ApplyStep = Callable[[RunRow, float], int]  # the command service's
 _STATUS = {"token": 401, "project": 403, "json": 400}  # a refusal's HTTP status in an answer (else 422)
 
@@ -89,10 +86,11 @@ class Poison(Exception):
 class NatsIngest:
     """One replica's share of the durable consumer, and its answers to the jobs' command polls."""
 
-    def __init__(self, cfg: NatsConfig, state: BotState, ingest: Ingest, who: Who, owner: Owner, ended: Ended,
-                 apply_step: ApplyStep, *, backoff: tuple[float, float] = (0.2, 5.0)) -> None:
-        self.cfg, self.state, self.ingest = cfg, state, ingest
-        self._who, self._owner, self._ended, self._apply_step = who, owner, ended, apply_step
+    def __init__(self, cfg: NatsConfig, state: BotState, ingest: Ingest, auth: JobAuth, apply_step: ApplyStep, *,
+                 backoff: tuple[float, float] = (0.2, 5.0)) -> None:
+        """`auth`: the tokens and the runs' owners, as HTTP's (bot/ingest/auth.py); `apply_step`: the command
+        service's, for a configured action's command."""
+        self.cfg, self.state, self.ingest, self.auth, self._apply_step = cfg, state, ingest, auth, apply_step
         self._backoff = backoff
         self.messages = Counter("msmon_nats_messages_total", "messages from NATS, by outcome (ingested, retried, "
                                 "dead, or why it was refused)", ["outcome"], registry=state.metrics.registry)
@@ -276,9 +274,9 @@ class NatsIngest:
             if problem is not None:
                 raise Poison("schema", problem)
             _, key = self._own(project, env.run_id, env.project)
-            # another project's run has this id: this project's is kept under its own key (bot/app.py's run_owner)
+            # another project's run has this id: this project's is kept under its own key (JobAuth.run_owner)
             self.ingest.envelope(env if key == env.run_id else keyed(env, key), defer=True)
-            self._ended(env.heartbeats)
+            self.ingest.runs.ended(env.heartbeats)  # a final heartbeat: as HTTP's (bot/ingest/runs.py)
         elif kind == HEARTBEAT:
             hb = self._decode(msg.data, Heartbeat)
             owner, key = self._own(project, hb.run_id, hb.project)
@@ -286,14 +284,14 @@ class NatsIngest:
                 return  # its envelopes create it (they name their project; so does the subject)
             self._check(msg.subject, kind, owner, hb.run_id)
             self.ingest.heartbeat(msgspec.structs.replace(hb, run_id=key), owner)
-            self._ended([hb])
+            self.ingest.runs.ended([hb])
         else:
             raise Poison("subject", f"no msmon message kind {kind!r}")
 
     def _authorize(self, headers: dict[str, str] | None) -> str:
         """The project of the message's job token; `Poison` for none, an unknown one or an operator's."""
         given = (headers or {}).get(TOKEN_HEADER, "")
-        who = self._who(given.encode("utf-8", "replace")) if given else None
+        who = self.auth.token_holder(given.encode("utf-8", "replace")) if given else None
         if who is None:
             raise Poison("token", f"missing or unknown job token (header {TOKEN_HEADER}): check the job's "
                                   "bot.token_env and bot.yaml tokens")
@@ -302,11 +300,11 @@ class NatsIngest:
         return who[0]
 
     def _own(self, project: str, run_id: str, claimed: str | None) -> tuple[str | None, str]:
-        """(the project, the bot's key) of the job's run (bot/app.py's `run_owner`); `Poison` when refused."""
+        """(the project, the bot's key) of the job's run (`JobAuth.run_owner`); `Poison` when refused."""
         problem = alias_problem(run_id)
         if problem is not None:
             raise Poison("schema", problem)
-        owner, key, refusal = self._owner(project, run_id, claimed)
+        owner, key, refusal = self.auth.run_owner(project, run_id, claimed)
         if refusal is not None:
             raise Poison("project", refusal)
         return owner, key

@@ -19,17 +19,14 @@ MAX_MODULE, MAX_FUNCTION = 500, 60
 
 # Modules over MAX_MODULE lines today: path -> lines
 MODULE_DEBT: dict[str, int] = {
-    "bot/app.py": 731,
     "bot/config.py": 742,
     "bot/delivery/worker.py": 662,
-    "bot/escalation/scheduler.py": 527,
+    "bot/escalation/scheduler.py": 526,
     "bot/store/sqlite.py": 900,
 }
 
 # Functions over MAX_FUNCTION lines today: "path:qualified name" -> lines
-FUNCTION_DEBT: dict[str, int] = {
-    "bot/app.py:create_app": 142,
-}
+FUNCTION_DEBT: dict[str, int] = {}
 
 
 def _modules() -> list[Path]:
