@@ -383,7 +383,7 @@ async def post_command(request: web.Request) -> web.Response:
         console = request.app[CONFIG].console
         state = request.app[STATE]
         out["chart"] = await save_status_chart(console.charts_dir, answer.chart, state.windows,
-                                               state.store.alerts(answer.chart.run_id, "firing")) \
+                                               state.firing(answer.chart.run_id)) \
             if console.charts else None
     return web.json_response(tag_nonfinite(out), status=answer.status)
 

@@ -18,6 +18,7 @@ from bot.metrics import BotMetrics
 from bot.ranks import RankViews
 from bot.runs.dropped import JobDrops
 from bot.store.alertindex import AlertIndex
+from bot.store.rows import AlertView
 from bot.store.sqlite import Store
 from bot.store.windows import Windows
 
@@ -79,6 +80,10 @@ class BotState:
         waiting = {c["run_id"] for c in self.store.commands.open_all() if c["run_id"] is not None}
         for r in waiting & set(self.waiters.events):  # only polls with something to take: no spurious end
             self.waiters.wake(r)
+
+    def firing(self, run_id: str) -> list[AlertView]:
+        """The run's firing alerts as the store has them (a status chart marks where each began)."""
+        return self.store.alerts(run_id, "firing")
 
     def owns(self, name: str) -> bool:
         """Whether this process holds (took or renewed) lease `name`: one owner at a time of the escalator,

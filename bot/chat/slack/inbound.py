@@ -151,7 +151,7 @@ class SlackInbound:
 
         event = answer.chart
         ranks = rank_throughput(self.svc.state.windows, event.run_id)  # one throughput line per rank
-        starts = alert_starts(self.svc.state.store.alerts(event.run_id, "firing"))  # where they began
+        starts = alert_starts(self.svc.state.firing(event.run_id))  # where they began
 
         async def draw() -> None:
             try:
