@@ -1,7 +1,8 @@
 """msmon bot: the service a team runs once for all its training jobs. Jobs post their samples and events
 to it; it pages people in chat, and carries their commands back to the jobs that poll it.
 
-    edge        server.py (`msmon serve`), app.py (the HTTP API, auth, limits, background tasks),
+    edge        server.py (`msmon serve`), app.py (the HTTP API, limits), assembly.py (the parts built, the
+                background tasks),
                 chat/<platform>/inbound.py (Slack's slash commands and buttons, with chat/slack/socket_mode.py;
                 Matrix, Feishu, DingTalk), receivers/alertmanager/inbound.py
     ingest      ingest/envelope.py runs each event of an envelope through pipeline/'s STAGES (one pure stage

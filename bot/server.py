@@ -4,7 +4,7 @@ It prints one line when it listens (the real port, also for `--port 0`) and one 
 is quiet by default (`setup_logging`): alerts (the console receiver), warnings and errors, and one line per
 lifecycle change (a command queued, a run ended, an escalation step); the scheduler's ticks and the HTTP
 access log only with `-v`. On a
-signal it stops taking connections, answers the jobs' long polls at once (bot/app.py `drain`; a job polls
+signal it stops taking connections, answers the jobs' long polls at once (bot/assembly.py `Drain`; a job polls
 again later) and gives the requests still running `SHUTDOWN_TIMEOUT` seconds, so it is gone in about a
 second, not after the longest long poll.
 """

@@ -58,7 +58,7 @@ class Ingest:
         self.state = state
         self.devices = DeviceGate(state.cfg.max_devices, state.cfg.max_runs, self._stored_devices)
         self.runs = Runs(state, self.event)  # a run's attempts and its end (bot/ingest/runs.py)
-        oc = state.cfg.overload  # what is shed while the bot falls behind (overload.py; bot/app.py feeds the lag)
+        oc = state.cfg.overload  # what is shed while the bot falls behind (overload.py; fed by watch_lag)
         self.overload = Overload(table(oc.samples_wait, oc.warnings_wait, oc.samples_lag, oc.warnings_lag)
                                  if oc.enable else (), oc.cool, state.clock)
         self.commits = Commits(state.store, state.clock)  # the group commit of envelopes without events (commit.py)

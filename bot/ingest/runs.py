@@ -51,7 +51,7 @@ ALIAS = "@"  # "<run_id>@<project>": the bot's name for a project's run whose id
 def alias_problem(run_id: str) -> str | None:
     """Why a job may not name its run `run_id` (None: it may). A run id with "@" could be another project's alias
     ("sq@B" created by project A's token would take project B's `sq` when A has one: every B envelope 403), so the
-    jobs' run ids never hold it; the bot alone makes aliases (bot/app.py's `run_owner`)."""
+    jobs' run ids never hold it; the bot alone makes aliases (`JobAuth.run_owner`, bot/ingest/auth.py)."""
     if ALIAS in run_id:
         return (f"run_id {run_id[:80]!r} has {ALIAS!r}, which the bot keeps for its names of a project's run whose id "
                 f"another project uses (<run_id>{ALIAS}<project>): name the run without {ALIAS!r}")
@@ -213,7 +213,7 @@ class Runs:
 
 def keyed(env: Envelope, key: str) -> Envelope:
     """`env` with its run named `key` everywhere: the bot's key for a project's run whose id another
-    project's run has (bot/app.py's `run_owner`)."""
+    project's run has (`JobAuth.run_owner`, bot/ingest/auth.py)."""
     def re(items: list[Any]) -> list[Any]:
         return [msgspec.structs.replace(x, run_id=key) for x in items]
 

@@ -5,7 +5,7 @@
                  ─► wire Events (firing / resolved) ─► bot/ingest/envelope.py's STAGES like any job's event
 
 Pure and clock-injected like bot/pipeline: the view is fed by the ingest, the time arrives in the
-`Check`, and the events leave through `watch.RankWatch`, the edge that bot/app.py runs on its periodic
+`Check`, and the events leave through `watch.RankWatch`, the edge that bot/assembly.py runs on its periodic
 task. Nothing is asked of the job: no collective, no extra work in its step; the ranks' own reports
 (samples, heartbeats) are aggregated here. A storm (one rule on many ranks) is one message: the events
 share a group key (bot/pipeline/group.py) and the message says how many of the run's ranks (render.py).

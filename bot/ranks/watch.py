@@ -1,4 +1,4 @@
-"""The edge of the cross-rank rules: every `ranks.period` seconds (bot/app.py's periodic task), the
+"""The edge of the cross-rank rules: every `ranks.period` seconds (bot/assembly.py's periodic task), the
 rules over the view (pure, bot/ranks/__init__.py's `check`), and each event they raise through the
 same ingest path as a job's (bot/ingest/envelope.py's `Ingest.event`, given here as `emit`): dedup, inhibit,
 silences, routes, grouping, the outbox. An event the ingest could not take (SQLite refused it) is tried

@@ -40,7 +40,7 @@ class Viewer(msgspec.Struct, frozen=True):
 class Sessions:
     def __init__(self, tokens: Sequence[tuple[str, str, bytes]], ttl: float, limit: int,
                  clock: Callable[[], float]) -> None:
-        # (project, operator, token) from bot/app.py; only operators' tokens open the console
+        # (project, operator, token) from bot/ingest/auth.py; only operators' tokens open the console
         self.tokens = [(project, user, token) for project, user, token in tokens if user]
         self.ttl, self.limit, self.clock = ttl, limit, clock
         self.live: OrderedDict[str, Viewer] = OrderedDict()
